@@ -1,0 +1,3 @@
+"""Clients of the voxgate gateway (Python library, CLI, SIP bridge)."""
+
+from __future__ import annotations

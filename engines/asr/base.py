@@ -1,0 +1,147 @@
+"""The ASR engine contract: what the gateway hands an engine and what it gets back.
+
+Threading: an :class:`AsrEngine` is used from one worker thread at a time; the gateway's batcher
+owns those threads. ``infer_batch`` is eager (no lazy generators cross the thread boundary) and
+returns exactly one :class:`AsrResult` per :class:`AsrRequest`, in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, Self
+
+from engines.base import FloatArray, UtteranceStats
+
+__all__ = [
+    "AsrAlternative",
+    "AsrEngine",
+    "AsrOptions",
+    "AsrRequest",
+    "AsrResult",
+    "AsrWord",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class AsrOptions:
+    """Per-call decoding options (from the proto's ``DecodingOptions``), validated by the gateway.
+
+    Attributes:
+        language: ISO 639-1 code, or ``None`` to detect per utterance.
+        task: ``transcribe`` or ``translate`` (to English).
+        beam_size: 1 = greedy.
+        mbr_candidates: >1 turns on MBR selection over that many N-best candidates.
+        num_alternatives: N-best alternatives to return besides the best one.
+        word_timestamps: return per-word times.
+        initial_prompt: text that conditions the decoder (vocabulary, style).
+        hotwords: words to bias toward; folded into the prompt.
+        silence_aware: apply the silence-aware policy (skip, suppress, gate); on by default.
+    """
+
+    language: str | None = "en"
+    task: Literal["transcribe", "translate"] = "transcribe"
+    beam_size: int = 1
+    mbr_candidates: int = 0
+    num_alternatives: int = 0
+    word_timestamps: bool = True
+    initial_prompt: str = ""
+    hotwords: tuple[str, ...] = ()
+    silence_aware: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class AsrRequest:
+    """One utterance to transcribe.
+
+    Attributes:
+        audio: float32 mono samples at 16 kHz.
+        stats: VAD statistics of the utterance, consumed by the decoding policy.
+        options: the call's decoding options.
+        is_final: False for an interim re-decode of a growing utterance.
+    """
+
+    audio: FloatArray
+    stats: UtteranceStats
+    options: AsrOptions = field(default_factory=AsrOptions)
+    is_final: bool = True
+
+    @property
+    def batch_key(self) -> Hashable:
+        """Options that CTranslate2 applies to a whole ``generate`` call; items must agree."""
+        o = self.options
+        return (o.task, o.beam_size, o.mbr_candidates, o.num_alternatives, o.word_timestamps)
+
+
+@dataclass(frozen=True, slots=True)
+class AsrWord:
+    """A recognised word with times in ms relative to the utterance start."""
+
+    text: str
+    start_ms: int
+    end_ms: int
+    probability: float
+
+
+@dataclass(frozen=True, slots=True)
+class AsrAlternative:
+    """Another hypothesis for the same utterance."""
+
+    text: str
+    confidence: float
+
+
+@dataclass(frozen=True, slots=True)
+class AsrResult:
+    """The outcome for one request.
+
+    Attributes:
+        text: the transcript; empty when the policy skipped or gated the utterance.
+        words: per-word timing (empty when not requested).
+        confidence: exp(average token log-probability), in [0, 1].
+        no_speech_prob: Whisper's no-speech probability.
+        avg_logprob: average token log-probability of the chosen hypothesis.
+        compression_ratio: gzip compression ratio of the text (repetition detector).
+        language: detected or fixed language code.
+        alternatives: N-best alternatives, best first, excluding ``text``.
+        dropped_reason: why the text is empty (``too_short``, ``too_quiet``, ``no_speech``,
+            ``low_logprob``, ``repetition``, ``hallucination``), or ``""``.
+        encoded_frames: mel frames the encoder ran on (cost accounting for benchmarks).
+    """
+
+    text: str
+    words: tuple[AsrWord, ...] = ()
+    confidence: float = 0.0
+    no_speech_prob: float = 0.0
+    avg_logprob: float = 0.0
+    compression_ratio: float = 0.0
+    language: str = ""
+    alternatives: tuple[AsrAlternative, ...] = ()
+    dropped_reason: str = ""
+    encoded_frames: int = 0
+
+
+class AsrEngine(Protocol):
+    """A speech recogniser that decodes many utterances in one call.
+
+    Threading: not thread-safe; the gateway calls every method from one worker thread.
+    """
+
+    name: str
+
+    @classmethod
+    def load(cls, config: object) -> Self:
+        """Load the model named by ``config`` from local files (never from a hub)."""
+        ...
+
+    def warmup(self) -> None:
+        """Run one tiny inference so the first real call does not pay for lazy init."""
+        ...
+
+    def infer_batch(self, items: Sequence[AsrRequest]) -> list[AsrResult]:
+        """Transcribe ``items`` together; one result per item, in order."""
+        ...
+
+    def close(self) -> None:
+        """Release the model."""
+        ...

@@ -1,0 +1,3 @@
+"""Streaming VITS speech synthesis (a Piper voice split into front end and windowed decoder)."""
+
+from __future__ import annotations
