@@ -1,0 +1,38 @@
+"""Shared fixtures: where the recorded speech lives and how to read it."""
+
+from __future__ import annotations
+
+import json
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+#: Real recorded speech with references; laid beside the checkout (and in CI) as ../shared/data.
+SPEECH_DIR = REPO_ROOT.parent / "shared" / "data" / "speech"
+
+
+@pytest.fixture(scope="session")
+def speech_dir() -> Path:
+    """The shared speech set; its absence is an error, never a silent skip."""
+    if not (SPEECH_DIR / "manifest.jsonl").is_file():
+        pytest.fail(f"shared speech data not found at ../shared/data/speech (looked in {SPEECH_DIR})")
+    return SPEECH_DIR
+
+
+@pytest.fixture(scope="session")
+def manifest(speech_dir: Path) -> list[dict[str, Any]]:
+    """The 40 clips' manifest rows."""
+    with (speech_dir / "manifest.jsonl").open() as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def read_wav_int16(path: Path) -> tuple[np.ndarray, int]:
+    """Read a mono 16-bit WAV as int16 samples and its rate."""
+    with wave.open(str(path), "rb") as w:
+        assert w.getnchannels() == 1 and w.getsampwidth() == 2, path
+        data = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").copy()
+        return data, w.getframerate()
