@@ -1,0 +1,163 @@
+"""The ``voxgate`` command line: ``serve``, ``demo`` and ``call``.
+
+Flags beat ``VOXGATE_*`` environment variables, which beat a ``--config`` YAML file, which beats
+the defaults (see :mod:`gateway.config`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+__all__ = ["main"]
+
+
+class _JsonFormatter(logging.Formatter):
+    """One JSON object per line, for log collectors."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    """Configure root logging on stderr (stdout is kept for the `listening on` line)."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+        )
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    logging.Formatter.converter = time.gmtime
+
+
+def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    server: dict[str, Any] = {}
+    for flag, key in (
+        ("host", "host"),
+        ("port", "port"),
+        ("metrics_port", "metrics_port"),
+        ("grace_s", "grace_s"),
+        ("log_format", "log_format"),
+        ("log_level", "log_level"),
+    ):
+        value = getattr(args, flag, None)
+        if value is not None:
+            server[key] = value
+    out: dict[str, Any] = {"server": server} if server else {}
+    if getattr(args, "engines", None):
+        out["engines"] = args.engines
+    asr: dict[str, Any] = {}
+    if getattr(args, "model", None):
+        asr["model"] = args.model
+    if getattr(args, "device", None):
+        asr["device"] = args.device
+    if asr:
+        out["asr"] = asr
+    if getattr(args, "voice", None):
+        out["tts"] = {"voice": args.voice}
+    return out
+
+
+def _add_server_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, help="YAML config file (see README)")
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="gRPC port; 0 picks a free one (default 50051)")
+    p.add_argument("--metrics-port", type=int, help="Prometheus port; 0 disables (default)")
+    p.add_argument("--grace-s", type=float, help="SIGTERM drain period in seconds")
+    p.add_argument(
+        "--engines",
+        help="engines to load: asr,tts (default), asr, tts or none (VAD only)",
+    )
+    p.add_argument("--model", help="Whisper model: 'base' (bundled) or a model directory")
+    p.add_argument("--device", help="cpu or cuda")
+    p.add_argument("--voice", help="Piper voice: 'joe' (bundled) or a .onnx path")
+    p.add_argument("--log-format", choices=["text", "json"])
+    p.add_argument("--log-level")
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from gateway.config import load_config  # noqa: PLC0415
+    from gateway.runtime import build_hub  # noqa: PLC0415
+    from gateway.server import serve  # noqa: PLC0415
+
+    try:
+        config = load_config(args.config, _serve_overrides(args))
+    except (ValidationError, ValueError, OSError) as exc:
+        print(f"voxgate serve: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(config.server.log_level, config.server.log_format)
+    asyncio.run(serve(config, build_hub(config)))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from clients.demo import run_demo  # noqa: PLC0415
+
+    setup_logging("WARNING", "text")
+    return asyncio.run(run_demo(args))
+
+
+def _cmd_call(args: argparse.Namespace) -> int:
+    from clients.cli import run_call  # noqa: PLC0415
+
+    setup_logging("WARNING", "text")
+    return asyncio.run(run_call(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests and docs)."""
+    parser = argparse.ArgumentParser(prog="voxgate", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run the gateway server")
+    _add_server_flags(p)
+    p.set_defaults(func=_cmd_serve)
+
+    d = sub.add_parser("demo", help="start a server and play the bundled sample call through it")
+    d.add_argument("--audio", type=Path, help="caller WAV (default: the bundled sample)")
+    d.add_argument("--out", type=Path, default=Path("reply.wav"), help="reply audio WAV")
+    d.add_argument("--timeline", type=Path, default=Path("call.png"), help="timeline PNG")
+    d.add_argument("--engines", default="asr,tts", help="engines to load (asr,tts / none)")
+    d.add_argument("--realtime", action="store_true", help="stream at real-time pace")
+    d.set_defaults(func=_cmd_demo)
+
+    c = sub.add_parser("call", help="play a WAV as the caller against a running server")
+    c.add_argument("file", type=Path, help="caller audio (WAV, mono 8/16/24/48 kHz)")
+    c.add_argument("--target", default="127.0.0.1:50051", help="server host:port")
+    c.add_argument("--realtime", action="store_true", help="stream at real-time pace")
+    c.add_argument("--say", action="append", default=[], help="text the bot says at the start")
+    c.add_argument("--bot", default="", help="'echo' or a YAML rules file")
+    c.add_argument("--out", type=Path, help="write the reply audio to this WAV")
+    c.add_argument("--timeline", type=Path, help="draw the call to this PNG")
+    c.add_argument("--mulaw", action="store_true", help="send as 8 kHz mu-law (telephone)")
+    c.set_defaults(func=_cmd_call)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``voxgate`` console script."""
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Typed, validated server configuration.
+
+Static settings are frozen pydantic models, one per component, composed into
+:class:`GatewayConfig`, loaded once at start-up from (lowest to highest precedence) defaults, a
+YAML file, ``VOXGATE_*`` environment variables and command-line flags. Per-request options come
+from the proto and are validated by the servicer against the limits here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Self
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = [
+    "BatcherConfig",
+    "GatewayConfig",
+    "LimitsConfig",
+    "ServerConfig",
+    "VadConfig",
+    "load_config",
+]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class VadConfig(_Frozen):
+    """Voice activity detection and endpointing (server defaults; a call may override)."""
+
+    aggressiveness: int = Field(
+        3, ge=0, le=3, description="webrtcvad aggressiveness; 3 resists line noise best."
+    )
+    frame_ms: int = Field(20, description="Analysis frame in ms: 10, 20 or 30 (webrtcvad).")
+    start_speech_ms: int = Field(
+        100, ge=10, le=2000, description="Voiced time that confirms the start of speech, ms."
+    )
+    end_silence_ms: int = Field(
+        600,
+        ge=100,
+        le=10_000,
+        description="Silence that ends an utterance (hangover), ms. Natural pauses inside a "
+        "sentence reach ~0.5 s, so lower values split sentences.",
+    )
+    min_speech_ms: int = Field(
+        100,
+        ge=0,
+        le=10_000,
+        description="Utterances with less voiced time are not transcribed, ms.",
+    )
+    max_utterance_ms: int = Field(
+        28_000,
+        ge=1_000,
+        le=30_000,
+        description="Forced cut, ms; at most Whisper's 30 s window.",
+    )
+    pre_roll_ms: int = Field(
+        300, ge=0, le=2_000, description="Audio kept before the detected start of speech, ms."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.frame_ms not in (10, 20, 30):
+            raise ValueError(f"frame_ms={self.frame_ms} is not supported; use 10, 20 or 30")
+        if self.max_utterance_ms <= self.start_speech_ms:
+            raise ValueError(
+                f"max_utterance_ms={self.max_utterance_ms} must exceed "
+                f"start_speech_ms={self.start_speech_ms}"
+            )
+        return self
+
+
+class LimitsConfig(_Frozen):
+    """Per-call limits that protect the server from one misbehaving client."""
+
+    max_chunk_bytes: int = Field(
+        64_000, ge=320, description="Largest accepted AudioChunk.data, bytes (2 s of 16 kHz PCM16)."
+    )
+    max_realtime_factor: float = Field(
+        4.0,
+        ge=1.0,
+        description="Audio may arrive at most this many times faster than real time (measured "
+        "after a burst allowance).",
+    )
+    burst_allowance_ms: int = Field(
+        5_000, ge=0, description="Audio a client may send ahead of real time before pacing, ms."
+    )
+    max_speak_chars: int = Field(
+        20_000, ge=1, description="Longest Speak / Synthesize text accepted, characters."
+    )
+    max_queued_speaks: int = Field(32, ge=1, description="Speak requests queued per call.")
+    max_concurrent_calls: int = Field(
+        200, ge=1, description="Calls served at once; more are refused with RESOURCE_EXHAUSTED."
+    )
+
+
+class BatcherConfig(_Frozen):
+    """Cross-call micro-batching of recognition work."""
+
+    max_batch_size: int = Field(0, ge=0, le=64, description="Items per engine call; 0 = auto.")
+    workers: int = Field(0, ge=0, le=16, description="Parallel engine workers; 0 = auto.")
+    max_wait_ms: float = Field(
+        0.0, ge=0.0, le=1_000.0, description="Extra wait to fill a batch, ms; 0 never delays."
+    )
+    max_queue_size: int = Field(
+        256, ge=1, description="Queued utterances; more are refused with RESOURCE_EXHAUSTED."
+    )
+    interim_interval_ms: int = Field(
+        1_000, ge=200, le=10_000, description="Default interval between interim transcripts, ms."
+    )
+
+
+class ServerConfig(_Frozen):
+    """Process-level settings: ports, lifecycle."""
+
+    host: str = Field("127.0.0.1", description="Address to bind the gRPC port to.")
+    port: int = Field(50051, ge=0, le=65535, description="gRPC port; 0 picks a free one.")
+    metrics_port: int = Field(
+        0, ge=0, le=65535, description="Prometheus port; 0 disables the metrics endpoint."
+    )
+    grace_s: float = Field(
+        10.0, ge=0.0, le=600.0, description="SIGTERM drain period for active calls, s."
+    )
+    log_format: str = Field("text", pattern="^(text|json)$", description="Log line format.")
+    log_level: str = Field("INFO", description="Python logging level name.")
+
+
+class GatewayConfig(BaseSettings):
+    """Everything ``voxgate serve`` needs, composed from the component configs.
+
+    Environment variables use the ``VOXGATE_`` prefix and ``__`` for nesting, e.g.
+    ``VOXGATE_SERVER__PORT=50052`` or ``VOXGATE_VAD__END_SILENCE_MS=800``.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="VOXGATE_", env_nested_delimiter="__", frozen=True, extra="forbid"
+    )
+
+    server: ServerConfig = Field(default_factory=ServerConfig)  # type: ignore[arg-type]
+    vad: VadConfig = Field(default_factory=VadConfig)  # type: ignore[arg-type]
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)  # type: ignore[arg-type]
+    batcher: BatcherConfig = Field(default_factory=BatcherConfig)  # type: ignore[arg-type]
+    asr: dict[str, Any] = Field(
+        default_factory=dict, description="Whisper engine settings (engines.asr WhisperConfig)."
+    )
+    tts: dict[str, Any] = Field(
+        default_factory=dict, description="Voice settings (engines.tts TtsConfig)."
+    )
+    engines: str = Field(
+        "asr,tts",
+        pattern="^(none|asr|tts|asr,tts|tts,asr)$",
+        description="Engines to load: 'asr', 'tts', both, or 'none' (VAD-only serving).",
+    )
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> GatewayConfig:
+    """Build the config: defaults < YAML file < environment < ``overrides`` (from flags)."""
+    file_data: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(path.read_text())
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ValueError(f"config file {path} must hold a mapping, not {type(loaded).__name__}")
+        file_data = loaded or {}
+    # Environment beats the file: read the env-only view, then layer flags on top.
+    env_only = GatewayConfig().model_dump(exclude_defaults=True)
+    data = _merge(_merge(file_data, env_only), overrides or {})
+    return GatewayConfig.model_validate(data)

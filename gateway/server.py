@@ -1,0 +1,160 @@
+"""Server lifecycle: load and warm engines, then open the port; drain on SIGTERM.
+
+Start-up order matters to a load balancer: health reports ``SERVING`` only after the engines
+are warm and the port is bound, so no call ever lands on a cold replica.
+
+Shutdown order (SIGTERM or SIGINT):
+
+1. health goes ``NOT_SERVING`` and new calls are refused with ``UNAVAILABLE``;
+2. active calls drain for ``grace_s``;
+3. the rest are cancelled (``server.stop``);
+4. the batcher stops;
+5. the engines close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from typing import Protocol
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from gateway.config import GatewayConfig
+from gateway.service import EngineInfo, VoiceGatewayServicer
+from gateway.session import Synthesizer, Transcriber
+from voxgate.v1 import voxgate_pb2 as pb
+from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
+
+__all__ = ["SERVICE_NAME", "EngineHub", "GatewayServer", "serve"]
+
+log = logging.getLogger("voxgate.server")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["VoiceGateway"].full_name
+
+
+class EngineHub(Protocol):
+    """Loads, warms and closes the engines a server uses."""
+
+    transcriber: Transcriber | None
+    synthesizer: Synthesizer | None
+    info: EngineInfo
+
+    async def start(self) -> None:
+        """Load and warm every engine (in worker threads)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Stop the batcher, then close the engines."""
+        ...
+
+
+class GatewayServer:
+    """A grpc.aio server with health, reflection and metrics around the servicer.
+
+    Args:
+        config: server configuration.
+        hub: engines to serve; None serves VAD only (speech events, no transcripts or speech).
+    """
+
+    def __init__(self, config: GatewayConfig, hub: EngineHub | None = None) -> None:
+        self.config = config
+        self.hub = hub
+        self.port = 0
+        self.servicer: VoiceGatewayServicer | None = None
+        self._server: grpc.aio.Server | None = None
+        self._health = health_aio.HealthServicer()
+        self._stopped = asyncio.Event()
+
+    @property
+    def target(self) -> str:
+        """``host:port`` a client on this machine can dial."""
+        return f"{self.config.server.host}:{self.port}"
+
+    async def start(self) -> None:
+        """Load and warm engines, bind the port, then report SERVING."""
+        for name in ("", SERVICE_NAME):
+            await self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.hub is not None:
+            await self.hub.start()
+        self.servicer = VoiceGatewayServicer(
+            self.config,
+            transcriber=self.hub.transcriber if self.hub else None,
+            synthesizer=self.hub.synthesizer if self.hub else None,
+            info=self.hub.info if self.hub else None,
+        )
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+                ("grpc.keepalive_time_ms", 30_000),
+                ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+            ]
+        )
+        pb_grpc.add_VoiceGatewayServicer_to_server(self.servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            server,
+        )
+        srv = self.config.server
+        self.port = server.add_insecure_port(f"{srv.host}:{srv.port}")
+        if self.port == 0:
+            raise OSError(f"could not bind {srv.host}:{srv.port}")
+        await server.start()
+        self._server = server
+        if srv.metrics_port:
+            start_http_server(srv.metrics_port, addr=srv.host)
+        for name in ("", SERVICE_NAME):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving %s on %s", SERVICE_NAME, self.target)
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Graceful shutdown in the order documented at the top of this module."""
+        if self._server is None:
+            return
+        grace = self.config.server.grace_s if grace_s is None else grace_s
+        # 1. stop accepting
+        await self._health.enter_graceful_shutdown()
+        if self.servicer is not None:
+            self.servicer.accepting = False
+            # 2. drain
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.servicer.wait_idle(), timeout=grace)
+        # 3. cancel the rest (0.5 s for cancellations to propagate to the tasks)
+        await self._server.stop(0.5)
+        self._server = None
+        # 4. + 5. batcher, engines
+        if self.hub is not None:
+            await self.hub.aclose()
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        """Block until :meth:`stop` completes."""
+        await self._stopped.wait()
+
+
+async def serve(config: GatewayConfig, hub: EngineHub | None = None) -> None:
+    """Run a server until SIGTERM/SIGINT; prints ``listening on HOST:PORT`` once SERVING."""
+    server = GatewayServer(config, hub)
+    await server.start()
+    print(f"listening on {server.target}", flush=True)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down (grace %.1f s)", config.server.grace_s)
+    await server.stop()
+    print("stopped", file=sys.stderr, flush=True)

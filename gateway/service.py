@@ -1,0 +1,576 @@
+"""The gRPC servicer: the only server module that touches generated protobuf code.
+
+It validates requests, converts between protobuf and the session's dataclasses, and maps domain
+errors to gRPC statuses in one table (:data:`STATUS_OF`). Each RPC's failures end that RPC alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any, Literal
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+from engines.asr.base import AsrOptions
+from gateway import metrics
+from gateway.audio import SUPPORTED_RATES_HZ, OutputEncoder, WireEncoding
+from gateway.config import GatewayConfig, VadConfig
+from gateway.errors import CallError, ErrorKind
+from gateway.session import (
+    AudioIn,
+    AudioOutEvent,
+    CallConfig,
+    CallSession,
+    ClearIn,
+    DtmfIn,
+    DtmfOut,
+    ErrorOut,
+    FlushIn,
+    HangupIn,
+    InboundEvent,
+    InterruptedOut,
+    MarkIn,
+    MarkReachedOut,
+    OutboundEvent,
+    PlaybackFinishedOut,
+    SpeakIn,
+    SpeechOut,
+    Synthesizer,
+    Transcriber,
+    TranscriptOut,
+)
+from voxgate.v1 import voxgate_pb2 as pb
+from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
+
+__all__ = ["STATUS_OF", "EngineInfo", "VoiceGatewayServicer"]
+
+log = logging.getLogger("voxgate.service")
+
+#: The one place where domain errors become gRPC statuses.
+STATUS_OF: dict[ErrorKind, grpc.StatusCode] = {
+    ErrorKind.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorKind.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorKind.UNIMPLEMENTED: grpc.StatusCode.UNIMPLEMENTED,
+    ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
+    ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+}
+
+_RPC_CODE: dict[ErrorKind, int] = {
+    ErrorKind.INVALID_ARGUMENT: code_pb2.INVALID_ARGUMENT,
+    ErrorKind.RESOURCE_EXHAUSTED: code_pb2.RESOURCE_EXHAUSTED,
+    ErrorKind.FAILED_PRECONDITION: code_pb2.FAILED_PRECONDITION,
+    ErrorKind.UNIMPLEMENTED: code_pb2.UNIMPLEMENTED,
+    ErrorKind.UNAVAILABLE: code_pb2.UNAVAILABLE,
+    ErrorKind.INTERNAL: code_pb2.INTERNAL,
+    ErrorKind.NOT_FOUND: code_pb2.NOT_FOUND,
+}
+
+_ENCODINGS = {
+    pb.LINEAR16: WireEncoding.LINEAR16,
+    pb.MULAW: WireEncoding.MULAW,
+    pb.ALAW: WireEncoding.ALAW,
+}
+
+
+class EngineInfo:
+    """What the servicer needs to know about loaded engines (for ListModels / ListVoices)."""
+
+    def __init__(
+        self,
+        models: list[pb.ModelInfo] | None = None,
+        voices: list[pb.VoiceInfo] | None = None,
+    ) -> None:
+        self.models = models or []
+        self.voices = voices or []
+
+
+class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
+    """Implements ``voxgate.v1.VoiceGateway`` on top of :class:`~gateway.session.CallSession`.
+
+    Args:
+        config: the server configuration (limits and VAD defaults).
+        transcriber: shared recogniser, or None for a VAD-only server.
+        synthesizer: shared voice, or None for a server without TTS.
+        info: models and voices to list.
+    """
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        transcriber: Transcriber | None = None,
+        synthesizer: Synthesizer | None = None,
+        info: EngineInfo | None = None,
+    ) -> None:
+        self.config = config
+        self.transcriber = transcriber
+        self.synthesizer = synthesizer
+        self.info = info or EngineInfo()
+        self.active_calls = 0
+        self.accepting = True
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- RPCs --------------------------------------------------------------------------------------
+
+    async def Converse(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:  # noqa: N802
+        """One full-duplex call."""
+        await self._run_call(context, "converse")
+
+    async def StreamingRecognize(  # noqa: N802
+        self, request_iterator: Any, context: grpc.aio.ServicerContext
+    ) -> None:
+        """Recognition only."""
+        await self._run_call(context, "recognize")
+
+    async def Synthesize(  # noqa: N802
+        self, request: pb.SynthesizeRequest, context: grpc.aio.ServicerContext
+    ) -> None:
+        """Text in, streamed audio out."""
+        try:
+            await self._synthesize(request, context)
+        except CallError as exc:
+            await _abort(context, exc)
+
+    async def ListModels(  # noqa: N802
+        self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListModelsResponse:
+        """Loaded recognition models."""
+        return pb.ListModelsResponse(models=self.info.models)
+
+    async def ListVoices(  # noqa: N802
+        self, request: pb.ListVoicesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListVoicesResponse:
+        """Loaded voices."""
+        return pb.ListVoicesResponse(voices=self.info.voices)
+
+    # -- lifecycle helpers -------------------------------------------------------------------------
+
+    async def wait_idle(self) -> None:
+        """Return once no call is active (used by graceful shutdown)."""
+        await self._idle.wait()
+
+    # -- calls -------------------------------------------------------------------------------------
+
+    async def _run_call(
+        self, context: grpc.aio.ServicerContext, mode: Literal["converse", "recognize"]
+    ) -> None:
+        limits = self.config.limits
+        if not self.accepting:
+            await _abort(context, CallError(ErrorKind.UNAVAILABLE, "server is shutting down"))
+        if self.active_calls >= limits.max_concurrent_calls:
+            await _abort(
+                context,
+                CallError.exhausted(
+                    f"server is at max_concurrent_calls={limits.max_concurrent_calls}; retry later "
+                    "or on another replica",
+                    quota="max_concurrent_calls",
+                ),
+            )
+        self.active_calls += 1
+        self._idle.clear()
+        metrics.CALLS_ACTIVE.inc()
+        metrics.CALLS_TOTAL.labels(mode).inc()
+        outcome = "ok"
+        try:
+            await self._call(context, mode)
+        except CallError as exc:
+            outcome = exc.kind.value
+            log.info("call ended: %s: %s", exc.kind.value, exc.message)
+            await _abort(context, exc)
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            outcome = "internal"
+            log.exception("call failed")
+            await _abort(context, CallError(ErrorKind.INTERNAL, f"internal error: {exc!r}"))
+        finally:
+            metrics.CALLS_ENDED.labels(outcome).inc()
+            metrics.CALLS_ACTIVE.dec()
+            self.active_calls -= 1
+            if self.active_calls == 0:
+                self._idle.set()
+
+    async def _call(
+        self, context: grpc.aio.ServicerContext, mode: Literal["converse", "recognize"]
+    ) -> None:
+        first = await context.read()
+        if first is grpc.aio.EOF:
+            raise CallError.invalid("the stream ended before its first ConverseRequest (config)")
+        kind = first.WhichOneof("event")
+        if kind != "config":
+            raise CallError.invalid(
+                f"the first ConverseRequest must carry `config`; got `{kind or 'nothing'}`"
+            )
+        call_cfg = self._call_config(first.config, mode)
+        session = CallSession(
+            call_cfg,
+            self.config.limits,
+            self.transcriber,
+            self.synthesizer if mode == "converse" else None,
+        )
+        session_id = uuid.uuid4().hex[:16]
+        started = pb.SessionStarted(
+            session_id=session_id,
+            effective_config=_effective_config(first.config, call_cfg),
+            model=self.info.models[0].name if self.info.models else "",
+            voice=self.info.voices[0].name if self.info.voices else "",
+            server_version=_version(),
+        )
+        await context.write(pb.ConverseResponse(started=started))
+        log.info("call %s started (%s, client call_id=%r)", session_id, mode, first.config.call_id)
+
+        async def source() -> InboundEvent | None:
+            msg = await context.read()
+            if msg is grpc.aio.EOF:
+                return None
+            return self._inbound(msg)
+
+        async def sink(event: OutboundEvent) -> None:
+            await context.write(_outbound(event))
+
+        await session.run(source, sink)
+
+    def _call_config(
+        self, cfg: pb.SessionConfig, mode: Literal["converse", "recognize"]
+    ) -> CallConfig:
+        in_enc = _encoding(cfg.input_audio.encoding, "config.input_audio.encoding")
+        in_rate = _rate(cfg.input_audio.sample_rate_hertz, "config.input_audio.sample_rate_hertz")
+        if cfg.output_audio.encoding == pb.ENCODING_UNSPECIFIED:
+            out_enc = in_enc
+        else:
+            out_enc = _encoding(cfg.output_audio.encoding, "config.output_audio.encoding")
+        out_rate = (
+            _rate(cfg.output_audio.sample_rate_hertz, "config.output_audio.sample_rate_hertz")
+            if cfg.output_audio.sample_rate_hertz
+            else in_rate
+        )
+        vad = _vad_config(self.config.vad, cfg.vad)
+        dec = cfg.decoding
+        if dec.beam_size < 0 or dec.beam_size > 16:
+            raise CallError.invalid(f"config.decoding.beam_size={dec.beam_size} is outside 0..16")
+        if dec.mbr_candidates < 0 or dec.mbr_candidates > 16:
+            raise CallError.invalid(
+                f"config.decoding.mbr_candidates={dec.mbr_candidates} is outside 0..16"
+            )
+        if dec.max_alternatives < 0 or dec.max_alternatives > 10:
+            raise CallError.invalid(
+                f"config.decoding.max_alternatives={dec.max_alternatives} is outside 0..10"
+            )
+        language = cfg.language.split("-")[0].lower() or None
+        asr_options = AsrOptions(
+            language=language,
+            task="translate" if dec.translate else "transcribe",
+            beam_size=max(1, dec.beam_size),
+            mbr_candidates=dec.mbr_candidates,
+            num_alternatives=dec.max_alternatives,
+            word_timestamps=dec.word_timestamps,
+            initial_prompt=dec.initial_prompt,
+            hotwords=tuple(dec.hotwords),
+            silence_aware=not dec.disable_silence_policy,
+        )
+        if cfg.interim_interval_ms and not 200 <= cfg.interim_interval_ms <= 10_000:
+            raise CallError.invalid(
+                f"config.interim_interval_ms={cfg.interim_interval_ms} is outside 200..10000"
+            )
+        if cfg.barge_in.min_speech_ms < 0 or cfg.barge_in.min_speech_ms > 5_000:
+            raise CallError.invalid(
+                f"config.barge_in.min_speech_ms={cfg.barge_in.min_speech_ms} is outside 0..5000"
+            )
+        if cfg.voice and self.info.voices and cfg.voice not in {v.name for v in self.info.voices}:
+            raise CallError.invalid(
+                f"config.voice={cfg.voice!r} is not loaded; ListVoices has "
+                f"{', '.join(v.name for v in self.info.voices)}"
+            )
+        return CallConfig(
+            input_encoding=in_enc,
+            input_rate_hz=in_rate,
+            output_encoding=out_enc,
+            output_rate_hz=out_rate,
+            vad=vad,
+            asr_options=asr_options,
+            interim_results=cfg.interim_results,
+            interim_interval_ms=cfg.interim_interval_ms or self.config.batcher.interim_interval_ms,
+            barge_in=not cfg.barge_in.disabled,
+            barge_in_min_speech_ms=cfg.barge_in.min_speech_ms,
+            mode=mode,
+        )
+
+    def _inbound(self, msg: pb.ConverseRequest) -> InboundEvent:
+        kind = msg.WhichOneof("event")
+        if kind == "audio":
+            return AudioIn(msg.audio.data)
+        if kind == "speak":
+            return self._speak(msg.speak)
+        if kind == "clear":
+            return ClearIn()
+        if kind == "mark":
+            if not msg.mark.name:
+                raise CallError.invalid("mark.name is empty; name the mark to be told about it")
+            return MarkIn(msg.mark.name)
+        if kind == "hangup":
+            return HangupIn()
+        if kind == "flush":
+            return FlushIn()
+        if kind == "dtmf":
+            if msg.dtmf.digit not in set("0123456789*#ABCD"):
+                raise CallError.invalid(f"dtmf.digit={msg.dtmf.digit!r} is not one of 0-9 * # A-D")
+            return DtmfIn(msg.dtmf.digit, msg.dtmf.duration_ms)
+        if kind == "config":
+            raise CallError.invalid("a second `config` arrived; config is only valid first")
+        raise CallError.invalid("a ConverseRequest with no event set arrived")
+
+    def _speak(self, sp: pb.Speak) -> SpeakIn:
+        limits = self.config.limits
+        if not sp.text.strip():
+            raise CallError.invalid("speak.text is empty")
+        if len(sp.text) > limits.max_speak_chars:
+            raise CallError.invalid(
+                f"speak.text has {len(sp.text)} characters, over max_speak_chars="
+                f"{limits.max_speak_chars}; split it into several Speak requests"
+            )
+        rate = sp.rate or 1.0
+        if not 0.5 <= rate <= 2.0:
+            raise CallError.invalid(f"speak.rate={sp.rate:g} is outside 0.5..2.0")
+        if sp.voice and self.info.voices and sp.voice not in {v.name for v in self.info.voices}:
+            raise CallError.invalid(f"speak.voice={sp.voice!r} is not loaded (see ListVoices)")
+        if sp.speaker_id < 0:
+            raise CallError.invalid(f"speak.speaker_id={sp.speaker_id} is negative")
+        return SpeakIn(
+            text=sp.text,
+            speak_id=sp.speak_id or uuid.uuid4().hex[:12],
+            voice=sp.voice,
+            rate=rate,
+            speaker_id=sp.speaker_id,
+            uninterruptible=sp.uninterruptible,
+        )
+
+    # -- Synthesize --------------------------------------------------------------------------------
+
+    async def _synthesize(
+        self, request: pb.SynthesizeRequest, context: grpc.aio.ServicerContext
+    ) -> None:
+        synth = self.synthesizer
+        if synth is None:
+            raise CallError(
+                ErrorKind.UNIMPLEMENTED,
+                "Synthesize is not served: this server runs without a voice (engines setting)",
+            )
+        fmt = request.output_audio
+        enc = (
+            WireEncoding.LINEAR16
+            if fmt.encoding == pb.ENCODING_UNSPECIFIED
+            else _encoding(fmt.encoding, "output_audio.encoding")
+        )
+        rate = (
+            _rate(fmt.sample_rate_hertz, "output_audio.sample_rate_hertz")
+            if fmt.sample_rate_hertz
+            else (8000 if enc is not WireEncoding.LINEAR16 else 16000)
+        )
+        speak = self._speak(
+            pb.Speak(
+                text=request.text,
+                voice=request.voice,
+                rate=request.rate,
+                speaker_id=request.speaker_id,
+            )
+        )
+        encoder = OutputEncoder(enc, rate, synth.sample_rate_hz)
+        seq = 0
+        offset_ms = 0.0
+        async for piece in synth.stream(speak):
+            data = encoder.encode(piece.samples, last=piece.is_last)
+            seq += 1
+            words = [pb.Word(word=w, end_ms=end) for w, end in piece.words]
+            await context.write(
+                pb.SynthesizeResponse(
+                    data=data,
+                    sequence_number=seq,
+                    offset_ms=int(offset_ms),
+                    is_last=piece.is_last,
+                    words=words,
+                )
+            )
+            offset_ms += 1000.0 * len(piece.samples) / synth.sample_rate_hz
+
+
+def _encoding(value: int, field: str) -> WireEncoding:
+    enc = _ENCODINGS.get(value)
+    if enc is None:
+        name = pb.Encoding.Name(value) if value in pb.Encoding.values() else str(value)
+        raise CallError.invalid(f"{field}={name} is not supported; use LINEAR16, MULAW or ALAW")
+    return enc
+
+
+def _rate(value: int, field: str) -> int:
+    if value not in SUPPORTED_RATES_HZ:
+        raise CallError.invalid(
+            f"{field}={value} is not supported; use one of "
+            f"{', '.join(str(r) for r in SUPPORTED_RATES_HZ)}"
+        )
+    return value
+
+
+def _vad_config(default: VadConfig, req: pb.VadConfig) -> VadConfig:
+    over: dict[str, int] = {}
+    if req.HasField("aggressiveness"):
+        over["aggressiveness"] = req.aggressiveness
+    for name in (
+        "frame_ms",
+        "start_speech_ms",
+        "end_silence_ms",
+        "min_speech_ms",
+        "max_utterance_ms",
+        "pre_roll_ms",
+    ):
+        value = getattr(req, name)
+        if value < 0:
+            raise CallError.invalid(f"config.vad.{name}={value} is negative")
+        if value:
+            over[name] = value
+    if not over:
+        return default
+    try:
+        return VadConfig.model_validate({**default.model_dump(), **over})
+    except ValueError as exc:
+        first = exc.errors()[0] if hasattr(exc, "errors") else None
+        if first is not None:
+            loc = ".".join(str(p) for p in first["loc"]) or "vad"
+            raise CallError.invalid(f"config.vad.{loc}: {first['msg']}") from None
+        raise CallError.invalid(f"config.vad: {exc}") from None
+
+
+def _effective_config(req: pb.SessionConfig, cfg: CallConfig) -> pb.SessionConfig:
+    eff = pb.SessionConfig()
+    eff.CopyFrom(req)
+    eff.input_audio.encoding = cfg.input_encoding.value
+    eff.input_audio.sample_rate_hertz = cfg.input_rate_hz
+    eff.output_audio.encoding = cfg.output_encoding.value
+    eff.output_audio.sample_rate_hertz = cfg.output_rate_hz
+    v = cfg.vad
+    eff.vad.aggressiveness = v.aggressiveness
+    eff.vad.frame_ms = v.frame_ms
+    eff.vad.start_speech_ms = v.start_speech_ms
+    eff.vad.end_silence_ms = v.end_silence_ms
+    eff.vad.min_speech_ms = v.min_speech_ms
+    eff.vad.max_utterance_ms = v.max_utterance_ms
+    eff.vad.pre_roll_ms = v.pre_roll_ms
+    eff.interim_interval_ms = cfg.interim_interval_ms
+    return eff
+
+
+def _outbound(event: OutboundEvent) -> pb.ConverseResponse:
+    if isinstance(event, AudioOutEvent):
+        return pb.ConverseResponse(
+            audio=pb.AudioOut(
+                data=event.data,
+                sequence_number=event.sequence_number,
+                speak_id=event.speak_id,
+                offset_ms=event.offset_ms,
+                is_last=event.is_last,
+            )
+        )
+    if isinstance(event, SpeechOut):
+        t = pb.SpeechEvent.SPEECH_BEGIN if event.begin else pb.SpeechEvent.SPEECH_END
+        return pb.ConverseResponse(
+            speech=pb.SpeechEvent(
+                type=t, offset_ms=event.offset_ms, utterance_index=event.utterance_index
+            )
+        )
+    if isinstance(event, TranscriptOut):
+        r = event.result
+        return pb.ConverseResponse(
+            transcript=pb.Transcript(
+                text=r.text,
+                is_final=event.is_final,
+                start_ms=event.start_ms,
+                end_ms=event.end_ms,
+                words=[
+                    pb.Word(
+                        word=w.text,
+                        start_ms=event.start_ms + w.start_ms,
+                        end_ms=event.start_ms + w.end_ms,
+                        probability=w.probability,
+                    )
+                    for w in r.words
+                ],
+                confidence=r.confidence,
+                no_speech_probability=r.no_speech_prob,
+                alternatives=[
+                    pb.Alternative(text=a.text, confidence=a.confidence) for a in r.alternatives
+                ],
+                language=r.language,
+                utterance_index=event.utterance_index,
+                latency_ms=event.latency_ms,
+            )
+        )
+    if isinstance(event, MarkReachedOut):
+        return pb.ConverseResponse(mark=pb.MarkReached(name=event.name))
+    if isinstance(event, InterruptedOut):
+        return pb.ConverseResponse(
+            interrupted=pb.PlaybackInterrupted(
+                speak_id=event.speak_id,
+                played_ms=event.played_ms,
+                words_played=list(event.words_played),
+                at_offset_ms=event.at_offset_ms,
+            )
+        )
+    if isinstance(event, PlaybackFinishedOut):
+        return pb.ConverseResponse(
+            playback_finished=pb.PlaybackFinished(
+                speak_id=event.speak_id, duration_ms=event.duration_ms
+            )
+        )
+    if isinstance(event, ErrorOut):
+        return pb.ConverseResponse(
+            error=pb.ErrorEvent(
+                code=_RPC_CODE[event.kind],
+                message=event.message,
+                scope=event.scope,
+                utterance_index=event.utterance_index,
+                speak_id=event.speak_id,
+            )
+        )
+    if isinstance(event, DtmfOut):
+        return pb.ConverseResponse(dtmf=pb.Dtmf(digit=event.digit, duration_ms=event.duration_ms))
+    raise TypeError(f"unknown outbound event {event!r}")
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: CallError) -> None:
+    """End the RPC with the mapped status (and a QuotaFailure detail for quotas)."""
+    if exc.kind is ErrorKind.RESOURCE_EXHAUSTED and exc.quota:
+        detail = any_pb2.Any()
+        detail.Pack(
+            error_details_pb2.QuotaFailure(
+                violations=[
+                    error_details_pb2.QuotaFailure.Violation(
+                        subject=exc.quota, description=exc.message
+                    )
+                ]
+            )
+        )
+        status = status_pb2.Status(code=_RPC_CODE[exc.kind], message=exc.message, details=[detail])
+        # The standard rich-error trailer; clients read it with grpc_status.rpc_status.from_call.
+        await context.abort(
+            STATUS_OF[exc.kind],
+            exc.message,
+            trailing_metadata=(("grpc-status-details-bin", status.SerializeToString()),),
+        )
+    await context.abort(STATUS_OF[exc.kind], exc.message)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    try:
+        return version("voxgate")
+    except PackageNotFoundError:
+        return "0+unknown"

@@ -1,0 +1,700 @@
+"""One call as an asyncio task graph: ``recv`` → (``asr``, ``tts``) → ``send``.
+
+The servicer turns protobuf messages into the small inbound dataclasses below and back; nothing
+here knows about gRPC or protobuf. One :class:`asyncio.TaskGroup` per call:
+
+* ``recv`` reads client events, validates and decodes audio at the edge, runs the segmenter
+  (cheap: tens of µs per 20 ms frame) and routes utterances, speech events and speak requests;
+* ``asr`` sends utterances to the shared cross-call transcriber, in order, and emits transcripts;
+  an optional ``interim`` task re-decodes the growing utterance at low priority;
+* ``tts`` plays queued Speak requests, paced at real time, and is the only task barge-in
+  touches;
+* ``send`` is the only writer to the client.
+
+Queues between tasks are bounded, so a client that stops reading slows its own call down rather
+than growing the server's memory. Cancelling the RPC cancels the group; teardown awaits every
+task it cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import numpy as np
+
+from engines.asr.base import AsrOptions, AsrRequest, AsrResult
+from engines.base import FloatArray, UtteranceStats
+from gateway.audio import AudioFormatError, InputDecoder, OutputEncoder, WireEncoding, bytes_per_ms
+from gateway.config import LimitsConfig, VadConfig
+from gateway.errors import CallError, ErrorKind
+from gateway.segmenter import Segmenter, SegmenterState, SpeechBegin, SpeechEnd, Utterance
+
+__all__ = [
+    "AudioIn",
+    "AudioOutEvent",
+    "CallConfig",
+    "CallSession",
+    "ClearIn",
+    "DtmfIn",
+    "DtmfOut",
+    "ErrorOut",
+    "FlushIn",
+    "HangupIn",
+    "InboundEvent",
+    "InterruptedOut",
+    "MarkIn",
+    "MarkReachedOut",
+    "OutboundEvent",
+    "PlaybackFinishedOut",
+    "SpeakIn",
+    "SpeechOut",
+    "Synthesizer",
+    "TranscriptOut",
+    "Transcriber",
+    "TtsPiece",
+]
+
+log = logging.getLogger("voxgate.session")
+
+#: Outgoing audio is cut into frames of this length; barge-in stops within one frame.
+FRAME_MS = 20
+
+
+# --- inbound ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AudioIn:
+    """Caller audio, still in the wire encoding."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SpeakIn:
+    """Text to say to the caller (already validated by the servicer)."""
+
+    text: str
+    speak_id: str
+    voice: str = ""
+    rate: float = 1.0
+    speaker_id: int = 0
+    uninterruptible: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ClearIn:
+    """Drop queued and playing speech."""
+
+
+@dataclass(frozen=True, slots=True)
+class MarkIn:
+    """Report when playout reaches this point of the speech queue."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class HangupIn:
+    """End the call after the pending utterance is transcribed."""
+
+
+@dataclass(frozen=True, slots=True)
+class FlushIn:
+    """Finish the current utterance now."""
+
+
+@dataclass(frozen=True, slots=True)
+class DtmfIn:
+    """A keypad digit from the caller's line."""
+
+    digit: str
+    duration_ms: int
+
+
+InboundEvent = AudioIn | SpeakIn | ClearIn | MarkIn | HangupIn | FlushIn | DtmfIn
+
+
+# --- outbound -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechOut:
+    """SPEECH_BEGIN (``begin=True``) or SPEECH_END at a call offset."""
+
+    begin: bool
+    offset_ms: int
+    utterance_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptOut:
+    """A transcript with call-relative times."""
+
+    result: AsrResult
+    is_final: bool
+    start_ms: int
+    end_ms: int
+    utterance_index: int
+    latency_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AudioOutEvent:
+    """One paced frame of synthesized audio in the call's output format."""
+
+    data: bytes
+    sequence_number: int
+    speak_id: str
+    offset_ms: int
+    is_last: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MarkReachedOut:
+    """Playout reached a mark."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class InterruptedOut:
+    """Playback of a Speak stopped early (barge-in or Clear)."""
+
+    speak_id: str
+    played_ms: int
+    words_played: tuple[str, ...]
+    at_offset_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class PlaybackFinishedOut:
+    """A Speak played to its end."""
+
+    speak_id: str
+    duration_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorOut:
+    """A failure that does not end the call (one utterance, one Speak)."""
+
+    kind: ErrorKind
+    message: str
+    scope: str
+    utterance_index: int = 0
+    speak_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DtmfOut:
+    """A keypad digit, echoed to the bot on the event stream."""
+
+    digit: str
+    duration_ms: int
+
+
+OutboundEvent = (
+    SpeechOut
+    | TranscriptOut
+    | AudioOutEvent
+    | MarkReachedOut
+    | InterruptedOut
+    | PlaybackFinishedOut
+    | ErrorOut
+    | DtmfOut
+)
+
+
+# --- engines as the session sees them -----------------------------------------------------------
+
+
+class Transcriber(Protocol):
+    """The shared, cross-call recogniser (the batcher in front of the Whisper engine)."""
+
+    async def transcribe(self, request: AsrRequest) -> AsrResult:
+        """Transcribe one utterance; raises :class:`CallError` for queue-full and the like."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class TtsPiece:
+    """A piece of synthesized audio with the words that end inside it."""
+
+    samples: FloatArray
+    words: tuple[tuple[str, int], ...]  # (word, end_ms relative to the Speak's start)
+    is_last: bool
+
+
+class Synthesizer(Protocol):
+    """The shared voice engine, seen as an async stream of audio pieces."""
+
+    sample_rate_hz: int
+
+    def stream(self, speak: SpeakIn) -> AsyncIterator[TtsPiece]:
+        """Synthesize ``speak.text``; raises :class:`CallError` for bad input."""
+        ...
+
+
+# --- the call -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CallConfig:
+    """A call's effective settings, resolved and validated from its first request."""
+
+    input_encoding: WireEncoding
+    input_rate_hz: int
+    output_encoding: WireEncoding
+    output_rate_hz: int
+    vad: VadConfig
+    asr_options: AsrOptions = field(default_factory=AsrOptions)
+    interim_results: bool = False
+    interim_interval_ms: int = 1000
+    barge_in: bool = True
+    barge_in_min_speech_ms: int = 0
+    mode: Literal["converse", "recognize"] = "converse"
+    playout_lead_ms: int = 60
+
+
+class _End:
+    """Queue sentinel: no more items."""
+
+
+_END = _End()
+
+
+@dataclass
+class _Playback:
+    """State of the Speak being played, shared by the tts task and barge-in."""
+
+    speak: SpeakIn
+    started_at: float = 0.0  # loop time when its first frame was due
+    sent_ms: int = 0
+    words: list[tuple[str, int]] = field(default_factory=list)
+
+
+class CallSession:
+    """Runs one call. Create one per RPC, then ``await run(source, sink)``.
+
+    Args:
+        config: the call's effective settings.
+        limits: per-call limits.
+        transcriber: shared recogniser, or None when the server runs without ASR.
+        synthesizer: shared voice, or None when the server runs without TTS.
+        on_event: optional hook for metrics (called with every outbound event).
+    """
+
+    def __init__(
+        self,
+        config: CallConfig,
+        limits: LimitsConfig,
+        transcriber: Transcriber | None,
+        synthesizer: Synthesizer | None,
+        on_event: Callable[[OutboundEvent], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.limits = limits
+        self._transcriber = transcriber
+        self._synth = synthesizer
+        self._on_event = on_event
+        self._decoder = InputDecoder(config.input_encoding, config.input_rate_hz)
+        self._segmenter = Segmenter(config.vad)
+        self._bytes_per_ms = bytes_per_ms(config.input_encoding, config.input_rate_hz)
+        self._out: asyncio.Queue[OutboundEvent | _End] = asyncio.Queue(maxsize=256)
+        self._utts: asyncio.Queue[Utterance | _End] = asyncio.Queue(maxsize=64)
+        self._speaks: asyncio.Queue[SpeakIn | MarkIn | _End] = asyncio.Queue(
+            maxsize=limits.max_queued_speaks
+        )
+        self._audio_ms_in = 0.0
+        self._first_audio_at: float | None = None
+        self._hangup = False
+        self._playback: _Playback | None = None
+        self._playback_task: asyncio.Task[None] | None = None
+        self._seq = 0
+        self._barge_pending_from: int | None = None
+        self._speech_end_at: dict[int, float] = {}
+        self._final_done: set[int] = set()
+        self._interim_task: asyncio.Task[None] | None = None
+        # Segmenter events are produced synchronously and drained (awaiting queues) right after.
+        self._pending_emits: list[OutboundEvent] = []
+        self._pending_utts: list[Utterance] = []
+        self._encoder = (
+            OutputEncoder(config.output_encoding, config.output_rate_hz, synthesizer.sample_rate_hz)
+            if synthesizer is not None and config.mode == "converse"
+            else None
+        )
+
+    async def run(
+        self,
+        source: Callable[[], Awaitable[InboundEvent | None]],
+        sink: Callable[[OutboundEvent], Awaitable[None]],
+    ) -> None:
+        """Run the call until the client ends it; raises :class:`CallError` to end it early."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                recv = tg.create_task(self._recv(source), name="recv")
+                asr = tg.create_task(self._asr(), name="asr")
+                tts = tg.create_task(self._tts(), name="tts")
+                tg.create_task(self._send(sink, [recv, asr, tts]), name="send")
+        except BaseExceptionGroup as eg:
+            # Surface the first domain error as such; anything else stays an exception group
+            # and the servicer turns it into INTERNAL. CancelledError is never wrapped here.
+            call_errors = eg.subgroup(CallError)
+            if call_errors is not None:
+                raise _first(call_errors) from eg
+            raise
+        finally:
+            await self._cancel_interim()
+
+    # -- recv --------------------------------------------------------------------------------------
+
+    async def _recv(self, source: Callable[[], Awaitable[InboundEvent | None]]) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            event = await source()
+            if event is None or isinstance(event, HangupIn):
+                self._hangup = isinstance(event, HangupIn)
+                self._handle_segments(self._segmenter.push(self._decoder.flush()))
+                self._handle_segments(self._segmenter.flush())
+                await self._utts.put(_END)
+                if self._hangup:
+                    await self._stop_playback(reason_offset_ms=-1, clear_queue=True)
+                await self._speaks.put(_END)
+                return
+            if isinstance(event, AudioIn):
+                self._check_audio(event.data, loop.time())
+                try:
+                    samples = self._decoder.decode(event.data)
+                except AudioFormatError as exc:
+                    raise CallError.invalid(str(exc)) from None
+                self._handle_segments(self._segmenter.push(samples))
+                await self._check_barge_in()
+            elif isinstance(event, SpeakIn | MarkIn):
+                if self.config.mode != "converse":
+                    raise CallError.invalid(
+                        "speak/mark are not accepted on StreamingRecognize; use Converse"
+                    )
+                if self._synth is None and isinstance(event, SpeakIn):
+                    raise CallError(
+                        ErrorKind.FAILED_PRECONDITION,
+                        "this server runs without a voice (engines setting excludes 'tts'); "
+                        "Speak is unavailable",
+                    )
+                if self._speaks.full():
+                    raise CallError.exhausted(
+                        f"more than max_queued_speaks={self.limits.max_queued_speaks} Speak/Mark "
+                        "requests are queued; wait for playback or send Clear",
+                        quota="max_queued_speaks",
+                    )
+                self._speaks.put_nowait(event)
+            elif isinstance(event, ClearIn):
+                await self._stop_playback(reason_offset_ms=-1, clear_queue=True)
+            elif isinstance(event, FlushIn):
+                self._handle_segments(self._segmenter.flush())
+            elif isinstance(event, DtmfIn):
+                await self._emit(DtmfOut(event.digit, event.duration_ms))
+            await self._flush_pending_emits()
+
+    def _check_audio(self, data: bytes, now: float) -> None:
+        lim = self.limits
+        if len(data) > lim.max_chunk_bytes:
+            raise CallError.invalid(
+                f"audio.data has {len(data)} bytes, over max_chunk_bytes={lim.max_chunk_bytes}; "
+                "send smaller chunks (20-100 ms is typical)"
+            )
+        if self._first_audio_at is None:
+            self._first_audio_at = now
+        self._audio_ms_in += len(data) / self._bytes_per_ms
+        elapsed_ms = (now - self._first_audio_at) * 1000.0
+        allowed_ms = lim.burst_allowance_ms + lim.max_realtime_factor * elapsed_ms
+        if self._audio_ms_in > allowed_ms:
+            raise CallError.exhausted(
+                f"audio arrives faster than max_realtime_factor={lim.max_realtime_factor:g}x real "
+                f"time: {self._audio_ms_in:.0f} ms of audio in {elapsed_ms:.0f} ms "
+                f"(burst_allowance_ms={lim.burst_allowance_ms})",
+                quota="max_realtime_factor",
+            )
+
+    def _handle_segments(self, events: Sequence[SpeechBegin | SpeechEnd | Utterance]) -> None:
+        # Runs synchronously inside recv; emits are queued and flushed right after.
+        for ev in events:
+            if isinstance(ev, SpeechBegin):
+                self._pending_emits.append(SpeechOut(True, ev.offset_ms, ev.utterance_index))
+                self._barge_pending_from = ev.offset_ms
+            elif isinstance(ev, SpeechEnd):
+                self._pending_emits.append(SpeechOut(False, ev.offset_ms, ev.utterance_index))
+                self._speech_end_at[ev.utterance_index] = time.monotonic()
+                self._barge_pending_from = None
+            elif not ev.dropped and self._transcriber is not None:
+                self._pending_utts.append(ev)
+
+    async def _flush_pending_emits(self) -> None:
+        emits, self._pending_emits = self._pending_emits, []
+        utts, self._pending_utts = self._pending_utts, []
+        for e in emits:
+            await self._emit(e)
+        for u in utts:
+            await self._utts.put(u)
+
+    async def _check_barge_in(self) -> None:
+        start = self._barge_pending_from
+        pb = self._playback
+        if start is None or pb is None or not self.config.barge_in or pb.speak.uninterruptible:
+            return
+        if self._segmenter.state not in (SegmenterState.SPEAKING, SegmenterState.STOPPING):
+            return
+        if self._segmenter.offset_ms - start < self.config.barge_in_min_speech_ms:
+            return
+        self._barge_pending_from = None
+        await self._stop_playback(reason_offset_ms=start, clear_queue=True)
+
+    # -- asr ---------------------------------------------------------------------------------------
+
+    async def _asr(self) -> None:
+        if self.config.interim_results and self._transcriber is not None:
+            self._interim_task = asyncio.create_task(self._interim_loop(), name="interim")
+        while True:
+            item = await self._utts.get()
+            if isinstance(item, _End):
+                break
+            await self._transcribe_final(item)
+        await self._cancel_interim()
+
+    async def _transcribe_final(self, utt: Utterance) -> None:
+        assert self._transcriber is not None
+        req = AsrRequest(utt.audio, utt.stats, self.config.asr_options, is_final=True)
+        try:
+            result = await self._transcriber.transcribe(req)
+        except CallError as exc:
+            await self._emit(ErrorOut(exc.kind, exc.message, "utterance", utt.index))
+            return
+        except Exception as exc:  # an engine fault fails this utterance, not the call
+            log.exception("utterance %d failed", utt.index)
+            await self._emit(
+                ErrorOut(ErrorKind.INTERNAL, f"recognition failed: {exc}", "utterance", utt.index)
+            )
+            return
+        self._final_done.add(utt.index)
+        ended = self._speech_end_at.pop(utt.index, None)
+        latency = int((time.monotonic() - ended) * 1000) if ended is not None else 0
+        await self._emit(
+            TranscriptOut(result, True, utt.start_ms, utt.end_ms, utt.index, latency_ms=latency)
+        )
+
+    async def _interim_loop(self) -> None:
+        assert self._transcriber is not None
+        interval_s = self.config.interim_interval_ms / 1000.0
+        last_len = 0
+        while True:
+            await asyncio.sleep(interval_s)
+            cur = self._segmenter.current_audio()
+            if cur is None:
+                last_len = 0
+                continue
+            start_ms, audio = cur
+            if len(audio) - last_len < 16 * self.config.interim_interval_ms // 2:
+                continue
+            last_len = len(audio)
+            index = self._segmenter.utterance_index
+            stats = _interim_stats(audio, self.config.vad.frame_ms)
+            req = AsrRequest(audio, stats, self.config.asr_options, is_final=False)
+            try:
+                result = await self._transcriber.transcribe(req)
+            except CallError:
+                continue  # interim work is best-effort: a full queue just skips it
+            if index in self._final_done or not result.text:
+                continue
+            end_ms = start_ms + len(audio) * 1000 // 16000
+            await self._emit(TranscriptOut(result, False, start_ms, end_ms, index))
+
+    async def _cancel_interim(self) -> None:
+        task, self._interim_task = self._interim_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # -- tts ---------------------------------------------------------------------------------------
+
+    async def _tts(self) -> None:
+        loop = asyncio.get_running_loop()
+        playout_until = loop.time()
+        while True:
+            item = await self._speaks.get()
+            if isinstance(item, _End):
+                return
+            if isinstance(item, MarkIn):
+                # A mark is reached when everything queued before it has been heard.
+                delay = playout_until - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                await self._emit(MarkReachedOut(item.name))
+                continue
+            pb = _Playback(item)
+            self._playback = pb
+            task = asyncio.create_task(self._play(pb), name="playback")
+            self._playback_task = task
+            try:
+                await task
+            except asyncio.CancelledError:
+                if not task.cancelled():
+                    raise  # the call itself is being cancelled
+            finally:
+                self._playback = None
+                self._playback_task = None
+            playout_until = max(loop.time(), pb.started_at + pb.sent_ms / 1000.0)
+
+    async def _play(self, pb: _Playback) -> None:
+        assert self._synth is not None and self._encoder is not None
+        loop = asyncio.get_running_loop()
+        self._encoder.reset()
+        frame_bytes = int(
+            bytes_per_ms(self.config.output_encoding, self.config.output_rate_hz) * FRAME_MS
+        )
+        lead_s = self.config.playout_lead_ms / 1000.0
+        pieces: asyncio.Queue[TtsPiece | _End | BaseException] = asyncio.Queue(maxsize=4)
+
+        async def produce() -> None:
+            assert self._synth is not None
+            try:
+                async for piece in self._synth.stream(pb.speak):
+                    await pieces.put(piece)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:
+                await pieces.put(exc)
+                return
+            await pieces.put(_END)
+
+        producer = asyncio.create_task(produce(), name="tts-producer")
+        pending = b""
+        try:
+            while True:
+                piece = await pieces.get()
+                if isinstance(piece, BaseException):
+                    if isinstance(piece, CallError):
+                        await self._emit(
+                            ErrorOut(piece.kind, piece.message, "speak", speak_id=pb.speak.speak_id)
+                        )
+                        return
+                    raise piece
+                last = isinstance(piece, _End)
+                if not last:
+                    assert isinstance(piece, TtsPiece)
+                    pb.words.extend(piece.words)
+                    pending += self._encoder.encode(piece.samples)
+                else:
+                    pending += self._encoder.encode(np.zeros(0, np.float32), last=True)
+                while len(pending) >= frame_bytes or (last and pending):
+                    frame, pending = pending[:frame_bytes], pending[frame_bytes:]
+                    if pb.started_at == 0.0:
+                        pb.started_at = loop.time() + lead_s
+                    # Paced on an absolute clock: frame k leaves `lead` before it is due.
+                    due = pb.started_at + pb.sent_ms / 1000.0 - lead_s
+                    delay = due - loop.time()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    offset = pb.sent_ms
+                    pb.sent_ms += (
+                        FRAME_MS
+                        if len(frame) == frame_bytes
+                        else int(len(frame) / frame_bytes * FRAME_MS)
+                    )
+                    self._seq += 1
+                    await self._emit(
+                        AudioOutEvent(
+                            frame, self._seq, pb.speak.speak_id, offset, last and not pending
+                        )
+                    )
+                if last:
+                    break
+            # Wait until the tail has been heard, so barge-in during the last frames still counts.
+            remaining = pb.started_at + pb.sent_ms / 1000.0 - loop.time()
+            if remaining > 0:
+                await asyncio.sleep(remaining)
+            await self._emit(PlaybackFinishedOut(pb.speak.speak_id, pb.sent_ms))
+        finally:
+            producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await producer
+
+    async def _stop_playback(self, *, reason_offset_ms: int, clear_queue: bool) -> None:
+        if clear_queue:
+            while not self._speaks.empty():
+                item = self._speaks.get_nowait()
+                if isinstance(item, _End):  # keep the end-of-call sentinel
+                    self._speaks.put_nowait(item)
+                    break
+        pb, task = self._playback, self._playback_task
+        if pb is None or task is None or task.done():
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        loop = asyncio.get_running_loop()
+        heard_ms = 0 if pb.started_at == 0.0 else int((loop.time() - pb.started_at) * 1000)
+        played = max(0, min(pb.sent_ms, heard_ms))
+        words = tuple(w for w, end in pb.words if end <= played)
+        await self._emit(InterruptedOut(pb.speak.speak_id, played, words, reason_offset_ms))
+
+    # -- send --------------------------------------------------------------------------------------
+
+    async def _emit(self, event: OutboundEvent) -> None:
+        await self._out.put(event)
+
+    async def _send(
+        self,
+        sink: Callable[[OutboundEvent], Awaitable[None]],
+        producers: list[asyncio.Task[None]],
+    ) -> None:
+        async def close_when_done() -> None:
+            await asyncio.wait(producers)
+            await self._out.put(_END)
+
+        closer = asyncio.create_task(close_when_done(), name="send-closer")
+        try:
+            while True:
+                event = await self._out.get()
+                if isinstance(event, _End):
+                    return
+                if self._on_event is not None:
+                    self._on_event(event)
+                await sink(event)
+        finally:
+            closer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await closer
+
+
+def _first(group: BaseExceptionGroup[CallError]) -> CallError:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return _first(exc)
+        return exc
+    raise AssertionError("empty exception group")
+
+
+def _interim_stats(audio: FloatArray, frame_ms: int) -> UtteranceStats:
+    # Interim decodes need the policy's inputs too; a whole-utterance energy summary suffices
+    # because the final decode (with the segmenter's real stats) is the one that counts.
+    rms = float(np.sqrt(np.mean(np.square(audio, dtype=np.float64)))) if len(audio) else 0.0
+    db = 20.0 * float(np.log10(max(rms, 1e-6)))
+    peak = float(np.max(np.abs(audio))) if len(audio) else 0.0
+    dur = len(audio) * 1000 // 16000
+    return UtteranceStats(
+        duration_ms=dur,
+        speech_ms=dur,
+        speech_ratio=1.0,
+        leading_silence_ms=0,
+        trailing_silence_ms=0,
+        rms_dbfs=db,
+        speech_rms_dbfs=db,
+        peak_dbfs=20.0 * float(np.log10(max(peak, 1e-6))),
+    )

@@ -1,0 +1,1 @@
+"""voxgate's public protocol packages (generated code lives in ``voxgate.v1``)."""

@@ -1,0 +1,205 @@
+"""The VAD segmenter: step-driven state machine tests, chunking invariance, real calls."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+import soxr
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import read_wav_int16
+from gateway.audio import MULAW_ENCODE, InputDecoder, WireEncoding, float_to_pcm16, pcm16_to_float
+from gateway.config import VadConfig
+from gateway.segmenter import (
+    Segmenter,
+    SegmenterState,
+    SpeechBegin,
+    SpeechEnd,
+    Utterance,
+)
+
+pytestmark = pytest.mark.unit
+
+FRAME = 320  # 20 ms at 16 kHz
+
+
+class ScriptedDetector:
+    """A voice model that answers from a script: frames whose first sample is > 100 are voiced."""
+
+    def voice_confidence(self, frame: npt.NDArray[np.int16]) -> float:
+        return 1.0 if frame[0] > 100 else 0.0
+
+
+def pattern(spec: str, level: float = 0.1) -> np.ndarray:
+    """'.'=unvoiced frame, 'x'=voiced frame; each is 20 ms."""
+    out = np.zeros(len(spec) * FRAME, dtype=np.float32)
+    for i, c in enumerate(spec):
+        if c == "x":
+            out[i * FRAME : (i + 1) * FRAME] = level
+    return out
+
+
+class NoTailSegmenter(Segmenter):
+    """The scripted square waves have edges that look like plosive tails; switch that off."""
+
+    TAIL_DB = float("inf")
+
+
+def seg(**kw: int) -> Segmenter:
+    base = dict(
+        frame_ms=20, start_speech_ms=60, end_silence_ms=100, min_speech_ms=0, pre_roll_ms=40
+    )
+    base.update(kw)
+    return NoTailSegmenter(VadConfig(**base), ScriptedDetector())
+
+
+def test_an_unvoiced_burst_right_after_speech_extends_its_end() -> None:
+    """A final plosive ("interes-t") is unvoiced but loud: it belongs to the utterance."""
+    cfg = VadConfig(frame_ms=20, start_speech_ms=60, end_silence_ms=300, pre_roll_ms=0)
+    rng = np.random.default_rng(0)
+    audio = (rng.standard_normal(40 * FRAME) * 1e-4).astype(np.float32)  # noise floor
+    audio[10 * FRAME : 20 * FRAME] += 0.1  # voiced frames 10..19 (scripted)
+    burst = rng.standard_normal(FRAME).astype(np.float32) * 0.02
+    audio[25 * FRAME : 26 * FRAME] = -np.abs(burst)  # unvoiced (first sample <= 0) but loud
+    with_tail = Segmenter(cfg, ScriptedDetector()).push(audio)
+    without = NoTailSegmenter(cfg, ScriptedDetector()).push(audio)
+    end_with = next(e for e in with_tail if isinstance(e, SpeechEnd)).offset_ms
+    end_without = next(e for e in without if isinstance(e, SpeechEnd)).offset_ms
+    assert end_without == 400
+    assert 520 <= end_with <= 540  # the burst frame, or the one after (its falling edge)
+
+
+def test_states_step_by_step() -> None:
+    s = seg()
+    assert s.push(pattern("...")) == [] and s.state is SegmenterState.QUIET
+    assert s.push(pattern("x")) == [] and s.state is SegmenterState.STARTING
+    assert s.push(pattern("x")) == []
+    ev = s.push(pattern("x"))  # third voiced frame = 60 ms: speech confirmed at its first frame
+    assert ev == [SpeechBegin(offset_ms=60, utterance_index=0)]
+    assert s.state is SegmenterState.SPEAKING
+    assert s.push(pattern(".")) == [] and s.state is SegmenterState.STOPPING
+    assert s.push(pattern("x")) == [] and s.state is SegmenterState.SPEAKING
+    assert s.push(pattern("....")) == [] and s.state is SegmenterState.STOPPING
+    ev = s.push(pattern("."))  # 5 silent frames = 100 ms hangover
+    assert s.state is SegmenterState.QUIET
+    assert isinstance(ev[0], SpeechEnd) and ev[0].offset_ms == 160
+    utt = ev[1]
+    assert isinstance(utt, Utterance)
+    assert (utt.speech_start_ms, utt.speech_end_ms) == (60, 160)
+    assert utt.start_ms == 20  # 40 ms pre-roll
+    assert utt.stats.speech_ms == 80 and utt.stats.leading_silence_ms == 40
+    assert len(utt.audio) == (utt.end_ms - utt.start_ms) * 16
+
+
+def test_a_blip_shorter_than_start_speech_is_ignored() -> None:
+    s = seg()
+    assert s.push(pattern("xx........")) == []
+    assert s.state is SegmenterState.QUIET
+
+
+def test_max_utterance_forces_a_cut_and_speech_continues() -> None:
+    s = seg(max_utterance_ms=1000)
+    ev = s.push(pattern("x" * 120))
+    utts = [e for e in ev if isinstance(e, Utterance)]
+    assert utts and utts[0].stats.forced_cut
+    assert utts[0].speech_end_ms - utts[0].speech_start_ms == 1000
+    begins = [e for e in ev if isinstance(e, SpeechBegin)]
+    assert len(begins) == 3  # 2.4 s of speech cut into 1 s pieces
+
+
+def test_min_speech_marks_short_utterances_dropped() -> None:
+    s = seg(min_speech_ms=200)
+    ev = s.push(pattern("...xxxx" + "." * 10))
+    (utt,) = [e for e in ev if isinstance(e, Utterance)]
+    assert utt.dropped
+
+
+def test_flush_finalises_an_open_utterance() -> None:
+    s = seg()
+    s.push(pattern("..xxxxxx"))
+    ev = s.flush()
+    assert isinstance(ev[0], SpeechEnd) and isinstance(ev[1], Utterance)
+    assert s.state is SegmenterState.QUIET
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    spec=st.text(alphabet=".x", min_size=10, max_size=200),
+    cuts=st.lists(st.integers(min_value=1, max_value=2000), min_size=1, max_size=30),
+)
+def test_same_events_however_the_audio_is_chunked(spec: str, cuts: list[int]) -> None:
+    audio = pattern(spec)
+    whole = seg()
+    expected = whole.push(audio) + whole.flush()
+    chunked = seg()
+    got: list[object] = []
+    pos = 0
+    for c in cuts:
+        got += chunked.push(audio[pos : pos + c])
+        pos += c
+    got += chunked.push(audio[pos:]) + chunked.flush()
+    assert [_key(e) for e in got] == [_key(e) for e in expected]
+    # Segments are ordered, non-overlapping and within the audio.
+    utts = [e for e in got if isinstance(e, Utterance)]
+    for a, b in zip(utts, utts[1:], strict=False):
+        assert a.speech_end_ms <= b.speech_start_ms
+    for u in utts:
+        assert 0 <= u.start_ms <= u.speech_start_ms < u.speech_end_ms <= len(spec) * 20
+
+
+def _key(e: object) -> tuple[object, ...]:
+    if isinstance(e, Utterance):
+        return ("u", e.index, e.start_ms, e.end_ms, e.speech_start_ms, e.speech_end_ms, e.audio.tobytes())
+    assert isinstance(e, SpeechBegin | SpeechEnd)
+    return (type(e).__name__, e.offset_ms, e.utterance_index)
+
+
+# --- real calls ---------------------------------------------------------------------------------
+
+
+def _call_events(path: Path, mode: str) -> list[object]:
+    pcm, rate = read_wav_int16(path)
+    assert rate == 16000
+    if mode == "mulaw8k":
+        x8 = soxr.resample(pcm16_to_float(pcm), 16000, 8000)
+        data = MULAW_ENCODE[float_to_pcm16(x8).astype(np.int64) + 32768].tobytes()
+        dec, step = InputDecoder(WireEncoding.MULAW, 8000), 160  # 20 ms of 8 kHz mu-law
+    else:
+        data = pcm.tobytes()
+        dec, step = InputDecoder(WireEncoding.LINEAR16, 16000), 640
+    s = Segmenter(VadConfig())
+    events: list[object] = []
+    for i in range(0, len(data), step):
+        events += s.push(dec.decode(data[i : i + step]))
+    events += s.push(dec.flush()) + s.flush()
+    return events
+
+
+@pytest.mark.parametrize("mode", ["linear16_16k", "mulaw8k"])
+@pytest.mark.parametrize("call", ["call_01", "call_02", "call_03"])
+def test_real_calls_one_segment_per_utterance_within_250ms(
+    speech_dir: Path, call: str, mode: str
+) -> None:
+    (wav,) = sorted((speech_dir / "calls").glob(f"{call}_*.wav"))
+    truth = json.loads(wav.with_suffix(".json").read_text())["segments"]
+    events = _call_events(wav, mode)
+    begins = [e for e in events if isinstance(e, SpeechBegin)]
+    ends = [e for e in events if isinstance(e, SpeechEnd)]
+    utts = [e for e in events if isinstance(e, Utterance)]
+    assert len(begins) == len(ends) == len(utts) == len(truth), [
+        (u.speech_start_ms, u.speech_end_ms) for u in utts
+    ]
+    for t, b, e, u in zip(truth, begins, ends, utts, strict=True):
+        assert abs(b.offset_ms / 1000 - t["speech_start_s"]) <= 0.25, (t, b)
+        assert abs(e.offset_ms / 1000 - t["speech_end_s"]) <= 0.25, (t, e)
+        assert not u.dropped and u.stats.speech_ratio > 0.5
+    # Nothing outside the truth: no segment starts in a gap.
+    for u in utts:
+        assert any(
+            t["speech_start_s"] - 0.25 <= u.speech_start_ms / 1000 <= t["speech_end_s"] for t in truth
+        )
