@@ -121,7 +121,8 @@ class GatewayServer:
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Graceful shutdown in the order documented at the top of this module."""
-        if self._server is None:
+        server, self._server = self._server, None
+        if server is None:
             return
         grace = self.config.server.grace_s if grace_s is None else grace_s
         # 1. stop accepting
@@ -132,8 +133,7 @@ class GatewayServer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.servicer.wait_idle(), timeout=grace)
         # 3. cancel the rest (0.5 s for cancellations to propagate to the tasks)
-        await self._server.stop(0.5)
-        self._server = None
+        await server.stop(0.5)
         # 4. + 5. batcher, engines
         if self.hub is not None:
             await self.hub.aclose()
