@@ -112,14 +112,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from clients.demo import run_demo  # noqa: PLC0415
 
     setup_logging("WARNING", "text")
-    return asyncio.run(run_demo(args))
+    code: int = asyncio.run(run_demo(args))
+    return code
 
 
 def _cmd_call(args: argparse.Namespace) -> int:
     from clients.cli import run_call  # noqa: PLC0415
 
     setup_logging("WARNING", "text")
-    return asyncio.run(run_call(args))
+    code: int = asyncio.run(run_call(args))
+    return code
 
 
 def build_parser() -> argparse.ArgumentParser:

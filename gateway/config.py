@@ -176,6 +176,6 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
             raise ValueError(f"config file {path} must hold a mapping, not {type(loaded).__name__}")
         file_data = loaded or {}
     # Environment beats the file: read the env-only view, then layer flags on top.
-    env_only = GatewayConfig().model_dump(exclude_defaults=True)
+    env_only = GatewayConfig.model_validate({}).model_dump(exclude_defaults=True)
     data = _merge(_merge(file_data, env_only), overrides or {})
     return GatewayConfig.model_validate(data)

@@ -97,7 +97,7 @@ class GatewayServer:
                 ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
             ]
         )
-        pb_grpc.add_VoiceGatewayServicer_to_server(self.servicer, server)
+        pb_grpc.add_VoiceGatewayServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (

@@ -71,10 +71,15 @@ _RPC_CODE: dict[ErrorKind, int] = {
     ErrorKind.NOT_FOUND: code_pb2.NOT_FOUND,
 }
 
-_ENCODINGS = {
-    pb.LINEAR16: WireEncoding.LINEAR16,
-    pb.MULAW: WireEncoding.MULAW,
-    pb.ALAW: WireEncoding.ALAW,
+_ENCODINGS: dict[int, WireEncoding] = {
+    int(pb.LINEAR16): WireEncoding.LINEAR16,
+    int(pb.MULAW): WireEncoding.MULAW,
+    int(pb.ALAW): WireEncoding.ALAW,
+}
+_PB_ENCODING = {
+    WireEncoding.LINEAR16: pb.LINEAR16,
+    WireEncoding.MULAW: pb.MULAW,
+    WireEncoding.ALAW: pb.ALAW,
 }
 
 
@@ -405,7 +410,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
 def _encoding(value: int, field: str) -> WireEncoding:
     enc = _ENCODINGS.get(value)
     if enc is None:
-        name = pb.Encoding.Name(value) if value in pb.Encoding.values() else str(value)
+        name: str = pb.Encoding.Name(value) if value in pb.Encoding.values() else str(value)
         raise CallError.invalid(f"{field}={name} is not supported; use LINEAR16, MULAW or ALAW")
     return enc
 
@@ -451,9 +456,9 @@ def _vad_config(default: VadConfig, req: pb.VadConfig) -> VadConfig:
 def _effective_config(req: pb.SessionConfig, cfg: CallConfig) -> pb.SessionConfig:
     eff = pb.SessionConfig()
     eff.CopyFrom(req)
-    eff.input_audio.encoding = cfg.input_encoding.value
+    eff.input_audio.encoding = _PB_ENCODING[cfg.input_encoding]
     eff.input_audio.sample_rate_hertz = cfg.input_rate_hz
-    eff.output_audio.encoding = cfg.output_encoding.value
+    eff.output_audio.encoding = _PB_ENCODING[cfg.output_encoding]
     eff.output_audio.sample_rate_hertz = cfg.output_rate_hz
     v = cfg.vad
     eff.vad.aggressiveness = v.aggressiveness

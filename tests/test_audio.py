@@ -61,7 +61,10 @@ def test_every_code_survives_decode_then_encode() -> None:
 
 @given(st.integers(min_value=-32768, max_value=32767))
 def test_quantisation_error_is_within_half_a_segment_step(x: int) -> None:
-    for enc, dec, max_step in ((MULAW_ENCODE, MULAW_DECODE, 1024), (ALAW_ENCODE, ALAW_DECODE, 1024)):
+    for enc, dec, max_step in (
+        (MULAW_ENCODE, MULAW_DECODE, 1024),
+        (ALAW_ENCODE, ALAW_DECODE, 1024),
+    ):
         y = int(dec[enc[x + 32768]])
         # The step doubles per segment; the error never exceeds the local step.
         step = max(8, min(max_step, 2 ** int(np.log2(abs(x) + 64)) // 16))

@@ -9,10 +9,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import soxr
+from conftest import read_wav_int16
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import read_wav_int16
 from gateway.audio import MULAW_ENCODE, InputDecoder, WireEncoding, float_to_pcm16, pcm16_to_float
 from gateway.config import VadConfig
 from gateway.segmenter import (
@@ -154,7 +154,15 @@ def test_same_events_however_the_audio_is_chunked(spec: str, cuts: list[int]) ->
 
 def _key(e: object) -> tuple[object, ...]:
     if isinstance(e, Utterance):
-        return ("u", e.index, e.start_ms, e.end_ms, e.speech_start_ms, e.speech_end_ms, e.audio.tobytes())
+        return (
+            "u",
+            e.index,
+            e.start_ms,
+            e.end_ms,
+            e.speech_start_ms,
+            e.speech_end_ms,
+            e.audio.tobytes(),
+        )
     assert isinstance(e, SpeechBegin | SpeechEnd)
     return (type(e).__name__, e.offset_ms, e.utterance_index)
 
@@ -201,5 +209,6 @@ def test_real_calls_one_segment_per_utterance_within_250ms(
     # Nothing outside the truth: no segment starts in a gap.
     for u in utts:
         assert any(
-            t["speech_start_s"] - 0.25 <= u.speech_start_ms / 1000 <= t["speech_end_s"] for t in truth
+            t["speech_start_s"] - 0.25 <= u.speech_start_ms / 1000 <= t["speech_end_s"]
+            for t in truth
         )

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from calls import chunks, config, encode_wav, requests, truth
 from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from calls import chunks, config, encode_wav, requests, truth
 from gateway import metrics
 from gateway.testing.server import running_server
 from voxgate.v1 import voxgate_pb2 as pb
@@ -90,7 +90,10 @@ async def test_calls_yield_one_begin_end_pair_per_utterance(
         gt = truth(wav)
         assert len(begins) == len(ends) == len(gt), (wav.name, speech)
         # Strict alternation begin/end with matching utterance indexes.
-        assert [s.type for s in speech] == [pb.SpeechEvent.SPEECH_BEGIN, pb.SpeechEvent.SPEECH_END] * len(gt)
+        assert [s.type for s in speech] == [
+            pb.SpeechEvent.SPEECH_BEGIN,
+            pb.SpeechEvent.SPEECH_END,
+        ] * len(gt)
         for i, (t, b, e) in enumerate(zip(gt, begins, ends, strict=True)):
             assert b.utterance_index == e.utterance_index == i
             assert abs(b.offset_ms - 1000 * t["speech_start_s"]) <= 250, (wav.name, i, b)
@@ -215,31 +218,32 @@ async def test_speak_on_streaming_recognize_is_refused() -> None:
 
 
 async def test_audio_faster_than_real_time_is_resource_exhausted_with_quota_detail() -> None:
-    async with running_server(limits={"max_realtime_factor": 2.0, "burst_allowance_ms": 1000}) as srv:
-        async with grpc.aio.insecure_channel(srv.target) as ch:
-            stub = pb_grpc.VoiceGatewayStub(ch)
-            # 10 s of audio at 20x real time: far beyond 1 s burst + 2x. As any full-duplex client
-            # does, a reader runs concurrently and receives the server's status. (A write still
-            # in flight when the status arrives fails locally with INTERNAL in grpc's client,
-            # so the writes leave a few ms between them, as a real sender does.)
-            call = stub.Converse()
-            reader = asyncio.create_task(expect_error(call))
-            await call.write(config())
-            for msg in chunks(bytes(320_000), 3200):
-                try:
-                    await call.write(msg)
-                except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                    break  # the call has ended; its status is the reader's to report
-                await asyncio.sleep(0.005)
-            err = await reader
-            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert "max_realtime_factor=2x" in (err.details() or "")
-            trailers = await call.trailing_metadata()
-            raw = dict(trailers or ())["grpc-status-details-bin"]
-            status = status_pb2.Status.FromString(raw)
-            quota = error_details_pb2.QuotaFailure()
-            assert status.details[0].Unpack(quota)
-            assert quota.violations[0].subject == "max_realtime_factor"
+    async with running_server(
+        limits={"max_realtime_factor": 2.0, "burst_allowance_ms": 1000}
+    ) as srv, grpc.aio.insecure_channel(srv.target) as ch:
+        stub = pb_grpc.VoiceGatewayStub(ch)
+        # 10 s of audio at 20x real time: far beyond 1 s burst + 2x. As any full-duplex client
+        # does, a reader runs concurrently and receives the server's status. (A write still
+        # in flight when the status arrives fails locally with INTERNAL in grpc's client,
+        # so the writes leave a few ms between them, as a real sender does.)
+        call = stub.Converse()
+        reader = asyncio.create_task(expect_error(call))
+        await call.write(config())
+        for msg in chunks(bytes(320_000), 3200):
+            try:
+                await call.write(msg)
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                break  # the call has ended; its status is the reader's to report
+            await asyncio.sleep(0.005)
+        err = await reader
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_realtime_factor=2x" in (err.details() or "")
+        trailers = await call.trailing_metadata()
+        raw = dict(trailers or ())["grpc-status-details-bin"]
+        status = status_pb2.Status.FromString(raw)
+        quota = error_details_pb2.QuotaFailure()
+        assert status.details[0].Unpack(quota)
+        assert quota.violations[0].subject == "max_realtime_factor"
 
 
 async def test_synthesize_without_a_voice_is_unimplemented_with_a_sentence() -> None:
@@ -253,22 +257,24 @@ async def test_synthesize_without_a_voice_is_unimplemented_with_a_sentence() -> 
 
 
 async def test_over_capacity_is_resource_exhausted() -> None:
-    async with running_server(limits={"max_concurrent_calls": 1}) as srv:
-        async with grpc.aio.insecure_channel(srv.target) as ch:
-            stub = pb_grpc.VoiceGatewayStub(ch)
-            hold = asyncio.Event()
+    async with (
+        running_server(limits={"max_concurrent_calls": 1}) as srv,
+        grpc.aio.insecure_channel(srv.target) as ch,
+    ):
+        stub = pb_grpc.VoiceGatewayStub(ch)
+        hold = asyncio.Event()
 
-            async def held() -> AsyncIterator_:
-                yield config()
-                await hold.wait()
+        async def held() -> AsyncIterator_:
+            yield config()
+            await hold.wait()
 
-            first = stub.Converse(held())
-            assert (await first.read()).WhichOneof("event") == "started"
-            err = await expect_error(stub.Converse(requests([config()])))
-            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert "max_concurrent_calls=1" in (err.details() or "")
-            hold.set()
-            await read_all(first)
+        first = stub.Converse(held())
+        assert (await first.read()).WhichOneof("event") == "started"
+        err = await expect_error(stub.Converse(requests([config()])))
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_concurrent_calls=1" in (err.details() or "")
+        hold.set()
+        await read_all(first)
 
 
 async def test_client_vanishing_mid_stream_cancels_only_its_call(speech_dir: Path) -> None:
