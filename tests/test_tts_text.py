@@ -1,0 +1,200 @@
+"""Text normalisation, markup policy and sentence/clause splitting for the TTS engine."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engines.tts import TtsInputError
+from engines.tts._text import (
+    cardinal,
+    clean_markup,
+    normalize_words,
+    ordinal,
+    prepare_text,
+    split_units,
+    year,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def spoken(text: str) -> str:
+    return " ".join(w.spoken + w.punct for w in normalize_words(clean_markup(text)))
+
+
+def units(text: str, max_unit_chars: int = 300, first: int = 0) -> list[str]:
+    return [
+        u.text
+        for u in prepare_text(
+            text, max_chars=10_000, max_unit_chars=max_unit_chars, first_unit_max_chars=first
+        )
+    ]
+
+
+@pytest.mark.parametrize(
+    ("n", "words"),
+    [
+        (0, "zero"),
+        (7, "seven"),
+        (13, "thirteen"),
+        (40, "forty"),
+        (42, "forty two"),
+        (100, "one hundred"),
+        (105, "one hundred five"),
+        (1000, "one thousand"),
+        (1_234_567, "one million two hundred thirty four thousand five hundred sixty seven"),
+        (2_000_000_001, "two billion one"),
+    ],
+)
+def test_cardinal(n: int, words: str) -> None:
+    assert cardinal(n) == words
+
+
+@pytest.mark.parametrize(
+    ("n", "words"),
+    [
+        (1, "first"),
+        (2, "second"),
+        (3, "third"),
+        (12, "twelfth"),
+        (20, "twentieth"),
+        (23, "twenty third"),
+        (101, "one hundred first"),
+    ],
+)
+def test_ordinal(n: int, words: str) -> None:
+    assert ordinal(n) == words
+
+
+@pytest.mark.parametrize(
+    ("n", "words"),
+    [
+        (1999, "nineteen ninety nine"),
+        (2005, "two thousand five"),
+        (2024, "twenty twenty four"),
+        (1900, "nineteen hundred"),
+        (1905, "nineteen oh five"),
+    ],
+)
+def test_year(n: int, words: str) -> None:
+    assert year(n) == words
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("I paid $3.50.", "I paid three dollars and fifty cents."),
+        ("It costs $1", "It costs one dollar"),
+        ("Just $0.05", "Just five cents"),
+        ("£2.01 each", "two pounds and one penny each"),
+        ("Meet at 10:30", "Meet at ten thirty"),
+        ("Meet at 10:05 pm", "Meet at ten oh five p m"),
+        ("At 9:00.", "At nine o'clock."),
+        ("On the 23rd", "On the twenty third"),
+        ("In 1999, we", "In nineteen ninety nine, we"),
+        ("The 1990s", "The nineteen nineties"),
+        ("Up 50% today", "Up fifty percent today"),
+        ("About 3.14 units", "About three point one four units"),
+        ("It is -7 now", "It is minus seven now"),
+        ("We sold 1,234 cars", "We sold one thousand two hundred thirty four cars"),
+        ("Dr. Smith", "doctor Smith"),
+        ("Mr. and Mrs. Jones", "mister and missus Jones"),
+        ("St. Louis", "saint Louis"),
+        ("on Main St. today", "on Main street today"),
+        ("No. 5 please", "number five please"),
+        ("Rock & roll", "Rock and roll"),
+        ("COVID-19", "COVID-nineteen"),
+    ],
+)
+def test_normalisation(text: str, expected: str) -> None:
+    assert spoken(text) == expected
+
+
+def test_written_words_are_kept_for_alignment() -> None:
+    words = normalize_words(clean_markup('He said "$3.50, please" to Dr. Who.'))
+    assert [w.source for w in words] == ["He", "said", "$3.50", "please", "to", "Dr", "Who"]
+    assert words[2].spoken == "three dollars and fifty cents" and words[2].punct == ","
+    assert words[-1].punct == "."
+
+
+def test_markup_is_stripped_not_interpreted() -> None:
+    text = '<speak>Hello <break time="1s"/><emphasis>world</emphasis> &amp; you</speak>'
+    assert clean_markup(text) == "Hello world & you"
+    assert spoken(text) == "Hello world and you"
+    # Piper's raw-phoneme escape must not pass through; stray brackets vanish.
+    assert "[[" not in clean_markup("say [[ h ə l ˈoʊ ]] now")
+    assert "<" not in clean_markup("a < b > c") and ">" not in clean_markup("a < b > c")
+
+
+def test_entities_never_become_tags() -> None:
+    assert clean_markup("&lt;b&gt;bold&lt;/b&gt;") == "b bold /b"
+
+
+@pytest.mark.parametrize("text", ["", "   \n\t", "<p></p>", "<br/> ... !!"])
+def test_nothing_speakable_is_refused(text: str) -> None:
+    with pytest.raises(TtsInputError) as info:
+        units(text)
+    assert info.value.field == "text"
+
+
+def test_too_long_text_names_the_limit() -> None:
+    with pytest.raises(TtsInputError) as info:
+        prepare_text("a" * 100_001, max_chars=10_000, max_unit_chars=300, first_unit_max_chars=0)
+    assert info.value.field == "text"
+    assert "10000" in str(info.value) and "100001" in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_sentence_splitting_ignores_abbreviation_periods() -> None:
+    assert units("Hello Dr. Smith. How are you? Fine! Thanks") == [
+        "Hello doctor Smith.",
+        "How are you?",
+        "Fine!",
+        "Thanks",
+    ]
+
+
+def test_long_sentences_split_at_clauses_then_words() -> None:
+    clause = "this clause has several words in it"
+    text = ", ".join([clause] * 6) + "."
+    pieces = units(text, max_unit_chars=80)
+    assert len(pieces) > 1
+    assert all(len(p) <= 80 for p in pieces)
+    assert pieces[0].endswith(",")
+    # No clause boundary at all: word boundaries, still within the limit, nothing lost.
+    words = " ".join(["word"] * 60)
+    pieces = units(words, max_unit_chars=50)
+    assert all(len(p) <= 50 for p in pieces)
+    assert " ".join(pieces).split() == words.split()
+
+
+def test_first_long_sentence_is_cut_at_its_first_clause() -> None:
+    text = "Well, let me check that order for you in our system right now. Done."
+    assert units(text, first=30) == [
+        "Well,",
+        "let me check that order for you in our system right now.",
+        "Done.",
+    ]
+    assert units(text, first=0)[0].startswith("Well, let me")
+
+
+def test_split_units_on_empty_list() -> None:
+    assert split_units([], max_unit_chars=100, first_unit_max_chars=10) == []
+
+
+@given(st.integers(min_value=0, max_value=10**15 - 1))
+def test_cardinal_is_words_only(n: int) -> None:
+    words = cardinal(n)
+    assert re.fullmatch(r"[a-z]+( [a-z]+)*", words)
+
+
+@given(st.integers(min_value=0, max_value=10**9), st.integers(min_value=0, max_value=99))
+def test_money_never_leaves_digits(dollars: int, cents: int) -> None:
+    text = spoken(f"${dollars:,}.{cents:02d}")
+    assert not re.search(r"\d|\$", text)
+    assert ("dollar" in text) == (dollars > 0 or cents == 0)
+    assert ("cent" in text) == (cents > 0)
