@@ -175,16 +175,28 @@ class _Upsample2x:
         h = np.sinc(n / 2.0) * np.kaiser(self.TAPS, 8.0)
         self._h = (h * (2.0 / h.sum())).astype(np.float32)  # DC gain 2 undoes zero-stuffing
         self._hist = np.zeros(self.TAPS - 1, dtype=np.float32)
+        # Drop the filter's group delay at the start so output sample k is input time k/16 kHz
+        # (call offsets stay exact); flush() returns the same number of held-back samples.
+        self._delay = (self.TAPS - 1) // 2
+        self._skip = self._delay
 
     def process(self, x: FloatArray) -> FloatArray:
+        """Interpolate one chunk; returns 2 * len(x) samples (fewer at the very start)."""
         up = np.zeros(2 * len(x), dtype=np.float32)
         up[::2] = x
         buf = np.concatenate([self._hist, up])
         self._hist = buf[len(buf) - (self.TAPS - 1) :]
-        return np.convolve(buf, self._h, mode="valid").astype(np.float32)
+        y = np.convolve(buf, self._h, mode="valid").astype(np.float32)
+        if self._skip:
+            cut = min(self._skip, len(y))
+            self._skip -= cut
+            y = y[cut:]
+        return y
 
     def flush(self) -> FloatArray:
-        return self.process(np.zeros((self.TAPS - 1) // 4, dtype=np.float32))
+        """The held-back tail, so that the total output is exactly twice the input."""
+        tail = self.process(np.zeros((self._delay + 1) // 2, dtype=np.float32))
+        return tail[: self._delay]
 
 
 class InputDecoder:

@@ -1,15 +1,221 @@
-"""Builds the engines a server runs from its configuration (the production EngineHub)."""
+"""The production engine hub: loads the configured engines and adapts them for sessions.
+
+Engines are synchronous classes (``engines/``); this module owns their threads. Recognition goes
+through the cross-call :class:`~gateway.batcher.Batcher` (one or more engine workers), and speech
+synthesis through a small pool of threads that each advance one reply's generator a window at a
+time, so that no model work ever runs on the event loop.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from engines.asr.base import AsrRequest, AsrResult
+from engines.tts import SpeakOptions, TtsChunk, TtsConfig, TtsError, TtsInputError, VitsStreamer
+from gateway import metrics
+from gateway.batcher import (
+    BatchEngine,
+    Batcher,
+    BatchObserver,
+    BatchPolicy,
+    QueueFullError,
+    default_plan,
+)
 from gateway.config import GatewayConfig
-from gateway.server import EngineHub
+from gateway.errors import CallError, ErrorKind
+from gateway.service import EngineInfo, ModelDescription, VoiceDescription
+from gateway.session import SpeakIn, TtsPiece
 
-__all__ = ["build_hub"]
+__all__ = ["AsrTranscriber", "EngineHubImpl", "TtsSynthesizer", "build_hub"]
+
+log = logging.getLogger("voxgate.runtime")
+
+_END = object()
 
 
-def build_hub(config: GatewayConfig) -> EngineHub | None:
+class TtsSynthesizer:
+    """The VITS streamer as sessions see it: an async stream of audio pieces per Speak.
+
+    Args:
+        streamer: a loaded, warmed :class:`VitsStreamer` (thread-safe across streams).
+        threads: replies synthesized in parallel; more queue for a free thread.
+    """
+
+    def __init__(self, streamer: VitsStreamer, threads: int) -> None:
+        self.streamer = streamer
+        self.sample_rate_hz = streamer.sample_rate_hz
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tts")
+
+    async def stream(self, speak: SpeakIn) -> AsyncIterator[TtsPiece]:
+        """Synthesize ``speak``; window by window, each ``next()`` on a TTS thread."""
+        loop = asyncio.get_running_loop()
+        options = SpeakOptions(
+            length_scale=1.0 / speak.rate if speak.rate else None,
+            speaker_id=speak.speaker_id or None,
+            voice=speak.voice or None,
+        )
+        t0 = time.perf_counter()
+        try:
+            it = await loop.run_in_executor(self._pool, self.streamer.stream, speak.text, options)
+        except TtsInputError as exc:
+            raise CallError.invalid(f"speak.{exc.field}: {exc}") from None
+        first = True
+        while True:
+            try:
+                chunk = await loop.run_in_executor(self._pool, next, it, _END)
+            except TtsInputError as exc:
+                raise CallError.invalid(f"speak.{exc.field}: {exc}") from None
+            except TtsError as exc:
+                raise CallError(ErrorKind.INTERNAL, f"speech synthesis failed: {exc}") from None
+            if chunk is _END:
+                return
+            assert isinstance(chunk, TtsChunk)
+            if first:
+                metrics.TTS_FIRST_AUDIO.observe(time.perf_counter() - t0)
+                first = False
+            yield TtsPiece(
+                samples=chunk.samples,
+                words=tuple((w.text, round(w.end_ms)) for w in chunk.words),
+                is_last=chunk.is_last,
+            )
+
+    def close(self) -> None:
+        """Stop the threads (after the server stopped calling)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _MetricsObserver(BatchObserver):
+    """Exports the batcher's queue depth and batch sizes to Prometheus."""
+
+    def queue_depth(self, depth: int) -> None:
+        metrics.ASR_QUEUE_DEPTH.set(depth)
+
+    def batch_started(self, worker: int, size: int, waits_s: Any) -> None:
+        metrics.ASR_BATCH_SIZE.observe(size)
+
+
+class AsrTranscriber:
+    """The batcher in front of the Whisper engine workers, as sessions see it."""
+
+    def __init__(self, batcher: Batcher[AsrRequest, AsrResult], deadline_s: float = 1.0) -> None:
+        self.batcher = batcher
+        self._deadline_s = deadline_s
+
+    async def transcribe(self, request: AsrRequest) -> AsrResult:
+        """Queue one utterance; finals are due ``deadline_s`` after they are queued."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self._deadline_s if request.is_final else 4 * self._deadline_s)
+        try:
+            fut = self.batcher.submit(
+                request, key=request.batch_key, is_final=request.is_final, deadline=deadline
+            )
+        except QueueFullError as exc:
+            raise CallError.exhausted(str(exc), quota="batcher.max_queue_size") from None
+        result = await fut
+        metrics.UTTERANCES.labels(result.dropped_reason or "text").inc()
+        return result
+
+
+class EngineHubImpl:
+    """Loads, warms and closes the engines named by ``config.engines``."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.transcriber: AsrTranscriber | None = None
+        self.synthesizer: TtsSynthesizer | None = None
+        self.info = EngineInfo()
+        self._asr_engines: list[Any] = []
+        self._streamer: VitsStreamer | None = None
+
+    async def start(self) -> None:
+        """Load and warm both engines in parallel threads, then start the batcher."""
+        names = set(self.config.engines.split(","))
+        jobs = []
+        if "tts" in names:
+            jobs.append(asyncio.to_thread(self._load_tts))
+        if "asr" in names:
+            jobs.append(asyncio.to_thread(self._load_asr))
+        await asyncio.gather(*jobs)
+        if self._asr_engines:
+            await self._start_batcher()
+
+    def _load_tts(self) -> None:
+        settings = dict(self.config.tts)
+        # `threads` is the gateway's (replies in parallel); the rest is the engine's config.
+        threads = int(settings.pop("threads", 0)) or max(1, min(4, os.cpu_count() or 1))
+        streamer = VitsStreamer.load(TtsConfig.model_validate(settings))
+        streamer.warmup()
+        self._streamer = streamer
+        self.synthesizer = TtsSynthesizer(streamer, threads)
+        self.info.voices = [
+            VoiceDescription(
+                name=v.name,
+                language=v.language,
+                sample_rate_hz=v.sample_rate_hz,
+                num_speakers=v.num_speakers,
+                license_note=getattr(v, "license_note", ""),
+            )
+            for v in streamer.voices()
+        ]
+
+    def _load_asr(self) -> None:
+        from engines.asr.config import WhisperConfig  # noqa: PLC0415
+        from engines.asr.whisper import WhisperEngine  # noqa: PLC0415
+
+        cfg = WhisperConfig.model_validate(self.config.asr)
+        engine = WhisperEngine.load(cfg)
+        engine.warmup()
+        self._asr_engines = [engine]
+        self.info.models = [
+            ModelDescription(
+                name=engine.name,
+                family="whisper",
+                languages=tuple(getattr(engine, "languages", ())),
+                device=cfg.device,
+                compute_type=str(getattr(engine, "compute_type", "")),
+            )
+        ]
+
+    async def _start_batcher(self) -> None:
+        bcfg = self.config.batcher
+        engine = self._asr_engines[0]
+        on_gpu = getattr(engine, "device", "cpu") == "cuda"
+        plan = default_plan("cuda" if on_gpu else "cpu", cpu_cores=os.cpu_count() or 1)
+        workers = bcfg.workers or plan.workers
+        batch = bcfg.max_batch_size or plan.max_batch_size
+        # One CTranslate2 model serves concurrent calls from several threads (inter_threads
+        # replicas), so every worker shares the one engine object.
+        engines: list[BatchEngine[AsrRequest, AsrResult]] = [engine] * workers
+        policy = BatchPolicy(
+            max_batch_size=batch, max_wait_ms=bcfg.max_wait_ms, max_queue_size=bcfg.max_queue_size
+        )
+        batcher: Batcher[AsrRequest, AsrResult] = Batcher(
+            engines, policy, observer=_MetricsObserver(), name="asr"
+        )
+        await batcher.start()
+        self.transcriber = AsrTranscriber(batcher)
+        log.info("asr batcher: %d worker(s), max batch %d", workers, batch)
+
+    async def aclose(self) -> None:
+        """Stop the batcher, then close the engines."""
+        if self.transcriber is not None:
+            await self.transcriber.batcher.aclose()
+        if self.synthesizer is not None:
+            await asyncio.to_thread(self.synthesizer.close)
+        for engine in self._asr_engines[:1]:
+            await asyncio.to_thread(engine.close)
+        if self._streamer is not None:
+            await asyncio.to_thread(self._streamer.close)
+
+
+def build_hub(config: GatewayConfig) -> EngineHubImpl | None:
     """The engines named by ``config.engines``; None for a VAD-only server."""
     if config.engines == "none":
         return None
-    raise NotImplementedError("engine loading lands with the Whisper and VITS engines")
+    return EngineHubImpl(config)

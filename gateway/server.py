@@ -28,16 +28,12 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from gateway.config import GatewayConfig
-from gateway.service import EngineInfo, VoiceGatewayServicer
+from gateway.service import SERVICE_NAME, EngineInfo, VoiceGatewayServicer, add_to_server
 from gateway.session import Synthesizer, Transcriber
-from voxgate.v1 import voxgate_pb2 as pb
-from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 
 __all__ = ["SERVICE_NAME", "EngineHub", "GatewayServer", "serve"]
 
 log = logging.getLogger("voxgate.server")
-
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["VoiceGateway"].full_name
 
 
 class EngineHub(Protocol):
@@ -97,7 +93,7 @@ class GatewayServer:
                 ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
             ]
         )
-        pb_grpc.add_VoiceGatewayServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]
+        add_to_server(self.servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (

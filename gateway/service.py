@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import grpc
@@ -46,7 +47,15 @@ from gateway.session import (
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 
-__all__ = ["STATUS_OF", "EngineInfo", "VoiceGatewayServicer"]
+__all__ = [
+    "SERVICE_NAME",
+    "STATUS_OF",
+    "EngineInfo",
+    "ModelDescription",
+    "VoiceDescription",
+    "VoiceGatewayServicer",
+    "add_to_server",
+]
 
 log = logging.getLogger("voxgate.service")
 
@@ -83,16 +92,43 @@ _PB_ENCODING = {
 }
 
 
-class EngineInfo:
-    """What the servicer needs to know about loaded engines (for ListModels / ListVoices)."""
+#: Full name of the gRPC service (health checks and reflection list it).
+SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["VoiceGateway"].full_name
 
-    def __init__(
-        self,
-        models: list[pb.ModelInfo] | None = None,
-        voices: list[pb.VoiceInfo] | None = None,
-    ) -> None:
-        self.models = models or []
-        self.voices = voices or []
+
+@dataclass(frozen=True, slots=True)
+class ModelDescription:
+    """A loaded recognition model, as ListModels reports it."""
+
+    name: str
+    family: str
+    languages: tuple[str, ...] = ()
+    device: str = "cpu"
+    compute_type: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class VoiceDescription:
+    """A loaded voice, as ListVoices reports it."""
+
+    name: str
+    language: str
+    sample_rate_hz: int
+    num_speakers: int = 1
+    license_note: str = ""
+
+
+@dataclass
+class EngineInfo:
+    """What the servicer needs to know about loaded engines; the first of each is the default."""
+
+    models: list[ModelDescription] = field(default_factory=list)
+    voices: list[VoiceDescription] = field(default_factory=list)
+
+
+def add_to_server(servicer: VoiceGatewayServicer, server: grpc.aio.Server) -> None:
+    """Register the servicer (keeps generated code out of the server module)."""
+    pb_grpc.add_VoiceGatewayServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
 
 
 class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
@@ -141,18 +177,47 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             await self._synthesize(request, context)
         except CallError as exc:
             await _abort(context, exc)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:
+            log.exception("synthesize failed")
+            await _abort(context, CallError(ErrorKind.INTERNAL, f"internal error: {exc!r}"))
 
     async def ListModels(  # noqa: N802
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListModelsResponse:
         """Loaded recognition models."""
-        return pb.ListModelsResponse(models=self.info.models)
+        return pb.ListModelsResponse(
+            models=[
+                pb.ModelInfo(
+                    name=m.name,
+                    family=m.family,
+                    languages=list(m.languages),
+                    device=m.device,
+                    compute_type=m.compute_type,
+                    is_default=i == 0,
+                )
+                for i, m in enumerate(self.info.models)
+            ]
+        )
 
     async def ListVoices(  # noqa: N802
         self, request: pb.ListVoicesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListVoicesResponse:
         """Loaded voices."""
-        return pb.ListVoicesResponse(voices=self.info.voices)
+        return pb.ListVoicesResponse(
+            voices=[
+                pb.VoiceInfo(
+                    name=v.name,
+                    language=v.language,
+                    sample_rate_hertz=v.sample_rate_hz,
+                    num_speakers=v.num_speakers,
+                    is_default=i == 0,
+                    license_note=v.license_note,
+                )
+                for i, v in enumerate(self.info.voices)
+            ]
+        )
 
     # -- lifecycle helpers -------------------------------------------------------------------------
 
