@@ -38,6 +38,7 @@ from gateway.session import (
     MarkReachedOut,
     OutboundEvent,
     PlaybackFinishedOut,
+    RejectedSpeakIn,
     SpeakIn,
     SpeechOut,
     Synthesizer,
@@ -379,7 +380,11 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         if kind == "audio":
             return AudioIn(msg.audio.data)
         if kind == "speak":
-            return self._speak(msg.speak)
+            # A bad Speak must not hang up on the caller: it becomes an ErrorEvent on the call.
+            try:
+                return self._speak(msg.speak)
+            except CallError as exc:
+                return RejectedSpeakIn(msg.speak.speak_id, exc)
         if kind == "clear":
             return ClearIn()
         if kind == "mark":

@@ -52,6 +52,7 @@ __all__ = [
     "MarkReachedOut",
     "OutboundEvent",
     "PlaybackFinishedOut",
+    "RejectedSpeakIn",
     "SpeakIn",
     "SpeechOut",
     "Synthesizer",
@@ -118,7 +119,15 @@ class DtmfIn:
     duration_ms: int
 
 
-InboundEvent = AudioIn | SpeakIn | ClearIn | MarkIn | HangupIn | FlushIn | DtmfIn
+@dataclass(frozen=True, slots=True)
+class RejectedSpeakIn:
+    """A Speak that failed validation: the call goes on, the bot gets an ErrorEvent."""
+
+    speak_id: str
+    error: CallError
+
+
+InboundEvent = AudioIn | SpeakIn | ClearIn | MarkIn | HangupIn | FlushIn | DtmfIn | RejectedSpeakIn
 
 
 # --- outbound -----------------------------------------------------------------------------------
@@ -375,6 +384,8 @@ class CallSession:
                 except AudioFormatError as exc:
                     raise CallError.invalid(str(exc)) from None
                 self._handle_segments(self._segmenter.push(samples))
+                # SPEECH_BEGIN goes out first, then barge-in stops playback right behind it.
+                await self._flush_pending_emits()
                 await self._check_barge_in()
             elif isinstance(event, SpeakIn | MarkIn):
                 if self.config.mode != "converse":
@@ -400,6 +411,9 @@ class CallSession:
                 self._handle_segments(self._segmenter.flush())
             elif isinstance(event, DtmfIn):
                 await self._emit(DtmfOut(event.digit, event.duration_ms))
+            elif isinstance(event, RejectedSpeakIn):
+                err = event.error
+                await self._emit(ErrorOut(err.kind, err.message, "speak", speak_id=event.speak_id))
             await self._flush_pending_emits()
 
     def _check_audio(self, data: bytes, now: float) -> None:
