@@ -19,7 +19,9 @@ SPEECH_DIR = REPO_ROOT.parent / "shared" / "data" / "speech"
 def speech_dir() -> Path:
     """The shared speech set; its absence is an error, never a silent skip."""
     if not (SPEECH_DIR / "manifest.jsonl").is_file():
-        pytest.fail(f"shared speech data not found at ../shared/data/speech (looked in {SPEECH_DIR})")
+        pytest.fail(
+            f"shared speech data not found at ../shared/data/speech (looked in {SPEECH_DIR})"
+        )
     return SPEECH_DIR
 
 

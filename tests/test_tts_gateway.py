@@ -31,9 +31,11 @@ async def tts_server(
     **overrides: object,
 ) -> AsyncIterator[tuple[GatewayServer, pb_grpc.VoiceGatewayStub]]:
     hub = build_hub(load_config(None, {"engines": "tts"}))
-    async with running_server(hub=hub, **overrides) as srv:  # type: ignore[arg-type]
-        async with grpc.aio.insecure_channel(srv.target) as ch:
-            yield srv, pb_grpc.VoiceGatewayStub(ch)
+    async with (
+        running_server(hub=hub, **overrides) as srv,  # type: ignore[arg-type]
+        grpc.aio.insecure_channel(srv.target) as ch,
+    ):
+        yield srv, pb_grpc.VoiceGatewayStub(ch)
 
 
 class Call:
