@@ -150,6 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", type=Path, help="write the reply audio to this WAV")
     c.add_argument("--timeline", type=Path, help="draw the call to this PNG")
     c.add_argument("--mulaw", action="store_true", help="send as 8 kHz mu-law (telephone)")
+    c.add_argument(
+        "--wait-for-bot",
+        action="store_true",
+        help="pause the caller audio after each utterance until the bot has answered",
+    )
     c.set_defaults(func=_cmd_call)
     return parser
 

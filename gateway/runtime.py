@@ -30,7 +30,7 @@ from gateway.batcher import (
 from gateway.config import GatewayConfig
 from gateway.errors import CallError, ErrorKind
 from gateway.service import EngineInfo, ModelDescription, VoiceDescription
-from gateway.session import SpeakIn, TtsPiece
+from gateway.session import SpeakIn, Synthesizer, Transcriber, TtsPiece
 
 __all__ = ["AsrTranscriber", "EngineHubImpl", "TtsSynthesizer", "build_hub"]
 
@@ -127,8 +127,10 @@ class EngineHubImpl:
 
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
-        self.transcriber: AsrTranscriber | None = None
-        self.synthesizer: TtsSynthesizer | None = None
+        self.transcriber: Transcriber | None = None
+        self.synthesizer: Synthesizer | None = None
+        self._batcher: Batcher[AsrRequest, AsrResult] | None = None
+        self._tts: TtsSynthesizer | None = None
         self.info = EngineInfo()
         self._asr_engines: list[Any] = []
         self._streamer: VitsStreamer | None = None
@@ -152,7 +154,8 @@ class EngineHubImpl:
         streamer = VitsStreamer.load(TtsConfig.model_validate(settings))
         streamer.warmup()
         self._streamer = streamer
-        self.synthesizer = TtsSynthesizer(streamer, threads)
+        self._tts = TtsSynthesizer(streamer, threads)
+        self.synthesizer = self._tts
         self.info.voices = [
             VoiceDescription(
                 name=v.name,
@@ -199,15 +202,16 @@ class EngineHubImpl:
             engines, policy, observer=_MetricsObserver(), name="asr"
         )
         await batcher.start()
+        self._batcher = batcher
         self.transcriber = AsrTranscriber(batcher)
         log.info("asr batcher: %d worker(s), max batch %d", workers, batch)
 
     async def aclose(self) -> None:
         """Stop the batcher, then close the engines."""
-        if self.transcriber is not None:
-            await self.transcriber.batcher.aclose()
-        if self.synthesizer is not None:
-            await asyncio.to_thread(self.synthesizer.close)
+        if self._batcher is not None:
+            await self._batcher.aclose()
+        if self._tts is not None:
+            await asyncio.to_thread(self._tts.close)
         for engine in self._asr_engines[:1]:
             await asyncio.to_thread(engine.close)
         if self._streamer is not None:

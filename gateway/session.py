@@ -372,6 +372,7 @@ class CallSession:
                 self._hangup = isinstance(event, HangupIn)
                 self._handle_segments(self._segmenter.push(self._decoder.flush()))
                 self._handle_segments(self._segmenter.flush())
+                await self._flush_pending_emits()
                 await self._utts.put(_END)
                 if self._hangup:
                     await self._stop_playback(reason_offset_ms=-1, clear_queue=True)

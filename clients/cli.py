@@ -1,0 +1,421 @@
+"""``voxgate call``: play a WAV as the caller against a gateway, with a scripted bot answering.
+
+Prints events as they happen (interim text updates in place on a terminal), optionally writes
+the bot's reply audio and a timeline PNG, and ends with a latency table. :func:`play_call` is
+the reusable core (``voxgate demo`` and the tests call it directly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from clients.bot import Bot, load_bot
+from clients.timeline import CallLog, draw_timeline
+from clients.voxgate_client import (
+    AS_FAST_AS_ALLOWED,
+    REALTIME,
+    AudioOut,
+    Call,
+    CallConfig,
+    CallEndedError,
+    Dtmf,
+    ErrorEvent,
+    MarkReached,
+    PlaybackFinished,
+    PlaybackInterrupted,
+    ReplyRecorder,
+    ServerEvent,
+    SessionStarted,
+    SpeechBegin,
+    SpeechEnd,
+    Transcript,
+    VoxgateClient,
+    VoxgateError,
+    WireAudio,
+    decode_pcm16,
+    load_audio,
+    stream_audio,
+)
+
+__all__ = ["CallOptions", "CallResult", "play_call", "run_call"]
+
+#: Mark sent after the last audio chunk and the flush: once it is reached, the server has seen
+#: everything the caller said.
+EOF_MARK = "voxgate-cli-end-of-audio"
+
+
+@dataclass(frozen=True, slots=True)
+class CallOptions:
+    """What ``voxgate call`` does (the parsed flags).
+
+    Attributes:
+        wait_for_bot: a polite caller: pause the audio from the end of each utterance until
+            the bot has answered (or decided not to), and until the greeting has played. Off,
+            the file plays straight through and talks over the bot (barge-in).
+        hangup_wait_s: after the audio ends, hang up at the latest this long after it even if
+            transcripts or replies are still due (a safety net, never reached normally).
+    """
+
+    file: Path
+    target: str = "127.0.0.1:50051"
+    realtime: bool = False
+    say: tuple[str, ...] = ()
+    bot: str = ""
+    out: Path | None = None
+    timeline: Path | None = None
+    mulaw: bool = False
+    interim_results: bool = True
+    wait_for_bot: bool = False
+    tls: bool = False
+    token: str | None = None
+    hangup_wait_s: float = 120.0
+
+
+@dataclass
+class CallResult:
+    """What happened on the call (for the demo and tests)."""
+
+    exit_code: int
+    events: list[ServerEvent] = field(default_factory=list)
+    replies: list[tuple[str, str]] = field(default_factory=list)  # (speak_id, text)
+    error: VoxgateError | None = None
+    log: CallLog | None = None
+
+    @property
+    def finals(self) -> list[Transcript]:
+        """Final transcripts in utterance order."""
+        out = [e for e in self.events if isinstance(e, Transcript) and e.is_final]
+        return sorted(out, key=lambda t: t.utterance_index)
+
+
+async def run_call(args: argparse.Namespace) -> int:
+    """Entry point of ``voxgate call`` (see gateway/cli.py for the flags)."""
+    opts = CallOptions(
+        file=Path(args.file),
+        target=args.target,
+        realtime=bool(args.realtime),
+        say=tuple(args.say or ()),
+        bot=args.bot or "",
+        out=args.out,
+        timeline=args.timeline,
+        mulaw=bool(args.mulaw),
+        wait_for_bot=bool(getattr(args, "wait_for_bot", False)),
+        tls=bool(getattr(args, "tls", False)),
+        token=getattr(args, "token", None),
+    )
+    return (await play_call(opts)).exit_code
+
+
+class _Printer:
+    """Timestamped lines; on a TTY, interim text rewrites one line in place."""
+
+    def __init__(self, stream: TextIO, t0_s: float) -> None:
+        self.stream = stream
+        self.t0_s = t0_s
+        self.tty = stream.isatty()
+        self._interim_open = False
+
+    def _stamp(self, t_s: float) -> str:
+        return f"[{t_s - self.t0_s:6.2f}s]"
+
+    def line(self, t_s: float, text: str) -> None:
+        if self._interim_open:
+            self.stream.write("\r\x1b[K")
+            self._interim_open = False
+        self.stream.write(f"{self._stamp(t_s)} {text}\n")
+        self.stream.flush()
+
+    def interim(self, t_s: float, text: str) -> None:
+        if not self.tty:
+            self.line(t_s, f"  ... {text}")
+            return
+        self.stream.write(f"\r\x1b[K{self._stamp(t_s)}   ... {text}")
+        self.stream.flush()
+        self._interim_open = True
+
+
+@dataclass
+class _CallState:
+    """Bookkeeping that decides when the call is over and feeds the latency table."""
+
+    has_asr: bool = False
+    eof_reached: bool = False
+    hung_up: bool = False
+    open_utterances: set[int] = field(default_factory=set)  # ended, final not yet seen
+    open_speaks: set[str] = field(default_factory=set)  # sent, not finished/interrupted
+    speech_end_s: dict[int, float] = field(default_factory=dict)
+    final_s_of_speak: dict[str, float] = field(default_factory=dict)
+    first_audio_s: dict[str, float] = field(default_factory=dict)
+    eos_to_final_ms: list[float] = field(default_factory=list)
+    server_latency_ms: list[float] = field(default_factory=list)
+    final_to_audio_ms: list[float] = field(default_factory=list)
+
+    @property
+    def idle(self) -> bool:
+        return self.eof_reached and not self.busy
+
+    @property
+    def busy(self) -> bool:
+        """The bot has something to answer or to finish saying."""
+        return bool(self.open_utterances or self.open_speaks)
+
+
+async def play_call(opts: CallOptions, *, stream: TextIO | None = None) -> CallResult:
+    """Play ``opts.file`` as the caller; see the module docstring.
+
+    Returns:
+        The call's events and an exit code: 0 done, 1 the server ended the call with an error
+        (printed), 2 bad input (file, bot rules).
+    """
+    out = stream or sys.stdout
+    try:
+        audio = load_audio(opts.file, mulaw=opts.mulaw)
+        bot = load_bot(opts.bot)
+    except (OSError, ValueError) as exc:
+        print(f"voxgate call: {exc}", file=sys.stderr)
+        return CallResult(2)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    printer = _Printer(out, t0)
+    log = CallLog(t0, decode_pcm16(audio.data, audio.encoding), audio.sample_rate_hz)
+    result = CallResult(0, log=log)
+    config = CallConfig(
+        encoding=audio.encoding,
+        sample_rate_hz=audio.sample_rate_hz,
+        interim_results=opts.interim_results,
+        call_id=f"voxgate-call:{opts.file.name}",
+    )
+    mode = "real time" if opts.realtime else "as fast as the server allows"
+    printer.line(
+        t0,
+        f"calling {opts.target} with {opts.file.name} ({audio.encoding} "
+        f"{audio.sample_rate_hz} Hz, {audio.duration_ms / 1000:.1f} s, {mode})",
+    )
+    try:
+        async with VoxgateClient(opts.target, opts.tls, opts.token) as client:
+            call = await client.converse(config)
+            async with call:
+                await _converse(
+                    call, audio, opts=opts, bot=bot, printer=printer, log=log, result=result
+                )
+    except VoxgateError as exc:
+        printer.line(loop.time(), f"call ended with an error: {exc}")
+        result.exit_code, result.error = 1, exc
+    result.events = list(log.events)
+    _finish(opts, result, printer, loop.time())
+    return result
+
+
+async def _converse(
+    call: Call,
+    audio: WireAudio,
+    *,
+    opts: CallOptions,
+    bot: Bot | None,
+    printer: _Printer,
+    log: CallLog,
+    result: CallResult,
+) -> None:
+    loop = asyncio.get_running_loop()
+    session = call.session
+    assert session is not None
+    state = _CallState(has_asr=session.has_asr)
+    recorder = ReplyRecorder.for_session(session)
+    log.reply_encoding, log.reply_rate_hz = recorder.encoding, recorder.sample_rate_hz
+    gate = asyncio.Event()
+    gate.set()
+
+    def update_gate() -> None:
+        if opts.wait_for_bot and state.busy:
+            gate.clear()
+        else:
+            gate.set()
+
+    async def say(text: str) -> None:
+        if not session.has_tts:
+            printer.line(loop.time(), f'bot (no voice on this server): "{text}"')
+            return
+        sid = await call.speak(text)
+        state.open_speaks.add(sid)
+        update_gate()
+        log.speaks.append((loop.time(), sid, text))
+        result.replies.append((sid, text))
+        printer.line(loop.time(), f'bot: "{text}"')
+
+    async def send() -> None:
+        for text in (*opts.say, *([bot.greeting] if bot and bot.greeting else [])):
+            await say(text)
+        pacing = REALTIME if opts.realtime else AS_FAST_AS_ALLOWED
+        await stream_audio(
+            call, audio, pacing, on_chunk=lambda t, o: log.sent.append((t, o)), gate=gate
+        )
+        await call.flush()
+        await call.mark(EOF_MARK)
+
+    async def watchdog() -> None:
+        await asyncio.wait([sender])
+        await asyncio.sleep(opts.hangup_wait_s)
+        if not state.hung_up:
+            printer.line(
+                loop.time(),
+                f"still busy {opts.hangup_wait_s:g} s after the audio ended; hanging up",
+            )
+            state.hung_up = True
+            await call.hangup()
+
+    _describe_session(session, printer)
+    log.events.append(session)
+    sender = asyncio.create_task(send(), name="voxgate-call-sender")
+    guard = asyncio.create_task(watchdog(), name="voxgate-call-watchdog")
+    try:
+        async for ev in call:
+            if isinstance(ev, SessionStarted):
+                continue  # already shown
+            log.events.append(ev)
+            if isinstance(ev, AudioOut):
+                recorder.add(ev)
+            reply = _show(ev, state, printer)
+            if reply is not None and bot is not None:
+                answer = bot.reply(reply.text)
+                if answer:
+                    before = len(result.replies)
+                    await say(answer)
+                    if len(result.replies) > before:
+                        state.final_s_of_speak[result.replies[-1][0]] = reply.received_s
+            update_gate()
+            if state.idle and not state.hung_up:
+                state.hung_up = True
+                await call.hangup()
+    finally:
+        for task in (guard, sender):
+            task.cancel()
+        await asyncio.wait([guard, sender])
+        # A sender that failed because the call ended reports the same status as the
+        # iteration; retrieve it so it is not logged as unretrieved, and keep the iteration's.
+        for task in (guard, sender):
+            if not task.cancelled() and task.exception() is not None:
+                exc = task.exception()
+                if not isinstance(exc, VoxgateError | CallEndedError):
+                    raise exc  # type: ignore[misc]
+    if opts.out is not None:
+        if recorder.frames:
+            recorder.write_wav(opts.out)
+            printer.line(
+                loop.time(), f"reply audio: {opts.out} ({recorder.duration_ms / 1000:.1f} s)"
+            )
+        else:
+            printer.line(loop.time(), f"no reply audio to write to {opts.out}")
+    result.events = list(log.events)
+    _record_latencies(state, log)
+    _latency_table(state, printer.stream)
+
+
+def _describe_session(s: SessionStarted, printer: _Printer) -> None:
+    parts = [f"connected: session {s.session_id}"]
+    parts.append(f"model {s.model}" if s.has_asr else "no ASR (speech events only)")
+    parts.append(f"voice {s.voice}" if s.has_tts else "no voice (replies are printed)")
+    printer.line(s.received_s, ", ".join(parts))
+
+
+def _show(ev: ServerEvent, state: _CallState, printer: _Printer) -> Transcript | None:
+    """Print one event and update the state; returns a final transcript to answer."""
+    t = ev.received_s
+    if isinstance(ev, SpeechBegin):
+        printer.line(
+            t,
+            f"caller starts speaking (utterance {ev.utterance_index}, "
+            f"{ev.offset_ms / 1000:.2f} s into the audio)",
+        )
+    elif isinstance(ev, SpeechEnd):
+        printer.line(
+            t,
+            f"caller stops speaking  (utterance {ev.utterance_index}, "
+            f"{ev.offset_ms / 1000:.2f} s into the audio)",
+        )
+        state.speech_end_s[ev.utterance_index] = t
+        if state.has_asr:
+            state.open_utterances.add(ev.utterance_index)
+    elif isinstance(ev, Transcript):
+        if not ev.is_final:
+            printer.interim(t, ev.text)
+            return None
+        state.open_utterances.discard(ev.utterance_index)
+        end = state.speech_end_s.get(ev.utterance_index)
+        if end is not None:
+            state.eos_to_final_ms.append(1000.0 * (t - end))
+        if ev.latency_ms:
+            state.server_latency_ms.append(float(ev.latency_ms))
+        printer.line(
+            t,
+            f'caller: "{ev.text}"  (utterance {ev.utterance_index}, '
+            f"confidence {ev.confidence:.2f}, server latency {ev.latency_ms} ms)",
+        )
+        return ev
+    elif isinstance(ev, AudioOut):
+        if ev.speak_id not in state.first_audio_s:
+            state.first_audio_s[ev.speak_id] = t
+            printer.line(t, f"bot audio starts (speak {ev.speak_id})")
+    elif isinstance(ev, PlaybackFinished):
+        state.open_speaks.discard(ev.speak_id)
+        printer.line(
+            t, f"bot finished speaking ({ev.duration_ms / 1000:.2f} s, speak {ev.speak_id})"
+        )
+    elif isinstance(ev, PlaybackInterrupted):
+        state.open_speaks.discard(ev.speak_id)
+        heard = " ".join(ev.words_played)
+        what = "BARGE-IN: caller interrupted the bot" if ev.barge_in else "playback cleared"
+        printer.line(t, f"{what} after {ev.played_ms} ms (heard: {heard!r})")
+    elif isinstance(ev, MarkReached):
+        if ev.name == EOF_MARK:
+            state.eof_reached = True
+        else:
+            printer.line(t, f"mark {ev.name!r} reached")
+    elif isinstance(ev, ErrorEvent):
+        if ev.scope == "utterance":
+            state.open_utterances.discard(ev.utterance_index)
+        if ev.speak_id:
+            state.open_speaks.discard(ev.speak_id)
+        printer.line(t, f"error ({ev.scope}): {ev.code.name}: {ev.message}")
+    elif isinstance(ev, Dtmf):
+        printer.line(t, f"dtmf {ev.digit}")
+    return None
+
+
+def _record_latencies(state: _CallState, log: CallLog) -> None:
+    for sid, final_s in state.final_s_of_speak.items():
+        first = state.first_audio_s.get(sid)
+        if first is not None:
+            state.final_to_audio_ms.append(1000.0 * (first - final_s))
+
+
+def _latency_table(state: _CallState, stream: TextIO) -> None:
+    rows = [
+        ("end of speech -> final (client)", state.eos_to_final_ms),
+        ("end of speech -> final (server)", state.server_latency_ms),
+        ("final -> first reply audio", state.final_to_audio_ms),
+    ]
+    stream.write(f"\n{'latency':34} {'n':>3} {'p50 ms':>8} {'max ms':>8}\n")
+    for name, values in rows:
+        if values:
+            p50, top = statistics.median(values), max(values)
+            stream.write(f"{name:34} {len(values):>3} {p50:>8.0f} {top:>8.0f}\n")
+        else:
+            stream.write(f"{name:34} {0:>3} {'-':>8} {'-':>8}\n")
+    stream.flush()
+
+
+def _finish(opts: CallOptions, result: CallResult, printer: _Printer, now_s: float) -> None:
+    if opts.timeline is None or result.log is None:
+        return
+    try:
+        draw_timeline(result.log, opts.timeline, title=f"voxgate call: {opts.file.name}")
+    except RuntimeError as exc:  # matplotlib missing: the call itself still succeeded
+        printer.line(now_s, f"timeline skipped: {exc}")
+        return
+    printer.line(now_s, f"timeline: {opts.timeline}")

@@ -1,0 +1,106 @@
+"""voxgate_client: a typed asyncio (and a small blocking) Python client for the voxgate gateway.
+
+Packaging choice: the client lives in the ``clients`` package of the voxgate distribution, not
+in a separate distribution, so that it shares the generated ``voxgate.v1`` protobuf modules and
+the bit-exact G.711 tables of :mod:`gateway.audio` with the server and cannot drift from the
+contract. ``from clients.voxgate_client import VoxgateClient`` is the public import path; names
+not listed in ``__all__`` (the ``_private`` modules) may change without notice.
+
+Example::
+
+    async with VoxgateClient("127.0.0.1:50051") as client:
+        async with await client.converse(CallConfig(interim_results=True)) as call:
+            sender = asyncio.create_task(stream_audio(call, load_audio("caller.wav")))
+            async for event in call:
+                match event:
+                    case Transcript(is_final=True, text=text):
+                        await call.speak(f"You said {text}")
+                    case PlaybackFinished():
+                        await call.hangup()
+"""
+
+from __future__ import annotations
+
+from clients.voxgate_client._audio import (
+    AS_FAST_AS_ALLOWED,
+    REALTIME,
+    UNPACED,
+    AudioSink,
+    Pacing,
+    ReplyRecorder,
+    WireAudio,
+    decode_pcm16,
+    encode_pcm16,
+    load_audio,
+    read_wav,
+    stream_audio,
+    write_wav,
+)
+from clients.voxgate_client._client import Call, VoxgateClient
+from clients.voxgate_client._config import CallConfig, EncodingName, VadOptions
+from clients.voxgate_client._errors import CallEndedError, VoxgateError
+from clients.voxgate_client._events import (
+    Alternative,
+    AudioOut,
+    Dtmf,
+    ErrorEvent,
+    MarkReached,
+    PlaybackFinished,
+    PlaybackInterrupted,
+    ServerEvent,
+    SessionStarted,
+    SpeechBegin,
+    SpeechEnd,
+    SynthesisChunk,
+    Transcript,
+    Word,
+    event_from_proto,
+)
+from clients.voxgate_client._sync import VoxgateSyncClient
+
+__all__ = [
+    "AS_FAST_AS_ALLOWED",
+    "REALTIME",
+    "UNPACED",
+    "Alternative",
+    "AudioOut",
+    "AudioSink",
+    "Call",
+    "CallConfig",
+    "CallEndedError",
+    "Dtmf",
+    "EncodingName",
+    "ErrorEvent",
+    "MarkReached",
+    "Pacing",
+    "PlaybackFinished",
+    "PlaybackInterrupted",
+    "ReplyRecorder",
+    "ServerEvent",
+    "SessionStarted",
+    "SpeechBegin",
+    "SpeechEnd",
+    "SynthesisChunk",
+    "Transcript",
+    "VadOptions",
+    "VoxgateClient",
+    "VoxgateError",
+    "VoxgateSyncClient",
+    "WireAudio",
+    "Word",
+    "decode_pcm16",
+    "encode_pcm16",
+    "event_from_proto",
+    "load_audio",
+    "read_wav",
+    "sample_call_path",
+    "stream_audio",
+    "write_wav",
+]
+
+
+def sample_call_path() -> str:
+    """Path of the bundled sample caller recording (see ``data/ATTRIBUTION.md``)."""
+    from importlib.resources import files  # noqa: PLC0415  (only needed here)
+
+    return str(files("clients.voxgate_client") / "data" / "sample_call.wav")

@@ -1,0 +1,110 @@
+"""Per-call options as a typed dataclass that renders to ``voxgate.v1.SessionConfig``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from voxgate.v1 import voxgate_pb2 as pb
+
+__all__ = ["CallConfig", "EncodingName", "VadOptions", "encoding_number"]
+
+EncodingName = Literal["linear16", "mulaw", "alaw"]
+
+_ENCODING: dict[str, pb.Encoding] = {"linear16": pb.LINEAR16, "mulaw": pb.MULAW, "alaw": pb.ALAW}
+
+
+def encoding_number(name: EncodingName) -> pb.Encoding:
+    """The proto enum number of an encoding name."""
+    try:
+        return _ENCODING[name]
+    except KeyError:
+        raise ValueError(f"encoding={name!r}; use one of {', '.join(_ENCODING)}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class VadOptions:
+    """Endpointing overrides for one call; ``None``/0 keeps the server default."""
+
+    aggressiveness: int | None = None
+    frame_ms: int = 0
+    start_speech_ms: int = 0
+    end_silence_ms: int = 0
+    min_speech_ms: int = 0
+    max_utterance_ms: int = 0
+    pre_roll_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CallConfig:
+    """What a call sends as its first message; the server validates every field.
+
+    Defaults describe the common case (16 kHz LINEAR16 in, the same format out, barge-in on).
+    Values are not validated here: the server is the single source of truth for limits and
+    answers INVALID_ARGUMENT with a sentence naming the field.
+
+    Attributes:
+        encoding: caller audio encoding.
+        sample_rate_hz: caller audio rate (8000, 16000, 24000 or 48000).
+        output_encoding: reply audio encoding; None = same as ``encoding``.
+        output_sample_rate_hz: reply audio rate; None = same as ``sample_rate_hz``.
+        interim_results: ask for interim transcripts of growing utterances.
+        barge_in: stop reply playback when the caller starts speaking.
+    """
+
+    encoding: EncodingName = "linear16"
+    sample_rate_hz: int = 16000
+    output_encoding: EncodingName | None = None
+    output_sample_rate_hz: int | None = None
+    interim_results: bool = False
+    interim_interval_ms: int = 0
+    language: str = ""
+    model: str = ""
+    voice: str = ""
+    barge_in: bool = True
+    barge_in_min_speech_ms: int = 0
+    call_id: str = ""
+    word_timestamps: bool = False
+    beam_size: int = 0
+    max_alternatives: int = 0
+    initial_prompt: str = ""
+    hotwords: tuple[str, ...] = ()
+    vad: VadOptions = field(default_factory=VadOptions)
+
+    def to_proto(self) -> pb.SessionConfig:
+        """Render as the wire message."""
+        out = pb.SessionConfig(
+            input_audio=pb.AudioFormat(
+                encoding=encoding_number(self.encoding), sample_rate_hertz=self.sample_rate_hz
+            ),
+            interim_results=self.interim_results,
+            interim_interval_ms=self.interim_interval_ms,
+            language=self.language,
+            model=self.model,
+            voice=self.voice,
+            barge_in=pb.BargeInConfig(
+                disabled=not self.barge_in, min_speech_ms=self.barge_in_min_speech_ms
+            ),
+            call_id=self.call_id,
+            decoding=pb.DecodingOptions(
+                beam_size=self.beam_size,
+                max_alternatives=self.max_alternatives,
+                word_timestamps=self.word_timestamps,
+                initial_prompt=self.initial_prompt,
+                hotwords=list(self.hotwords),
+            ),
+        )
+        if self.output_encoding is not None:
+            out.output_audio.encoding = encoding_number(self.output_encoding)
+        if self.output_sample_rate_hz is not None:
+            out.output_audio.sample_rate_hertz = self.output_sample_rate_hz
+        v = self.vad
+        if v.aggressiveness is not None:
+            out.vad.aggressiveness = v.aggressiveness
+        out.vad.frame_ms = v.frame_ms
+        out.vad.start_speech_ms = v.start_speech_ms
+        out.vad.end_silence_ms = v.end_silence_ms
+        out.vad.min_speech_ms = v.min_speech_ms
+        out.vad.max_utterance_ms = v.max_utterance_ms
+        out.vad.pre_roll_ms = v.pre_roll_ms
+        return out

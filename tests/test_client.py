@@ -1,0 +1,311 @@
+"""The Python client against a real VAD-only server on a loopback port.
+
+Everything a VAD-only server can produce (SessionStarted, SpeechBegin/End, MarkReached, Dtmf)
+round-trips into typed events; server errors surface as VoxgateError with code, message and
+quota; cancelling leaves no task behind; the blocking wrapper and the CLI/demo run end to end.
+Transcript/AudioOut/barge-in paths need the real engines: see test_client_models.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+from calls import truth
+
+from clients.cli import CallOptions, play_call, run_call
+from clients.demo import run_demo
+from clients.voxgate_client import (
+    AS_FAST_AS_ALLOWED,
+    UNPACED,
+    CallConfig,
+    CallEndedError,
+    Dtmf,
+    MarkReached,
+    SessionStarted,
+    SpeechBegin,
+    SpeechEnd,
+    VoxgateClient,
+    VoxgateError,
+    VoxgateSyncClient,
+    load_audio,
+    sample_call_path,
+    stream_audio,
+)
+from gateway.testing.server import running_server
+
+pytestmark = pytest.mark.e2e
+
+FAST = {"limits": {"max_realtime_factor": 1000.0}}
+
+
+def call_wav(speech_dir: Path, prefix: str = "call_02") -> Path:
+    return sorted((speech_dir / "calls").glob(f"{prefix}*.wav"))[0]
+
+
+async def wait_idle(srv) -> None:
+    assert srv.servicer is not None
+    for _ in range(500):  # the server notices the cancellation within a few loop turns
+        if srv.servicer.active_calls == 0:
+            return
+        await asyncio.sleep(0.01)
+
+
+async def test_vad_only_events_round_trip_as_typed_events(speech_dir: Path) -> None:
+    wav = call_wav(speech_dir)
+    audio = load_audio(wav)
+    async with running_server(**FAST) as srv, VoxgateClient(srv.target) as client:
+        assert await client.health() == "SERVING"
+        assert await client.list_models() == []
+        assert await client.list_voices() == []
+        call = await client.converse(CallConfig(call_id="typed-events"))
+        assert isinstance(call.session, SessionStarted)
+        assert not call.session.has_asr and not call.session.has_tts
+
+        async def send() -> None:
+            await stream_audio(call, audio, UNPACED)
+            await call.dtmf("5", duration_ms=80)
+            await call.mark("after-audio")
+            await call.hangup()
+
+        sender = asyncio.create_task(send())
+        events = [e async for e in call]
+        await sender
+        assert await call.error() is None
+        with pytest.raises(CallEndedError):
+            await call.send_audio(b"\0\0")
+        await call.aclose()
+
+    assert events[0] == call.session
+    speech = [e for e in events if isinstance(e, SpeechBegin | SpeechEnd)]
+    gt = truth(wav)
+    assert len(speech) == 2 * len(gt)
+    for i, t in enumerate(gt):
+        begin, end = speech[2 * i], speech[2 * i + 1]
+        assert isinstance(begin, SpeechBegin) and isinstance(end, SpeechEnd)
+        assert begin.utterance_index == end.utterance_index == i
+        assert abs(begin.offset_ms - 1000 * t["speech_start_s"]) <= 250
+        assert abs(end.offset_ms - 1000 * t["speech_end_s"]) <= 250
+    assert Dtmf("5", 80) in events
+    assert events[-1] == MarkReached("after-audio")
+    # received_s is the client clock, excluded from equality, and never decreases.
+    times = [e.received_s for e in events]
+    assert times == sorted(times) and times[0] > 0
+
+
+async def test_recognize_call_yields_speech_events(speech_dir: Path) -> None:
+    audio = load_audio(call_wav(speech_dir), mulaw=True)
+    assert (audio.encoding, audio.sample_rate_hz) == ("mulaw", 8000)
+    async with running_server(**FAST) as srv, VoxgateClient(srv.target) as client:
+        call = await client.recognize(CallConfig(encoding="mulaw", sample_rate_hz=8000))
+        async with call:
+            await stream_audio(call, audio, UNPACED)
+            await call.done_sending()
+            events = [e async for e in call]
+    assert len([e for e in events if isinstance(e, SpeechEnd)]) == len(truth(call_wav(speech_dir)))
+
+
+async def test_bad_config_raises_from_converse_with_code_and_message() -> None:
+    async with running_server() as srv, VoxgateClient(srv.target) as client:
+        with pytest.raises(VoxgateError) as info:
+            await client.converse(CallConfig(sample_rate_hz=44100))
+        assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "sample_rate_hertz=44100 is not supported" in info.value.message
+        assert info.value.quota is None
+        await wait_idle(srv)
+        assert srv.servicer is not None and srv.servicer.active_calls == 0
+
+
+async def test_too_fast_audio_is_resource_exhausted_with_quota_from_iteration_and_send() -> None:
+    limits = {"limits": {"max_realtime_factor": 2.0, "burst_allowance_ms": 1000}}
+    async with running_server(**limits) as srv, VoxgateClient(srv.target) as client:
+        call = await client.converse(CallConfig())
+        audio = load_audio(sample_call_path())
+        sender = asyncio.create_task(stream_audio(call, audio, UNPACED))
+        with pytest.raises(VoxgateError) as info:
+            async for _ in call:
+                pass
+        err = info.value
+        assert err.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_realtime_factor=2x" in err.message
+        assert err.quota == "max_realtime_factor"
+        # The sender fails with the same status (not grpc's local INTERNAL), or finished first.
+        await asyncio.wait([sender])
+        if sender.exception() is not None:
+            send_err = sender.exception()
+            assert isinstance(send_err, VoxgateError)
+            assert send_err.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert send_err.quota == "max_realtime_factor"
+        assert await call.error() is err
+        await call.aclose()
+
+
+async def test_as_fast_as_allowed_pacing_passes_the_default_limits(speech_dir: Path) -> None:
+    audio = load_audio(speech_dir / "jfk_inaugural_1961.wav")
+    async with (
+        running_server() as srv,
+        VoxgateClient(srv.target) as client,
+        await client.converse(CallConfig()) as call,
+    ):
+        await stream_audio(call, audio, AS_FAST_AS_ALLOWED)
+        # flush first: the server drops the SPEECH_END of an utterance cut by a bare hangup
+        # (gateway/session.py returns from recv without flushing pending emits).
+        await call.flush()
+        await call.hangup()
+        events = [e async for e in call]
+        assert await call.error() is None
+    assert any(isinstance(e, SpeechEnd) for e in events)
+
+
+async def test_speak_without_voice_and_synthesize_surface_typed_errors() -> None:
+    async with running_server() as srv, VoxgateClient(srv.target) as client:
+        call = await client.converse(CallConfig())
+        await call.speak("hello")
+        with pytest.raises(VoxgateError) as info:
+            async for _ in call:
+                pass
+        assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "without a voice" in info.value.message
+        with pytest.raises(VoxgateError) as syn:
+            async for _ in client.synthesize("hello"):
+                pass
+        assert syn.value.code == grpc.StatusCode.UNIMPLEMENTED
+
+
+@pytest.mark.parametrize("how", ["aclose", "async-with", "cancel-consumer", "client-exit"])
+async def test_cancelling_mid_call_leaves_no_task_and_no_server_call(
+    speech_dir: Path, how: str
+) -> None:
+    audio = load_audio(call_wav(speech_dir))
+    async with running_server(**FAST) as srv:
+        before = asyncio.all_tasks()
+        async with VoxgateClient(srv.target) as client:
+            call = await client.converse(CallConfig())
+            sender = asyncio.create_task(stream_audio(call, audio, AS_FAST_AS_ALLOWED))
+            first_speech = asyncio.Event()
+
+            async def consume() -> None:
+                async for ev in call:
+                    if isinstance(ev, SpeechBegin):
+                        first_speech.set()
+
+            consumer = asyncio.create_task(consume())
+            await first_speech.wait()
+            assert srv.servicer is not None and srv.servicer.active_calls == 1
+            if how == "aclose":
+                await call.aclose()
+            elif how == "async-with":
+                async with call:
+                    pass
+            elif how == "cancel-consumer":
+                consumer.cancel()
+                await asyncio.wait([consumer])
+                await call.aclose()
+            if how != "client-exit":
+                assert call.done
+                with pytest.raises(CallEndedError):
+                    await call.send_audio(b"\0\0")
+        # client-exit: leaving the client closes the open call.
+        await asyncio.wait([sender, consumer])
+        assert call.done
+        assert sender.cancelled() or isinstance(sender.exception(), CallEndedError | type(None))
+        await wait_idle(srv)
+        assert srv.servicer.active_calls == 0
+        # Tasks the grpc server itself keeps (waiting for the next RPC) are not the client's.
+        leftover = {
+            t for t in asyncio.all_tasks() - before if "_request_registered_call" not in repr(t)
+        }
+        assert leftover == set()
+
+
+async def test_sync_client_runs_a_call_in_its_private_loop(speech_dir: Path) -> None:
+    wav = call_wav(speech_dir)
+    async with running_server(**FAST) as srv:
+
+        def script() -> tuple[str, list, list]:
+            with VoxgateSyncClient(srv.target) as c:
+                return c.health(), c.list_voices(), c.call_file(wav)
+
+        health, voices, events = await asyncio.to_thread(script)
+    assert health == "SERVING" and voices == []
+    assert isinstance(events[0], SessionStarted)
+    assert len([e for e in events if isinstance(e, SpeechEnd)]) == len(truth(wav))
+    assert not [t for t in threading.enumerate() if t.name == "voxgate-sync-loop"]
+
+
+async def test_sync_client_raises_typed_errors() -> None:
+    async with running_server() as srv:
+
+        def script() -> None:
+            with VoxgateSyncClient(srv.target) as c:
+                c.synthesize_to_wav("hello", "unused.wav")
+
+        with pytest.raises(VoxgateError) as info:
+            await asyncio.to_thread(script)
+    assert info.value.code == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_cli_call_prints_events_and_draws_the_timeline(tmp_path: Path) -> None:
+    out = io.StringIO()
+    async with running_server() as srv:
+        result = await play_call(
+            CallOptions(
+                file=Path(sample_call_path()),
+                target=srv.target,
+                bot="echo",
+                out=tmp_path / "reply.wav",
+                timeline=tmp_path / "call.png",
+                mulaw=True,
+            ),
+            stream=out,
+        )
+    text = out.getvalue()
+    assert result.exit_code == 0, text
+    # 8 kHz mu-law may split the first sentence at its pause: at least the two utterances.
+    assert text.count("caller starts speaking") == text.count("caller stops speaking") >= 2
+    assert "no ASR" in text and "latency" in text and "p50 ms" in text
+    assert (tmp_path / "call.png").stat().st_size > 10_000
+    assert not (tmp_path / "reply.wav").exists()  # no voice on a VAD-only server
+
+
+async def test_run_call_reports_bad_input_and_server_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "stereo.wav"
+    import wave
+
+    with wave.open(str(bad), "wb") as w:
+        w.setnchannels(2)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(b"\0" * 640)
+    ns = argparse.Namespace(
+        file=bad,
+        target="127.0.0.1:1",
+        realtime=False,
+        say=[],
+        bot="",
+        out=None,
+        timeline=None,
+        mulaw=False,
+    )
+    assert await run_call(ns) == 2
+    async with running_server(limits={"max_concurrent_calls": 1}) as srv:
+        ns.file, ns.target, ns.say = Path(sample_call_path()), srv.target, ["hello"]
+        # speak on a server without a voice is printed, never sent, so the call succeeds...
+        assert await run_call(ns) == 0
+
+
+async def test_demo_runs_vad_only(tmp_path: Path) -> None:
+    ns = argparse.Namespace(
+        audio=None,
+        out=tmp_path / "reply.wav",
+        timeline=tmp_path / "call.png",
+        engines="none",
+        realtime=False,
+    )
+    assert await run_demo(ns) == 0
+    assert (tmp_path / "call.png").stat().st_size > 10_000
