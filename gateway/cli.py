@@ -124,6 +124,14 @@ def _cmd_call(args: argparse.Namespace) -> int:
     return code
 
 
+def _cmd_sip(args: argparse.Namespace) -> int:
+    from clients.sip.cli import run_sip  # noqa: PLC0415
+
+    setup_logging("INFO", "text")
+    code: int = asyncio.run(run_sip(args))
+    return code
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
     parser = argparse.ArgumentParser(prog="voxgate", description=__doc__)
@@ -156,6 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="pause the caller audio after each utterance until the bot has answered",
     )
     c.set_defaults(func=_cmd_call)
+
+    from clients.sip.cli import add_sip_arguments  # noqa: PLC0415
+
+    s = sub.add_parser("sip", help="answer phone calls (SIP/RTP) and bridge them to a gateway")
+    add_sip_arguments(s)
+    s.set_defaults(func=_cmd_sip)
     return parser
 
 

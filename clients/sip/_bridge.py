@@ -1,0 +1,1015 @@
+"""The SIP bridge: a UDP SIP UAS (RFC 3261 subset) with one gateway ``Converse`` stream per call.
+
+Per call: RTP audio in → jitter buffer → ``audio`` requests; gateway ``audio`` → 20 ms RTP;
+``transcript``/``dtmf`` events → the bot → ``speak``; ``interrupted`` → queued RTP dropped.
+Either side hanging up ends the other: BYE → ``hangup``; stream end or error → BYE.
+
+Transactions (RFC 3261 17.2) are matched by the top Via branch and method; a retransmitted
+request is answered from the cached response. INVITE final responses are retransmitted
+(T1 doubling to T2) until the ACK; a 2xx never ACKed within 64*T1 ends the call with BYE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import socket
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+import grpc
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from clients.sip._media import RtpSession, bind_rtp_socket
+from clients.sip._message import (
+    SipMessage,
+    SipParseError,
+    add_tag,
+    header_tag,
+    header_uri,
+    make_response,
+    new_branch,
+    new_tag,
+    reply_address,
+)
+from clients.sip._rtp import DtmfEvent
+from clients.sip._sdp import MediaChoice, SdpError, build_answer, negotiate, parse_sdp
+from clients.sip.base import Bot
+from voxgate.v1 import voxgate_pb2 as pb
+from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
+
+__all__ = ["BridgeConfig", "SipBridge"]
+
+log = logging.getLogger("voxgate.sip")
+
+T = TypeVar("T")
+_ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO"
+_USER_AGENT = "voxgate-sip/0.1"
+_ENCODINGS = {"PCMU": pb.MULAW, "PCMA": pb.ALAW}
+
+CallState = Literal["setup", "ringing", "answered", "confirmed", "ended"]
+
+
+class BridgeConfig(BaseModel):
+    """Static settings of one bridge process."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    listen_host: str = Field(
+        default="0.0.0.0", description="Address for SIP (UDP) and RTP sockets."
+    )
+    listen_port: int = Field(default=5060, ge=0, le=65535, description="SIP UDP port; 0 picks one.")
+    gateway: str = Field(default="127.0.0.1:50051", description="Gateway gRPC target host:port.")
+    advertise_host: str | None = Field(
+        default=None,
+        description="Address written in Contact and SDP; default: the listen address, "
+        "or the local address that routes to the caller when listening on 0.0.0.0.",
+    )
+    rtp_port_min: int = Field(default=10000, ge=1024, le=65535, description="Lowest RTP port.")
+    rtp_port_max: int = Field(default=20000, ge=1024, le=65535, description="Highest RTP port.")
+    max_calls: int = Field(
+        default=100, ge=1, description="Concurrent calls; more get 486 Busy Here."
+    )
+    ring_ms: int = Field(
+        default=0, ge=0, le=60_000, description="Send 180 Ringing and wait this long."
+    )
+    jitter_ms: int = Field(default=60, ge=20, le=200, description="Receive jitter buffer delay.")
+    symmetric_rtp: bool = Field(
+        default=True, description="Send RTP to where the caller's RTP comes from."
+    )
+    language: str = Field(
+        default="", description="Caller language hint for the gateway ('' = detect)."
+    )
+    voice: str = Field(default="", description="Gateway voice ('' = the gateway's default).")
+    t1_ms: int = Field(default=500, ge=10, le=10_000, description="RFC 3261 T1 (RTT estimate).")
+    t2_ms: int = Field(default=4000, ge=10, le=60_000, description="RFC 3261 T2 (retransmit cap).")
+    gateway_timeout_s: float = Field(
+        default=5.0, gt=0, description="Wait for the gateway's `started`."
+    )
+    retry_after_s: int = Field(default=5, ge=0, description="Retry-After on 486/503.")
+    grace_s: float = Field(
+        default=3.0, ge=0, description="Shutdown: wait this long for BYE answers."
+    )
+
+    @model_validator(mode="after")
+    def _ports(self) -> BridgeConfig:
+        if self.rtp_port_min > self.rtp_port_max:
+            raise ValueError(
+                f"rtp_port_min={self.rtp_port_min} > rtp_port_max={self.rtp_port_max}; swap them"
+            )
+        return self
+
+
+class _Ended(Exception):
+    """The call ended (CANCEL, BYE, shutdown) or timed out while a setup step was waiting."""
+
+
+class _Retransmit:
+    """Resend a message at T1, 2*T1, ... capped at T2 until stopped or ``deadline_s`` passes."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        send: Callable[[], None],
+        *,
+        t1_s: float,
+        t2_s: float,
+        deadline_s: float,
+        on_timeout: Callable[[], None] | None = None,
+        on_resend: Callable[[], None] | None = None,
+    ) -> None:
+        self._loop = loop
+        self._send = send
+        self._interval = t1_s
+        self._t2 = t2_s
+        self._deadline = loop.time() + deadline_s
+        self._on_timeout = on_timeout
+        self._on_resend = on_resend
+        self._handle: asyncio.TimerHandle | None = loop.call_later(t1_s, self._fire)
+
+    def _fire(self) -> None:
+        if self._loop.time() >= self._deadline:
+            self._handle = None
+            if self._on_timeout is not None:
+                self._on_timeout()
+            return
+        self._send()
+        if self._on_resend is not None:
+            self._on_resend()
+        self._interval = min(2 * self._interval, self._t2)
+        delay = min(self._interval, max(0.0, self._deadline - self._loop.time()))
+        self._handle = self._loop.call_later(delay, self._fire)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+@dataclass(slots=True)
+class _ServerTx:
+    """A server transaction: the last response sent, for answering retransmissions."""
+
+    last: bytes | None
+    dest: tuple[str, int]
+    call: _Call | None = None
+
+
+@dataclass(eq=False, slots=True)
+class _Call:
+    call_id: str
+    invite: SipMessage
+    invite_key: str
+    source: tuple[str, int]
+    reply_to: tuple[str, int]
+    local_tag: str
+    remote_tag: str | None
+    choice: MediaChoice
+    bot: Bot
+    local_ip: str = ""
+    state: CallState = "setup"
+    media: RtpSession | None = None
+    rpc: Any = None  # grpc.aio.StreamStreamCall
+    out_q: asyncio.Queue[pb.ConverseRequest | None] = field(
+        default_factory=lambda: asyncio.Queue(maxsize=500)
+    )
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    end_reason: str = ""
+    send_bye: bool = False
+    local_cseq: int = field(default_factory=lambda: secrets.randbelow(10_000) + 1)
+    session_id: int = field(default_factory=lambda: secrets.randbelow(2**31))
+    sdp_version: int = 1
+    speak_count: int = 0
+    dropped_audio: int = 0
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def end(self, reason: str, *, bye: bool) -> None:
+        """Ask the call's supervisor to tear down (first reason wins)."""
+        if not self.ended.is_set():
+            self.end_reason = reason
+            self.send_bye = bye
+            self.ended.set()
+
+    @property
+    def to_header(self) -> str:
+        return add_tag(self.invite.get("To") or "", self.local_tag)
+
+
+class _SipProtocol(asyncio.DatagramProtocol):
+    def __init__(self, bridge: SipBridge) -> None:
+        self._bridge = bridge
+
+    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        self._bridge.datagram_received(data, (str(addr[0]), int(addr[1])))
+
+    def error_received(self, exc: Exception) -> None:
+        log.debug("SIP socket error: %s", exc)
+
+
+class SipBridge:
+    """SIP calls in, one gateway ``Converse`` stream per call.
+
+    Args:
+        config: bridge settings.
+        bot_factory: makes one :class:`~clients.sip.base.Bot` per call.
+        on_event: observer called with (SIP Call-ID, gateway response) for every gateway
+            event of every call (logging, metrics, tests); must not block.
+    """
+
+    def __init__(
+        self,
+        config: BridgeConfig,
+        bot_factory: Callable[[], Bot],
+        *,
+        on_event: Callable[[str, pb.ConverseResponse], None] | None = None,
+    ) -> None:
+        self.config = config
+        self._bot_factory = bot_factory
+        self._on_event = on_event
+        self._transport: Any = None  # asyncio.DatagramTransport (or a test fake with sendto)
+        self._channel: Any = None
+        self._stub: Any = None
+        self._can_speak: bool | None = None
+        self._accepting = True
+        self.calls: dict[str, _Call] = {}
+        self._server_tx: dict[str, _ServerTx] = {}
+        self._await_ack: dict[tuple[str, int], _Retransmit] = {}
+        self._client_tx: dict[str, asyncio.Future[int]] = {}
+        self._supervisors: set[asyncio.Task[None]] = set()
+        self._byes: set[asyncio.Task[None]] = set()
+        self._timers: set[asyncio.TimerHandle] = set()
+        self.address: tuple[str, int] = (config.listen_host, config.listen_port)
+        #: Event counters (``requests``, ``malformed``, ``retransmitted``, ``bye_sent``, ...).
+        self.stats: Counter[str] = Counter()
+        #: (Call-ID, reason) of the most recent ended calls, oldest first.
+        self.ended: deque[tuple[str, str]] = deque(maxlen=1000)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind the SIP socket and open the gateway channel."""
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_datagram_endpoint(
+            lambda: _SipProtocol(self),
+            local_addr=(self.config.listen_host, self.config.listen_port),
+        )
+        self._transport = transport
+        host, port = transport.get_extra_info("sockname")[:2]
+        self.address = (str(host), int(port))
+        self._channel = grpc.aio.insecure_channel(self.config.gateway)
+        self._stub = pb_grpc.VoiceGatewayStub(self._channel)  # type: ignore[no-untyped-call]
+        await self._check_voices()
+        log.info("SIP bridge on udp %s:%d → gateway %s", *self.address, self.config.gateway)
+
+    async def _check_voices(self) -> None:
+        """Speak only if the gateway has a voice: a VAD-only gateway fails the call on Speak."""
+        if self._can_speak is not None or self._stub is None:
+            return
+        try:
+            resp = await self._stub.ListVoices(pb.ListVoicesRequest(), timeout=2.0)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("gateway %s: ListVoices failed (%s)", self.config.gateway, exc.code())
+            return
+        self._can_speak = bool(resp.voices)
+        if not self._can_speak:
+            log.warning(
+                "gateway %s has no voice: bot replies are logged, not spoken", self.config.gateway
+            )
+
+    async def aclose(self) -> None:
+        """Graceful shutdown: refuse new calls, end every call with BYE, wait for the answers."""
+        self._accepting = False
+        for call in list(self.calls.values()):
+            call.end("bridge shutting down", bye=True)
+        if self._supervisors:
+            await asyncio.wait(set(self._supervisors), timeout=self.config.grace_s + 2)
+        if self._byes:
+            await asyncio.wait(set(self._byes), timeout=self.config.grace_s)
+        for task in [*self._supervisors, *self._byes]:
+            task.cancel()
+        for task in [*self._supervisors, *self._byes]:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for r in self._await_ack.values():
+            r.cancel()
+        self._await_ack.clear()
+        for h in self._timers:
+            h.cancel()
+        self._timers.clear()
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    # -- datagrams --------------------------------------------------------------------------------
+
+    def datagram_received(self, data: bytes, source: tuple[str, int]) -> None:
+        """Handle one SIP datagram; never raises (a bad packet must not take calls down)."""
+        try:
+            self._datagram(data, source)
+        except Exception:  # any bug on one packet is logged, never fatal to the bridge
+            self.stats["internal_error"] += 1
+            log.exception("SIP datagram from %s:%d dropped after an internal error", *source)
+
+    def _datagram(self, data: bytes, source: tuple[str, int]) -> None:
+        if not data.strip(b"\r\n \t\0"):
+            return  # RFC 5626 keep-alive (CRLF) or empty
+        try:
+            msg = SipMessage.parse(data)
+        except SipParseError as exc:
+            self.stats["malformed"] += 1
+            log.info("malformed SIP datagram from %s:%d dropped: %s", *source, exc)
+            if exc.message is not None:
+                self._reply_bare(exc.message, source, 400, f"Bad Request ({exc})"[:100])
+            return
+        if msg.is_request:
+            self.stats["requests"] += 1
+            self._on_request(msg, source)
+        else:
+            self._on_response(msg)
+
+    def _send(self, data: bytes, dest: tuple[str, int]) -> None:
+        if self._transport is not None:
+            self._transport.sendto(data, dest)
+
+    def _later(self, delay_s: float, fn: Callable[[], None]) -> None:
+        loop = asyncio.get_running_loop()
+        handle: asyncio.TimerHandle
+
+        def run() -> None:
+            self._timers.discard(handle)
+            fn()
+
+        handle = loop.call_later(delay_s, run)
+        self._timers.add(handle)
+
+    def _reply_bare(
+        self, req: SipMessage, source: tuple[str, int], status: int, reason: str
+    ) -> None:
+        """A stateless reply (400 to a malformed request)."""
+        try:
+            resp = make_response(req, status, reason, source=source, to_tag=new_tag())
+            self._send(resp.encode(), reply_address(req, source))
+        except SipParseError:
+            pass
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _tx_key(msg: SipMessage, method: str) -> str:
+        top = msg.vias()[0]
+        branch = top.branch or ""
+        if branch.startswith("z9hG4bK"):
+            return f"{branch}|{top.host}:{top.port}|{method}"
+        # RFC 2543 peers: no usable branch, so match on the dialog-identifying fields.
+        num, _ = msg.cseq()
+        return f"{msg.call_id}|{header_tag(msg.get('From') or '')}|{num}|{top.host}|{method}"
+
+    def _respond(
+        self,
+        req: SipMessage,
+        source: tuple[str, int],
+        status: int,
+        reason: str,
+        *,
+        to_tag: str | None = None,
+        headers: list[tuple[str, str]] | None = None,
+        body: bytes = b"",
+    ) -> bytes:
+        """Send a response and cache it in the request's server transaction."""
+        resp = make_response(
+            req,
+            status,
+            reason,
+            source=source,
+            to_tag=to_tag,
+            headers=[("Server", _USER_AGENT), *(headers or [])],
+            body=body,
+        )
+        data = resp.encode()
+        dest = reply_address(req, source)
+        key = self._tx_key(req, req.method or "")
+        tx = self._server_tx.get(key)
+        if tx is None:
+            tx = _ServerTx(data, dest)
+            self._server_tx[key] = tx
+            # Keep the transaction for 64*T1 to absorb retransmissions (Timer J / H).
+            self._later(64 * self.config.t1_ms / 1000, lambda: self._forget_tx(key))
+        tx.last, tx.dest = data, dest
+        self._send(data, dest)
+        return data
+
+    def _forget_tx(self, key: str) -> None:
+        self._server_tx.pop(key, None)
+
+    def _on_request(self, req: SipMessage, source: tuple[str, int]) -> None:
+        method = req.method or ""
+        if method == "ACK":
+            self._on_ack(req)
+            return
+        key = self._tx_key(req, method)
+        tx = self._server_tx.get(key)
+        if tx is not None:  # a retransmission: answer from the cache
+            self.stats["retransmission_in"] += 1
+            if tx.last is not None:
+                self._send(tx.last, tx.dest)
+            return
+        if method == "CANCEL":
+            self._on_cancel(req, source)
+            return
+        require = req.get("Require")
+        if require and method != "CANCEL":
+            self._respond(
+                req,
+                source,
+                420,
+                "Bad Extension",
+                to_tag=new_tag(),
+                headers=[("Unsupported", require)],
+            )
+            return
+        to_tag = header_tag(req.get("To") or "")
+        if method == "INVITE":
+            if to_tag is None:
+                self._on_invite(req, source, key)
+            else:
+                self._on_reinvite(req, source)
+        elif method == "OPTIONS":
+            self._respond(
+                req,
+                source,
+                200,
+                "OK",
+                to_tag=to_tag or new_tag(),
+                headers=[("Allow", _ALLOW), ("Accept", "application/sdp"), ("Supported", "")],
+            )
+        elif method in ("BYE", "INFO", "UPDATE"):
+            call = self._dialog(req)
+            if call is None:
+                self._respond(req, source, 481, "Call/Transaction Does Not Exist")
+            elif method == "BYE":
+                self._respond(req, source, 200, "OK")
+                call.end("caller hung up (BYE)", bye=False)
+            else:
+                self._respond(req, source, 200, "OK")
+        else:
+            self._respond(
+                req,
+                source,
+                405,
+                "Method Not Allowed",
+                to_tag=to_tag or new_tag(),
+                headers=[("Allow", _ALLOW)],
+            )
+
+    def _dialog(self, req: SipMessage) -> _Call | None:
+        call = self.calls.get(req.call_id)
+        if call is None or call.state == "ended":
+            return None
+        if header_tag(req.get("To") or "") != call.local_tag:
+            return None
+        if header_tag(req.get("From") or "") != call.remote_tag:
+            return None
+        return call
+
+    def _on_ack(self, req: SipMessage) -> None:
+        num, _ = req.cseq()
+        retrans = self._await_ack.pop((req.call_id, num), None)
+        if retrans is not None:
+            retrans.cancel()
+        call = self.calls.get(req.call_id)
+        if call is not None and call.state == "answered" and num == call.invite.cseq()[0]:
+            call.state = "confirmed"
+            log.info("call %s confirmed (ACK)", call.call_id)
+
+    def _on_cancel(self, req: SipMessage, source: tuple[str, int]) -> None:
+        inv = self._server_tx.get(self._tx_key(req, "INVITE"))
+        if inv is None:
+            self._respond(req, source, 481, "Call/Transaction Does Not Exist")
+            return
+        call = inv.call
+        self._respond(req, source, 200, "OK", to_tag=call.local_tag if call else None)
+        if call is not None and call.state in ("setup", "ringing"):
+            call.end("caller cancelled (CANCEL)", bye=False)
+
+    def _on_invite(self, req: SipMessage, source: tuple[str, int], key: str) -> None:
+        local_tag = new_tag()
+        self._respond(req, source, 100, "Trying")
+        self._server_tx[key].call = None
+        if not self._accepting:
+            self._final(
+                req,
+                source,
+                503,
+                "Service Unavailable",
+                local_tag,
+                [("Retry-After", str(self.config.retry_after_s))],
+            )
+            return
+        if req.call_id in self.calls:
+            self._final(req, source, 482, "Loop Detected", local_tag)
+            return
+        try:
+            choice = negotiate(parse_sdp(req.body)) if req.body else None
+        except SdpError as exc:
+            log.info("INVITE %s: unreadable SDP (%s)", req.call_id, exc)
+            choice = None
+        if choice is None:
+            self._final(
+                req,
+                source,
+                488,
+                "Not Acceptable Here",
+                local_tag,
+                [("Warning", '305 voxgate "PCMU or PCMA at 8000 Hz required"')],
+            )
+            return
+        if len(self.calls) >= self.config.max_calls:
+            self._final(
+                req,
+                source,
+                486,
+                "Busy Here",
+                local_tag,
+                [("Retry-After", str(self.config.retry_after_s))],
+            )
+            return
+        contact = req.get("Contact")
+        call = _Call(
+            call_id=req.call_id,
+            invite=req,
+            invite_key=key,
+            source=source,
+            reply_to=reply_address(req, source),
+            local_tag=local_tag,
+            remote_tag=header_tag(req.get("From") or ""),
+            choice=choice,
+            bot=self._bot_factory(),
+        )
+        call.local_ip = self._local_ip(source[0])
+        self._server_tx[key].call = call
+        self.calls[call.call_id] = call
+        self.stats["calls"] += 1
+        task = asyncio.create_task(self._supervise(call), name=f"sip-call-{call.call_id}")
+        self._supervisors.add(task)
+        task.add_done_callback(self._supervisors.discard)
+        log.info(
+            "INVITE %s from %s (%s, contact %s)",
+            call.call_id,
+            header_uri(req.get("From") or ""),
+            choice.encoding,
+            contact,
+        )
+
+    def _final(  # noqa: PLR0917  # the response's (request, source, status, reason, tag)
+        self,
+        req: SipMessage,
+        source: tuple[str, int],
+        status: int,
+        reason: str,
+        local_tag: str,
+        headers: list[tuple[str, str]] | None = None,
+        *,
+        body: bytes = b"",
+        call: _Call | None = None,
+    ) -> None:
+        """A final response to an INVITE, retransmitted until its ACK (Timers G/H, 13.3.1.4)."""
+        data = self._respond(
+            req, source, status, reason, to_tag=local_tag, headers=headers, body=body
+        )
+        dest = reply_address(req, source)
+        num, _ = req.cseq()
+        ack_key = (req.call_id, num)
+        old = self._await_ack.pop(ack_key, None)
+        if old is not None:
+            old.cancel()
+
+        def timeout() -> None:
+            self._await_ack.pop(ack_key, None)
+            if call is not None and status < 300 and call.state == "answered":
+                self.stats["ack_timeout"] += 1
+                call.end("no ACK within 64*T1", bye=True)
+
+        def resent() -> None:
+            self.stats["retransmitted"] += 1
+
+        self._await_ack[ack_key] = _Retransmit(
+            asyncio.get_running_loop(),
+            lambda: self._send(data, dest),
+            t1_s=self.config.t1_ms / 1000,
+            t2_s=self.config.t2_ms / 1000,
+            deadline_s=64 * self.config.t1_ms / 1000,
+            on_timeout=timeout,
+            on_resend=resent,
+        )
+
+    def _on_reinvite(self, req: SipMessage, source: tuple[str, int]) -> None:
+        call = self._dialog(req)
+        if call is None or call.media is None:
+            self._respond(req, source, 481, "Call/Transaction Does Not Exist")
+            return
+        if req.body:
+            try:
+                choice = negotiate(parse_sdp(req.body), prefer=call.choice.encoding)
+            except SdpError:
+                choice = None
+            if choice is None:
+                self._final(req, source, 488, "Not Acceptable Here", call.local_tag)
+                return
+            call.choice = choice
+            call.media.remote = choice.remote
+            call.media.sending_enabled = choice.we_send
+            if not choice.we_send:
+                call.media.clear()
+            log.info("re-INVITE %s: %s to %s:%d", call.call_id, choice.direction, *choice.remote)
+        call.sdp_version += 1
+        self._final(
+            req, source, 200, "OK", call.local_tag, self._answer_headers(call), body=self._sdp(call)
+        )
+
+    # -- responses (to our BYEs) ------------------------------------------------------------------
+
+    def _on_response(self, resp: SipMessage) -> None:
+        branch = resp.vias()[0].branch or ""
+        fut = self._client_tx.get(branch)
+        if fut is not None and resp.status is not None and resp.status >= 200 and not fut.done():
+            fut.set_result(resp.status)
+
+    def _send_bye(self, call: _Call) -> None:
+        branch = new_branch()
+        ip, port = call.local_ip, self.address[1]
+        req = SipMessage(
+            method="BYE",
+            uri=header_uri(call.invite.get("Contact") or call.invite.get("From") or ""),
+        )
+        req.add("Via", f"SIP/2.0/UDP {ip}:{port};branch={branch};rport")
+        req.add("Max-Forwards", "70")
+        req.add("From", call.to_header)
+        req.add("To", call.invite.get("From") or "")
+        req.add("Call-ID", call.call_id)
+        req.add("CSeq", f"{call.local_cseq} BYE")
+        call.local_cseq += 1
+        req.add("User-Agent", _USER_AGENT)
+        data = req.encode()
+        # In-dialog requests go back where the INVITE came from (no Record-Route support).
+        dest = call.source
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._client_tx[branch] = fut
+        self.stats["bye_sent"] += 1
+
+        async def run() -> None:
+            self._send(data, dest)
+            r = _Retransmit(
+                asyncio.get_running_loop(),
+                lambda: self._send(data, dest),
+                t1_s=self.config.t1_ms / 1000,
+                t2_s=self.config.t2_ms / 1000,
+                deadline_s=64 * self.config.t1_ms / 1000,
+                on_timeout=lambda: _resolve(fut, 408),
+            )
+            try:
+                status = await fut
+                log.info("BYE %s answered %d", call.call_id, status)
+            finally:
+                r.cancel()
+                self._client_tx.pop(branch, None)
+
+        task = asyncio.create_task(run(), name=f"sip-bye-{call.call_id}")
+        self._byes.add(task)
+        task.add_done_callback(self._byes.discard)
+
+    # -- one call ---------------------------------------------------------------------------------
+
+    def _local_ip(self, peer_ip: str) -> str:
+        if self.config.advertise_host:
+            return self.config.advertise_host
+        if self.address[0] not in ("0.0.0.0", ""):
+            return self.address[0]
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((peer_ip, 9))  # no packet is sent: this only asks the routing table
+                return str(s.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
+
+    def _sdp(self, call: _Call) -> bytes:
+        assert call.media is not None
+        return build_answer(
+            call.choice,
+            call.local_ip,
+            call.media.local_port,
+            session_id=call.session_id,
+            version=call.sdp_version,
+        )
+
+    def _answer_headers(self, call: _Call) -> list[tuple[str, str]]:
+        return [
+            ("Contact", f"<sip:voxgate@{call.local_ip}:{self.address[1]}>"),
+            ("Allow", _ALLOW),
+            ("Content-Type", "application/sdp"),
+        ]
+
+    async def _until_ended(self, call: _Call, aw: Awaitable[T], timeout_s: float | None) -> T:
+        """Await ``aw`` unless the call ends (or the timeout passes) first."""
+        task: asyncio.Future[T] = asyncio.ensure_future(aw)
+        ender = asyncio.ensure_future(call.ended.wait())
+        try:
+            waiters: set[asyncio.Future[Any]] = {task, ender}
+            done, _ = await asyncio.wait(
+                waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            ender.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        raise _Ended(call.end_reason or "timed out")
+
+    async def _supervise(self, call: _Call) -> None:
+        """Set the call up, wait for either side to end it, then tear everything down."""
+        try:
+            if await self._setup(call):
+                await call.ended.wait()
+        except Exception:  # a bug in one call must not leak past it
+            log.exception("call %s failed", call.call_id)
+            call.end("internal error", bye=True)
+        finally:
+            await self._teardown(call)
+
+    async def _setup(self, call: _Call) -> bool:
+        req, src = call.invite, call.source
+        try:
+            sock = bind_rtp_socket(
+                self.config.listen_host, self.config.rtp_port_min, self.config.rtp_port_max
+            )
+        except OSError as exc:
+            log.error("call %s: %s", call.call_id, exc)
+            self._final(
+                req,
+                src,
+                503,
+                "Service Unavailable",
+                call.local_tag,
+                [("Retry-After", str(self.config.retry_after_s))],
+            )
+            return False
+        call.media = RtpSession(
+            sock,
+            encoding=call.choice.encoding,
+            payload_type=call.choice.payload_type,
+            dtmf_payload_type=call.choice.dtmf_payload_type,
+            remote=call.choice.remote,
+            on_audio=lambda frame: self._caller_audio(call, frame),
+            on_dtmf=lambda ev: self._caller_dtmf(call, ev),
+            jitter_ms=self.config.jitter_ms,
+            symmetric=self.config.symmetric_rtp,
+        )
+        call.media.sending_enabled = call.choice.we_send
+        try:
+            await self._until_ended(call, self._open_gateway(call), self.config.gateway_timeout_s)
+        except (_Ended, grpc.aio.AioRpcError, OSError) as exc:
+            if call.ended.is_set():
+                self._final(req, src, 487, "Request Terminated", call.local_tag)
+            else:
+                log.warning(
+                    "call %s: gateway %s did not start the call: %s",
+                    call.call_id,
+                    self.config.gateway,
+                    _rpc_text(exc),
+                )
+                self._final(
+                    req,
+                    src,
+                    503,
+                    "Service Unavailable",
+                    call.local_tag,
+                    [("Retry-After", str(self.config.retry_after_s))],
+                )
+            return False
+        if self.config.ring_ms:
+            call.state = "ringing"
+            self._respond(
+                req,
+                src,
+                180,
+                "Ringing",
+                to_tag=call.local_tag,
+                headers=[("Contact", f"<sip:voxgate@{call.local_ip}:{self.address[1]}>")],
+            )
+            with contextlib.suppress(_Ended):
+                await self._until_ended(call, asyncio.sleep(self.config.ring_ms / 1000), None)
+        if call.ended.is_set():
+            self._final(req, src, 487, "Request Terminated", call.local_tag)
+            return False
+        await call.media.start()
+        call.state = "answered"
+        self._final(
+            req,
+            src,
+            200,
+            "OK",
+            call.local_tag,
+            self._answer_headers(call),
+            body=self._sdp(call),
+            call=call,
+        )
+        call.tasks += [
+            asyncio.create_task(self._gateway_reader(call), name="gw-read"),
+            asyncio.create_task(self._gateway_writer(call), name="gw-write"),
+        ]
+        greeting = call.bot.greeting()
+        if greeting:
+            self._speak(call, greeting)
+        log.info(
+            "call %s answered (RTP %d → %s:%d)",
+            call.call_id,
+            call.media.local_port,
+            *call.choice.remote,
+        )
+        return True
+
+    async def _open_gateway(self, call: _Call) -> None:
+        if self._stub is None:
+            raise OSError("no gateway channel (bridge not started)")
+        await self._check_voices()
+        fmt = pb.AudioFormat(encoding=_ENCODINGS[call.choice.encoding], sample_rate_hertz=8000)
+        call.rpc = self._stub.Converse()
+        await call.rpc.write(
+            pb.ConverseRequest(
+                config=pb.SessionConfig(
+                    input_audio=fmt,
+                    output_audio=fmt,
+                    language=self.config.language,
+                    voice=self.config.voice,
+                    call_id=call.call_id,
+                )
+            )
+        )
+        first = await call.rpc.read()
+        if first is grpc.aio.EOF or first.WhichOneof("event") != "started":
+            raise OSError(f"gateway answered {first!r} instead of `started`")
+        self._observe(call, first)
+
+    def _observe(self, call: _Call, msg: pb.ConverseResponse) -> None:
+        if self._on_event is not None:
+            try:
+                self._on_event(call.call_id, msg)
+            except Exception:  # an observer's bug must not end the call
+                log.exception("on_event observer failed")
+
+    async def _teardown(self, call: _Call) -> None:
+        prev, call.state = call.state, "ended"
+        if not call.ended.is_set():
+            call.end("setup failed", bye=False)
+        log.info("call %s ended: %s", call.call_id, call.end_reason)
+        self.ended.append((call.call_id, call.end_reason))
+        if call.send_bye and prev in ("answered", "confirmed"):
+            self._send_bye(call)
+        if prev == "answered":  # stop resending the 200 once we hang up
+            r = self._await_ack.pop((call.call_id, call.invite.cseq()[0]), None)
+            if r is not None:
+                r.cancel()
+        if call.rpc is not None:
+            with contextlib.suppress(asyncio.QueueFull):
+                call.out_q.put_nowait(pb.ConverseRequest(hangup=pb.Hangup()))
+            with contextlib.suppress(asyncio.QueueFull):
+                call.out_q.put_nowait(None)
+            if call.tasks:  # let the gateway flush the last utterance's events (bounded)
+                await asyncio.wait(list(call.tasks), timeout=1.0)
+            call.rpc.cancel()
+        for t in call.tasks:
+            t.cancel()
+        for t in call.tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if call.media is not None:
+            st = call.media.stats
+            log.info(
+                "call %s RTP: sent=%d spurts=%d max_lateness_ms=%.1f "
+                "max_interval_dev_ms=%.1f p99_interval_dev_ms=%.1f received=%d dtmf=%d",
+                call.call_id,
+                st.sent,
+                st.talk_spurts,
+                st.max_lateness_ms,
+                st.max_interval_dev_ms,
+                st.p99_interval_dev_ms(),
+                st.received,
+                st.dtmf,
+            )
+            await call.media.aclose()
+        if self.calls.get(call.call_id) is call:
+            del self.calls[call.call_id]
+
+    # -- gateway stream ---------------------------------------------------------------------------
+
+    def _put(self, call: _Call, req: pb.ConverseRequest) -> None:
+        if call.ended.is_set() or call.rpc is None:
+            return
+        try:
+            call.out_q.put_nowait(req)
+        except asyncio.QueueFull:
+            call.dropped_audio += 1
+            if call.dropped_audio in (1, 100, 1000):
+                log.warning(
+                    "call %s: gateway is not keeping up; %d requests dropped",
+                    call.call_id,
+                    call.dropped_audio,
+                )
+
+    def _caller_audio(self, call: _Call, frame: bytes) -> None:
+        if call.state in ("answered", "confirmed"):
+            self._put(call, pb.ConverseRequest(audio=pb.AudioChunk(data=frame)))
+
+    def _caller_dtmf(self, call: _Call, ev: DtmfEvent) -> None:
+        log.info("call %s: DTMF %s (%d ms)", call.call_id, ev.digit, ev.duration_ms)
+        self._put(
+            call, pb.ConverseRequest(dtmf=pb.Dtmf(digit=ev.digit, duration_ms=ev.duration_ms))
+        )
+
+    def _speak(self, call: _Call, text: str) -> None:
+        if self._can_speak is False:
+            log.info(
+                "call %s: bot says %r (not spoken: the gateway has no voice)", call.call_id, text
+            )
+            return
+        call.speak_count += 1
+        self._put(
+            call, pb.ConverseRequest(speak=pb.Speak(text=text, speak_id=f"s{call.speak_count}"))
+        )
+
+    async def _gateway_writer(self, call: _Call) -> None:
+        # The only task that writes: grpc.aio allows one write at a time.
+        try:
+            while True:
+                req = await call.out_q.get()
+                if req is None:
+                    await call.rpc.done_writing()
+                    return
+                await call.rpc.write(req)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # any failed write ends the call; its status is the reader's
+            call.end(f"gateway write failed: {_rpc_text(exc)}", bye=True)
+
+    async def _gateway_reader(self, call: _Call) -> None:
+        try:
+            while True:
+                msg = await call.rpc.read()
+                if msg is grpc.aio.EOF:
+                    call.end("gateway ended the call", bye=True)
+                    return
+                self._on_gateway(call, msg)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # our own teardown
+            # grpc.aio surfaces a cancelled RPC as CancelledError in read(): the stream is over.
+            call.end("gateway stream cancelled", bye=True)
+        except Exception as exc:  # AioRpcError and friends: the call is over either way
+            call.end(f"gateway error: {_rpc_text(exc)}", bye=True)
+
+    def _on_gateway(self, call: _Call, msg: pb.ConverseResponse) -> None:
+        self._observe(call, msg)
+        kind = msg.WhichOneof("event")
+        media = call.media
+        assert media is not None
+        if kind == "audio":
+            media.queue_audio(msg.audio.data, last=msg.audio.is_last)
+        elif kind == "interrupted":
+            dropped = media.queued_ms
+            media.clear()
+            log.info("call %s: barge-in, %d ms of queued reply dropped", call.call_id, dropped)
+        elif kind == "transcript" and msg.transcript.is_final:
+            log.info("call %s: caller said %r", call.call_id, msg.transcript.text)
+            for reply in call.bot.on_transcript(msg.transcript.text):
+                self._speak(call, reply)
+        elif kind == "dtmf":
+            for reply in call.bot.on_dtmf(msg.dtmf.digit):
+                self._speak(call, reply)
+        elif kind == "error":
+            log.warning(
+                "call %s: gateway error event %d %s (%s)",
+                call.call_id,
+                msg.error.code,
+                msg.error.message,
+                msg.error.scope,
+            )
+
+
+def _resolve(fut: asyncio.Future[int], value: int) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _rpc_text(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,430 @@
+"""SIP messages (RFC 3261 subset): parse a datagram, build responses and in-dialog requests.
+
+The parser is strict about what a UAS needs to answer (start line, Via, From, To, Call-ID, CSeq,
+Content-Length) and lenient about everything else: unknown headers are kept verbatim, compact
+header names are expanded, folded lines are joined.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass, field
+
+__all__ = [
+    "BRANCH_COOKIE",
+    "MAX_DATAGRAM_BYTES",
+    "SipMessage",
+    "SipParseError",
+    "Via",
+    "add_tag",
+    "header_tag",
+    "canonical_name",
+    "header_uri",
+    "make_response",
+    "new_branch",
+    "new_tag",
+    "reply_address",
+]
+
+#: Larger datagrams are refused unread (a UDP SIP message must fit one datagram; 64 KiB max).
+MAX_DATAGRAM_BYTES = 65_507
+
+_COMPACT = {
+    "v": "Via",
+    "f": "From",
+    "t": "To",
+    "i": "Call-ID",
+    "m": "Contact",
+    "l": "Content-Length",
+    "c": "Content-Type",
+    "k": "Supported",
+    "s": "Subject",
+    "e": "Content-Encoding",
+}
+_CANONICAL = {
+    name.lower(): name
+    for name in (
+        "Via",
+        "From",
+        "To",
+        "Call-ID",
+        "CSeq",
+        "Contact",
+        "Content-Length",
+        "Content-Type",
+        "Max-Forwards",
+        "Require",
+        "Supported",
+        "Allow",
+        "Record-Route",
+        "Route",
+        "User-Agent",
+        "Server",
+        "Retry-After",
+        "Warning",
+        "Unsupported",
+        "Accept",
+        "Subject",
+        "Content-Encoding",
+    )
+}
+_TOKEN = re.compile(r"^[A-Za-z0-9.!%*_+`'~-]+$")
+_REQUIRED = ("Via", "From", "To", "Call-ID", "CSeq")
+#: The magic cookie of an RFC 3261 branch (RFC 3261 8.1.1.7).
+BRANCH_COOKIE = "z9hG4bK"
+
+
+class SipParseError(ValueError):
+    """A datagram is not a SIP message we can act on.
+
+    Attributes:
+        message: the partly parsed message when it has enough headers to be answered with 400;
+            None when it must be dropped silently.
+    """
+
+    def __init__(self, reason: str, message: SipMessage | None = None) -> None:
+        super().__init__(reason)
+        self.message = message
+
+
+def canonical_name(name: str) -> str:
+    """Expand compact forms and normalise the case of known header names."""
+    low = name.strip().lower()
+    if low in _COMPACT:
+        return _COMPACT[low]
+    return _CANONICAL.get(low, name.strip())
+
+
+def new_tag() -> str:
+    """A random From/To tag (RFC 3261 19.3: at least 32 bits of randomness)."""
+    return secrets.token_hex(6)
+
+
+def new_branch() -> str:
+    """A random RFC 3261 branch for a new client transaction."""
+    return BRANCH_COOKIE + secrets.token_hex(8)
+
+
+def _split_params(text: str) -> list[str]:
+    """Split ``a;b=c;d`` on semicolons outside double quotes."""
+    out: list[str] = []
+    cur: list[str] = []
+    quoted = False
+    for ch in text:
+        if ch == '"':
+            quoted = not quoted
+        if ch == ";" and not quoted:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    out.append("".join(cur))
+    return out
+
+
+def _split_commas(text: str) -> list[str]:
+    """Split a multi-valued header (``Via: a, b``) on commas outside quotes and brackets."""
+    out: list[str] = []
+    cur: list[str] = []
+    quoted, depth = False, 0
+    for ch in text:
+        if ch == '"':
+            quoted = not quoted
+        elif not quoted and ch == "<":
+            depth += 1
+        elif not quoted and ch == ">":
+            depth = max(0, depth - 1)
+        if ch == "," and not quoted and depth == 0:
+            out.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    out.append("".join(cur).strip())
+    return [v for v in out if v]
+
+
+def _addr_params(value: str) -> tuple[str, str]:
+    """Split a name-addr/addr-spec header into (address part, ``;params`` part)."""
+    gt = value.rfind(">")
+    if "<" in value and gt != -1:
+        return value[: gt + 1], value[gt + 1 :]
+    semi = value.find(";")
+    return (value, "") if semi == -1 else (value[:semi], value[semi:])
+
+
+def header_tag(value: str) -> str | None:
+    """The ``tag`` parameter of a From/To header value, or None."""
+    _, params = _addr_params(value)
+    for p in _split_params(params)[1:]:
+        k, _, v = p.partition("=")
+        if k.strip().lower() == "tag":
+            return v.strip() or None
+    return None
+
+
+def add_tag(value: str, tag: str) -> str:
+    """The From/To value with ``;tag=`` set (unchanged when it already has a tag)."""
+    if header_tag(value) is not None:
+        return value
+    return f"{value};tag={tag}"
+
+
+def header_uri(value: str) -> str:
+    """The URI inside a From/To/Contact value (``"Bob" <sip:b@h>;tag=1`` → ``sip:b@h``)."""
+    lt, gt = value.find("<"), value.find(">")
+    if lt != -1 and gt > lt:
+        return value[lt + 1 : gt].strip()
+    return _addr_params(value)[0].strip()
+
+
+@dataclass(slots=True)
+class Via:
+    """One Via entry: ``SIP/2.0/UDP host:port;branch=...;rport``."""
+
+    transport: str
+    host: str
+    port: int | None
+    params: dict[str, str | None] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, value: str) -> Via:
+        """Parse one Via value; raises :class:`SipParseError` when it is malformed."""
+        parts = _split_params(value.strip())
+        proto, _, sent_by = parts[0].strip().partition(" ")
+        bits = [b.strip() for b in proto.split("/")]
+        if len(bits) != 3 or bits[0].upper() != "SIP" or not sent_by.strip():
+            raise SipParseError(f"malformed Via {value!r}")
+        sent_by = sent_by.strip()
+        port: int | None = None
+        if sent_by.startswith("["):  # IPv6 reference
+            end = sent_by.find("]")
+            host, rest = sent_by[: end + 1], sent_by[end + 1 :]
+            port_s = rest[1:] if rest.startswith(":") else ""
+        else:
+            host, _, port_s = sent_by.partition(":")
+        if port_s:
+            if not port_s.isdigit() or not 0 < int(port_s) < 65536:
+                raise SipParseError(f"bad Via port in {value!r}")
+            port = int(port_s)
+        if not host:
+            raise SipParseError(f"malformed Via {value!r}")
+        params: dict[str, str | None] = {}
+        for p in parts[1:]:
+            k, eq, v = p.partition("=")
+            if k.strip():
+                params[k.strip().lower()] = v.strip() if eq else None
+        return cls(bits[2].upper(), host, port, params)
+
+    @property
+    def branch(self) -> str | None:
+        """The ``branch`` parameter."""
+        return self.params.get("branch")
+
+    def __str__(self) -> str:
+        out = f"SIP/2.0/{self.transport} {self.host}"
+        if self.port is not None:
+            out += f":{self.port}"
+        for k, v in self.params.items():
+            out += f";{k}" if v is None else f";{k}={v}"
+        return out
+
+
+@dataclass(slots=True)
+class SipMessage:
+    """A request (``method`` and ``uri`` set) or a response (``status`` set).
+
+    Headers keep their order and multiplicity; names are canonical (see :func:`canonical_name`).
+    """
+
+    method: str | None = None
+    uri: str | None = None
+    status: int | None = None
+    reason: str = ""
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    body: bytes = b""
+
+    @property
+    def is_request(self) -> bool:
+        """True for requests, False for responses."""
+        return self.method is not None
+
+    def get(self, name: str) -> str | None:
+        """The first value of a header, or None."""
+        want = canonical_name(name).lower()
+        for k, v in self.headers:
+            if k.lower() == want:
+                return v
+        return None
+
+    def get_all(self, name: str) -> list[str]:
+        """Every value of a header, in order (multi-valued Via split on commas)."""
+        want = canonical_name(name).lower()
+        out: list[str] = []
+        for k, v in self.headers:
+            if k.lower() == want:
+                out.extend(_split_commas(v) if want == "via" else [v])
+        return out
+
+    def vias(self) -> list[Via]:
+        """The parsed Via headers, top first."""
+        return [Via.parse(v) for v in self.get_all("Via")]
+
+    @property
+    def call_id(self) -> str:
+        """The Call-ID (empty when absent)."""
+        return (self.get("Call-ID") or "").strip()
+
+    def cseq(self) -> tuple[int, str]:
+        """(sequence number, method) of the CSeq header."""
+        value = (self.get("CSeq") or "").split()
+        if len(value) != 2 or not value[0].isdigit() or len(value[0]) > 10:
+            raise SipParseError(f"malformed CSeq {self.get('CSeq')!r}")
+        return int(value[0]), value[1].upper()
+
+    def add(self, name: str, value: str) -> None:
+        """Append a header."""
+        self.headers.append((canonical_name(name), value))
+
+    def encode(self) -> bytes:
+        """Serialise with a correct Content-Length (any stale one is replaced)."""
+        if self.method is not None:
+            lines = [f"{self.method} {self.uri} SIP/2.0"]
+        else:
+            lines = [f"SIP/2.0 {self.status} {self.reason}"]
+        lines += [f"{k}: {v}" for k, v in self.headers if k.lower() != "content-length"]
+        lines.append(f"Content-Length: {len(self.body)}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode() + self.body
+
+    @classmethod
+    def parse(cls, data: bytes) -> SipMessage:
+        """Parse one datagram; raises :class:`SipParseError` for anything malformed."""
+        if len(data) > MAX_DATAGRAM_BYTES:
+            raise SipParseError(f"datagram of {len(data)} bytes is too large")
+        head, sep, body = data.partition(b"\r\n\r\n")
+        if not sep:
+            head, sep, body = data.partition(b"\n\n")
+        try:
+            text = head.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SipParseError("header section is not UTF-8") from None
+        raw_lines = text.replace("\r\n", "\n").split("\n")
+        while raw_lines and not raw_lines[0].strip():  # RFC 3261 7.5: ignore leading CRLFs
+            raw_lines.pop(0)
+        if not raw_lines:
+            raise SipParseError("empty datagram")
+        msg = cls._start_line(raw_lines[0])
+        for line in raw_lines[1:]:
+            if not line.strip():
+                continue
+            if line[0] in " \t" and msg.headers:  # folded continuation (RFC 3261 7.3.1)
+                k, v = msg.headers[-1]
+                msg.headers[-1] = (k, f"{v} {line.strip()}")
+                continue
+            name, colon, value = line.partition(":")
+            if not colon or not _TOKEN.match(name.strip()):
+                raise SipParseError(f"malformed header line {line[:60]!r}")
+            msg.headers.append((canonical_name(name), value.strip()))
+        length_s = msg.get("Content-Length")
+        if length_s is not None:
+            if not length_s.strip().isdigit() or len(length_s.strip()) > 6:
+                raise SipParseError(f"bad Content-Length {length_s!r}", msg._answerable())
+            length = int(length_s)
+            if length > len(body):
+                raise SipParseError(
+                    f"Content-Length {length} > {len(body)} body bytes", msg._answerable()
+                )
+            body = body[:length]
+        msg.body = body
+        missing = [h for h in _REQUIRED if msg.get(h) is None]
+        if missing:
+            raise SipParseError(f"missing {', '.join(missing)}")
+        try:
+            vias = msg.vias()
+            _, cseq_method = msg.cseq()
+        except SipParseError as exc:
+            raise SipParseError(str(exc), msg._answerable()) from None
+        if not vias:
+            raise SipParseError("empty Via")
+        if msg.is_request and cseq_method != msg.method:
+            raise SipParseError(
+                f"CSeq method {cseq_method} != request method {msg.method}", msg._answerable()
+            )
+        return msg
+
+    @classmethod
+    def _start_line(cls, line: str) -> SipMessage:
+        parts = line.strip().split(" ", 2)
+        if len(parts) < 2:
+            raise SipParseError(f"malformed start line {line[:60]!r}")
+        if parts[0].upper() == "SIP/2.0":
+            if not parts[1].isdigit() or not 100 <= int(parts[1]) <= 699:
+                raise SipParseError(f"bad status code in {line[:60]!r}")
+            return cls(status=int(parts[1]), reason=parts[2] if len(parts) == 3 else "")
+        if len(parts) != 3 or parts[2].strip().upper() != "SIP/2.0":
+            raise SipParseError(f"malformed request line {line[:60]!r}")
+        if not _TOKEN.match(parts[0]) or ":" not in parts[1]:
+            raise SipParseError(f"malformed request line {line[:60]!r}")
+        return cls(method=parts[0].upper(), uri=parts[1])
+
+    def _answerable(self) -> SipMessage | None:
+        """Self when a 400 can be addressed back (a request whose routing headers parse)."""
+        if not self.is_request or self.method == "ACK":
+            return None
+        if any(self.get(h) is None for h in ("Via", "From", "To", "Call-ID")):
+            return None
+        try:
+            if not self.vias():
+                return None
+        except SipParseError:
+            return None
+        return self
+
+
+def make_response(
+    request: SipMessage,
+    status: int,
+    reason: str,
+    *,
+    source: tuple[str, int],
+    to_tag: str | None = None,
+    headers: list[tuple[str, str]] | None = None,
+    body: bytes = b"",
+) -> SipMessage:
+    """A response to ``request`` (RFC 3261 8.2.6.2), with RFC 3581 ``received``/``rport``.
+
+    Via, From, To, Call-ID and CSeq are copied; the top Via gets ``received`` (when the source
+    IP differs from sent-by, or ``rport`` was asked for) and ``rport=<source port>``.
+    """
+    resp = SipMessage(status=status, reason=reason, body=body)
+    vias = request.get_all("Via")
+    if vias:
+        top = Via.parse(vias[0])
+        if "rport" in top.params:
+            top.params["rport"] = str(source[1])
+            top.params["received"] = source[0]
+        elif top.host != source[0]:
+            top.params["received"] = source[0]
+        vias[0] = str(top)
+    for v in vias:
+        resp.add("Via", v)
+    resp.add("From", request.get("From") or "")
+    to = request.get("To") or ""
+    resp.add("To", add_tag(to, to_tag) if to_tag else to)
+    resp.add("Call-ID", request.call_id)
+    resp.add("CSeq", request.get("CSeq") or "")
+    for k, v in headers or []:
+        resp.add(k, v)
+    return resp
+
+
+def reply_address(request: SipMessage, source: tuple[str, int]) -> tuple[str, int]:
+    """Where a response goes (RFC 3261 18.2.2 with RFC 3581).
+
+    ``rport`` present: the packet's source address and port. Otherwise: the source IP and the
+    Via sent-by port (5060 by default).
+    """
+    top = request.vias()[0]
+    if "rport" in top.params:
+        return source
+    return source[0], top.port or 5060

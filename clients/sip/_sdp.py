@@ -1,0 +1,180 @@
+"""SDP offer/answer (RFC 3264 subset): pick PCMU or PCMA at 8 kHz and telephone-event."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = ["MediaChoice", "SdpError", "SdpOffer", "build_answer", "negotiate", "parse_sdp"]
+
+Direction = Literal["sendrecv", "sendonly", "recvonly", "inactive"]
+_DIRECTIONS: tuple[Direction, ...] = ("sendrecv", "sendonly", "recvonly", "inactive")
+_MIRROR: dict[Direction, Direction] = {
+    "sendrecv": "sendrecv",
+    "sendonly": "recvonly",
+    "recvonly": "sendonly",
+    "inactive": "inactive",
+}
+#: Static payload types (RFC 3551) the bridge accepts, by encoding name.
+_STATIC = {0: ("PCMU", 8000), 8: ("PCMA", 8000), 18: ("G729", 8000), 3: ("GSM", 8000)}
+
+
+class SdpError(ValueError):
+    """The body is not an SDP offer with an audio stream we can read."""
+
+
+@dataclass(frozen=True, slots=True)
+class SdpOffer:
+    """The audio stream of a remote offer.
+
+    Attributes:
+        address: connection address (``c=``), media level beating session level.
+        port: RTP port of the first ``m=audio`` line (0 = stream rejected).
+        formats: payload types in the offerer's order of preference.
+        rtpmap: payload type → (encoding name upper-cased, clock rate Hz).
+        direction: the media direction attribute (default sendrecv).
+    """
+
+    address: str
+    port: int
+    formats: tuple[int, ...]
+    rtpmap: dict[int, tuple[str, int]] = field(default_factory=dict)
+    direction: Direction = "sendrecv"
+
+
+@dataclass(frozen=True, slots=True)
+class MediaChoice:
+    """What the answer settles on.
+
+    Attributes:
+        payload_type: the audio payload type (0 PCMU, 8 PCMA, or the offer's dynamic number).
+        encoding: ``"PCMU"`` or ``"PCMA"``.
+        dtmf_payload_type: telephone-event/8000 payload type when offered, else None.
+        remote: where to send RTP (the offer's c=/m= address).
+        direction: our answer's direction (the offer's mirrored).
+    """
+
+    payload_type: int
+    encoding: Literal["PCMU", "PCMA"]
+    dtmf_payload_type: int | None
+    remote: tuple[str, int]
+    direction: Direction = "sendrecv"
+
+    @property
+    def we_send(self) -> bool:
+        """False while the caller holds the call (our answer is recvonly/inactive)."""
+        return self.direction in ("sendrecv", "sendonly") and self.remote[0] != "0.0.0.0"
+
+
+def parse_sdp(body: bytes) -> SdpOffer:
+    """Read the first audio stream of an SDP body; raises :class:`SdpError`."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SdpError("SDP is not UTF-8") from None
+    session_addr: str | None = None
+    media_addr: str | None = None
+    port: int | None = None
+    formats: tuple[int, ...] = ()
+    rtpmap: dict[int, tuple[str, int]] = {}
+    session_dir: Direction = "sendrecv"
+    media_dir: Direction | None = None
+    in_audio = False
+    seen_audio = False
+    for raw in text.splitlines():
+        line = raw.strip()
+        if len(line) < 2 or line[1] != "=":
+            continue
+        kind, value = line[0], line[2:].strip()
+        if kind == "m":
+            parts = value.split()
+            in_audio = not seen_audio and len(parts) >= 4 and parts[0] == "audio"
+            if in_audio:
+                seen_audio = True
+                port_s = parts[1].split("/")[0]
+                if not port_s.isdigit() or int(port_s) > 65535:
+                    raise SdpError(f"bad m= port in {line!r}")
+                port = int(port_s)
+                if "RTP/AVP" not in parts[2].upper():
+                    raise SdpError(f"unsupported transport {parts[2]!r}")
+                formats = tuple(int(f) for f in parts[3:] if f.isdigit() and int(f) < 128)
+        elif kind == "c":
+            parts = value.split()
+            if len(parts) < 3 or parts[0] != "IN" or parts[1] not in ("IP4", "IP6"):
+                raise SdpError(f"bad c= line {line!r}")
+            addr = parts[2].split("/")[0]
+            if in_audio:
+                media_addr = addr
+            elif not seen_audio:
+                session_addr = addr
+        elif kind == "a":
+            name, _, arg = value.partition(":")
+            if name in _DIRECTIONS:
+                if in_audio:
+                    media_dir = name
+                elif not seen_audio:
+                    session_dir = name
+            elif name == "rtpmap" and in_audio:
+                pt_s, _, enc = arg.partition(" ")
+                enc_name, _, rest = enc.partition("/")
+                rate_s = rest.split("/")[0]
+                if pt_s.isdigit() and rate_s.isdigit():
+                    rtpmap[int(pt_s)] = (enc_name.strip().upper(), int(rate_s))
+    if port is None:
+        raise SdpError("no m=audio line")
+    address = media_addr or session_addr
+    if address is None:
+        raise SdpError("no c= connection address")
+    return SdpOffer(address, port, formats, rtpmap, media_dir or session_dir)
+
+
+def negotiate(offer: SdpOffer, *, prefer: str | None = None) -> MediaChoice | None:
+    """PCMU or PCMA at 8 kHz, in the offerer's order; None when neither is offered (→ 488).
+
+    Args:
+        offer: the remote offer.
+        prefer: an encoding to keep when offered (a re-INVITE must not switch codecs: the
+            gateway stream's format is fixed for the call).
+    """
+    if offer.port == 0:
+        return None
+    audio: tuple[int, Literal["PCMU", "PCMA"]] | None = None
+    dtmf: int | None = None
+    for pt in offer.formats:
+        name, rate = offer.rtpmap.get(pt) or _STATIC.get(pt, ("", 0))
+        if rate == 8000 and name in ("PCMU", "PCMA"):
+            if audio is None or (name == prefer and audio[1] != prefer):
+                audio = (pt, "PCMU" if name == "PCMU" else "PCMA")
+        elif dtmf is None and name == "TELEPHONE-EVENT" and rate == 8000:
+            dtmf = pt
+    if prefer is not None and (audio is None or audio[1] != prefer):
+        return None
+    if audio is None:
+        return None
+    remote = (offer.address, offer.port)
+    return MediaChoice(audio[0], audio[1], dtmf, remote, _MIRROR[offer.direction])
+
+
+def build_answer(
+    choice: MediaChoice, local_ip: str, local_port: int, *, session_id: int, version: int
+) -> bytes:
+    """The SDP answer: one audio stream, ptime 20, the chosen codec and telephone-event."""
+    pts = [str(choice.payload_type)]
+    if choice.dtmf_payload_type is not None:
+        pts.append(str(choice.dtmf_payload_type))
+    lines = [
+        "v=0",
+        f"o=voxgate {session_id} {version} IN IP4 {local_ip}",
+        "s=voxgate",
+        f"c=IN IP4 {local_ip}",
+        "t=0 0",
+        f"m=audio {local_port} RTP/AVP {' '.join(pts)}",
+        f"a=rtpmap:{choice.payload_type} {choice.encoding}/8000",
+    ]
+    if choice.dtmf_payload_type is not None:
+        lines += [
+            f"a=rtpmap:{choice.dtmf_payload_type} telephone-event/8000",
+            f"a=fmtp:{choice.dtmf_payload_type} 0-16",
+        ]
+    lines += ["a=ptime:20", f"a={choice.direction}"]
+    return ("\r\n".join(lines) + "\r\n").encode()

@@ -1,0 +1,155 @@
+"""``voxgate sip``: run the SIP bridge until SIGTERM/SIGINT.
+
+Wiring into the main CLI::
+
+    from clients.sip.cli import add_sip_arguments, run_sip
+    p = sub.add_parser("sip", help="answer phone calls (SIP/RTP) and bridge them to a gateway")
+    add_sip_arguments(p)
+    ...
+    return asyncio.run(run_sip(args))
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+
+from pydantic import ValidationError
+
+from clients.sip._bots import BotFileError, load_bot
+from clients.sip._bridge import BridgeConfig, SipBridge
+
+__all__ = ["add_sip_arguments", "main", "run_sip"]
+
+
+def _host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return host, int(port)
+
+
+def _port_range(value: str) -> tuple[int, int]:
+    lo, sep, hi = value.partition("-")
+    if not sep or not lo.isdigit() or not hi.isdigit() or int(lo) > int(hi):
+        raise argparse.ArgumentTypeError(f"expected LOW-HIGH (e.g. 10000-20000), got {value!r}")
+    return int(lo), int(hi)
+
+
+def add_sip_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``voxgate sip`` flags to ``parser``."""
+    parser.add_argument(
+        "--listen",
+        type=_host_port,
+        default=("0.0.0.0", 5060),
+        metavar="HOST:PORT",
+        help="SIP UDP address (default 0.0.0.0:5060)",
+    )
+    parser.add_argument(
+        "--gateway",
+        default="127.0.0.1:50051",
+        metavar="HOST:PORT",
+        help="voxgate gateway gRPC target (default 127.0.0.1:50051)",
+    )
+    parser.add_argument(
+        "--bot",
+        default="none",
+        metavar="none|echo|FILE.yaml",
+        help="who answers: none (listen only), echo (repeat the caller) or a "
+        "YAML rule file (greeting, rules: [{if, say}], dtmf)",
+    )
+    parser.add_argument(
+        "--advertise",
+        metavar="HOST",
+        default=None,
+        help="address put in Contact/SDP (default: derived from --listen)",
+    )
+    parser.add_argument(
+        "--rtp-ports",
+        type=_port_range,
+        default=(10000, 20000),
+        metavar="LOW-HIGH",
+        help="RTP port range (default 10000-20000)",
+    )
+    parser.add_argument(
+        "--max-calls",
+        type=int,
+        default=100,
+        help="concurrent calls before 486 Busy Here (default 100)",
+    )
+    parser.add_argument(
+        "--ring-ms",
+        type=int,
+        default=0,
+        help="send 180 Ringing and wait this long before answering (default 0)",
+    )
+    parser.add_argument(
+        "--jitter-ms", type=int, default=60, help="receive jitter buffer delay (default 60)"
+    )
+    parser.add_argument("--language", default="", help="caller language hint, e.g. en")
+    parser.add_argument("--voice", default="", help="gateway voice name (default: its default)")
+    parser.add_argument(
+        "--sip-log-level",
+        default=None,
+        help="log level when run standalone (python -m clients.sip)",
+    )
+
+
+async def run_sip(args: argparse.Namespace) -> int:
+    """Run the bridge until SIGTERM/SIGINT, then end every call with BYE; returns an exit code."""
+    try:
+        bot_factory = load_bot(args.bot)
+        config = BridgeConfig(
+            listen_host=args.listen[0],
+            listen_port=args.listen[1],
+            gateway=args.gateway,
+            advertise_host=args.advertise,
+            rtp_port_min=args.rtp_ports[0],
+            rtp_port_max=args.rtp_ports[1],
+            max_calls=args.max_calls,
+            ring_ms=args.ring_ms,
+            jitter_ms=args.jitter_ms,
+            language=args.language,
+            voice=args.voice,
+        )
+    except (BotFileError, ValidationError) as exc:
+        print(f"voxgate sip: {exc}", file=sys.stderr)
+        return 2
+    bridge = SipBridge(config, bot_factory)
+    try:
+        await bridge.start()
+    except OSError as exc:
+        print(
+            f"voxgate sip: cannot listen on {args.listen[0]}:{args.listen[1]}: {exc}",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"sip listening on {bridge.address[0]}:{bridge.address[1]}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await bridge.aclose()
+    print("stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m clients.sip``: the same as ``voxgate sip``."""
+    parser = argparse.ArgumentParser(prog="voxgate sip", description=__doc__.splitlines()[0])
+    add_sip_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=(args.sip_log_level or "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    return asyncio.run(run_sip(args))

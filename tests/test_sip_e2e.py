@@ -1,0 +1,344 @@
+"""SIPp as the real caller against the SIP bridge and a real in-process gateway (VAD only).
+
+The gateway has no voice here, except where a test swaps in the tone synthesizer below to see
+reply audio flow (the fake proves the bridge's RTP path, never a model feature).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from calls import encode_wav
+
+from clients.sip import BridgeConfig, SilentBot, SipBridge
+from clients.sip.testing import RtpPeer, SippResult, run_sipp, sipp_binary
+from gateway.service import EngineInfo
+from gateway.session import SpeakIn, TtsPiece
+from gateway.testing.server import running_server
+from voxgate.v1 import voxgate_pb2 as pb
+
+pytestmark = [
+    pytest.mark.e2e,
+]
+
+
+@pytest.fixture(autouse=True)
+def _require_sipp() -> None:
+    """SIPp is the real caller here: its absence fails the test (CI installs it)."""
+    if sipp_binary() is None:
+        pytest.fail("SIPp not found: apt-get install -y sip-tester (.ci/run does this)")
+
+SIPP_DIR = Path(__file__).parent / "sipp"
+CLIP = "cmu_goforward.wav"  # 2.8 s, one utterance
+
+
+class RecordingBot(SilentBot):
+    """Records what reaches the bot; optionally greets."""
+
+    def __init__(self, log: list[tuple[str, str]], greeting: str | None = None) -> None:
+        self.log = log
+        self._greeting = greeting
+
+    def greeting(self) -> str | None:
+        return self._greeting
+
+    def on_transcript(self, text: str) -> list[str]:
+        self.log.append(("transcript", text))
+        return []
+
+    def on_dtmf(self, digit: str) -> list[str]:
+        self.log.append(("dtmf", digit))
+        return []
+
+
+class ToneSynthesizer:
+    """A stand-in voice: 100 ms of a 440 Hz tone per character, in 200 ms pieces."""
+
+    sample_rate_hz = 16000
+
+    async def stream(self, speak: SpeakIn) -> AsyncIterator[TtsPiece]:
+        n = min(len(speak.text), 100) * 1600
+        t = np.arange(n, dtype=np.float32) / self.sample_rate_hz
+        audio = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+        for i in range(0, n, 3200):
+            yield TtsPiece(audio[i : i + 3200], (), i + 3200 >= n)
+
+
+class ToneHub:
+    """An EngineHub with the tone voice and no recogniser."""
+
+    transcriber = None
+
+    def __init__(self) -> None:
+        self.synthesizer = ToneSynthesizer()
+        self.info = EngineInfo(voices=[pb.VoiceInfo(name="tone", sample_rate_hertz=16000)])
+
+    async def start(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+class Events:
+    """The observation channel: every gateway event per SIP call."""
+
+    def __init__(self) -> None:
+        self.by_call: dict[str, list[pb.ConverseResponse]] = defaultdict(list)
+        self.loop_time: dict[tuple[str, str], float] = {}
+        self.server: Any = None  # the in-process GatewayServer
+
+    def __call__(self, call_id: str, msg: pb.ConverseResponse) -> None:
+        self.by_call[call_id].append(msg)
+        kind = msg.WhichOneof("event")
+        self.loop_time.setdefault((call_id, kind), asyncio.get_running_loop().time())
+
+    def speech(self, call_id: str) -> list[int]:
+        return [m.speech.type for m in self.by_call[call_id] if m.WhichOneof("event") == "speech"]
+
+
+@asynccontextmanager
+async def bridge_and_gateway(
+    bot: Callable[[], Any] = SilentBot, hub: Any = None, **cfg: Any
+) -> AsyncIterator[tuple[SipBridge, Events]]:
+    events = Events()
+    async with running_server(hub=hub) as srv:
+        events.server = srv
+        config = BridgeConfig(
+            listen_host="127.0.0.1",
+            listen_port=0,
+            gateway=srv.target,
+            rtp_port_min=30000,
+            rtp_port_max=39999,
+            **cfg,
+        )
+        bridge = SipBridge(config, bot, on_event=events)
+        await bridge.start()
+        try:
+            yield bridge, events
+        finally:
+            await bridge.aclose()
+
+
+@pytest.fixture
+def caller_audio(speech_dir: Path, tmp_path: Path) -> Path:
+    """The clip as raw mu-law 8 kHz, plus 1 s of silence, where SIPp's rtp_stream finds it."""
+    data = encode_wav(speech_dir / CLIP, pb.MULAW, 8000) + b"\xff" * 8000
+    (tmp_path / "caller.ulaw").write_bytes(data)
+    return tmp_path
+
+
+def ok(result: SippResult) -> None:
+    assert result.returncode == 0, result.explain()
+
+
+async def wait_for(pred: Callable[[], bool], what: str, limit: int = 200) -> None:
+    """Poll a condition every 50 ms, at most ``limit`` times (no timed assertion: a bound)."""
+    for _ in range(limit):
+        if pred():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"never happened: {what}")
+
+
+async def test_call_streams_real_speech_to_the_gateway(caller_audio: Path) -> None:
+    async with bridge_and_gateway() as (bridge, events):
+        res = await run_sipp(
+            SIPP_DIR / "uac_stream.xml", bridge.address, cwd=caller_audio, duration_ms=4500
+        )
+        ok(res)
+        await wait_for(lambda: not bridge.calls, "call torn down")
+    [(call_id, reason)] = list(bridge.ended)
+    assert "BYE" in reason
+    speech = events.speech(call_id)
+    assert speech[:2] == [pb.SpeechEvent.SPEECH_BEGIN, pb.SpeechEvent.SPEECH_END], speech
+    assert events.by_call[call_id][0].WhichOneof("event") == "started"
+
+
+async def test_ten_concurrent_calls_are_isolated(caller_audio: Path) -> None:
+    async with bridge_and_gateway() as (bridge, events):
+        res = await run_sipp(
+            SIPP_DIR / "uac_stream.xml",
+            bridge.address,
+            cwd=caller_audio,
+            calls=10,
+            rate=20,
+            duration_ms=4500,
+        )
+        ok(res)
+        await wait_for(lambda: not bridge.calls, "calls torn down")
+    assert len(bridge.ended) == 10
+    assert len({c for c, _ in bridge.ended}) == 10
+    for call_id, reason in bridge.ended:
+        assert "BYE" in reason
+        # Each call heard exactly its own caller: one utterance, begin then end.
+        assert events.speech(call_id)[:2] == [1, 2], (call_id, events.speech(call_id))
+
+
+async def test_caller_hangs_up_mid_call_ends_the_gateway_stream(caller_audio: Path) -> None:
+    async with bridge_and_gateway() as (bridge, events):
+        res = await run_sipp(
+            SIPP_DIR / "uac_stream.xml", bridge.address, cwd=caller_audio, duration_ms=1200
+        )
+        ok(res)
+        await wait_for(lambda: not bridge.calls, "call torn down")
+        [(call_id, reason)] = list(bridge.ended)
+        assert reason == "caller hung up (BYE)"
+        assert events.speech(call_id)[:1] == [pb.SpeechEvent.SPEECH_BEGIN]  # hung up mid-speech
+        # The gateway's session is gone too (bounded wait, not a timing assertion).
+        await asyncio.wait_for(events.server.servicer.wait_idle(), 10)
+        assert bridge.stats["bye_sent"] == 0
+
+
+async def test_late_ack_gets_the_200_retransmitted(caller_audio: Path) -> None:
+    async with bridge_and_gateway() as (bridge, _):
+        res = await run_sipp(SIPP_DIR / "uac_late_ack.xml", bridge.address, cwd=caller_audio)
+        ok(res)
+        await wait_for(lambda: not bridge.calls, "call torn down")
+        assert bridge.stats["retransmitted"] >= 2  # at +0.5 s and +1.5 s
+        assert bridge.stats["ack_timeout"] == 0
+        assert [r for _, r in bridge.ended] == ["caller hung up (BYE)"]
+
+
+async def test_cancel_while_ringing(caller_audio: Path) -> None:
+    async with bridge_and_gateway(ring_ms=3000) as (bridge, events):
+        res = await run_sipp(SIPP_DIR / "uac_cancel.xml", bridge.address, cwd=caller_audio)
+        ok(res)
+        await wait_for(lambda: not bridge.calls, "call torn down")
+        [(call_id, reason)] = list(bridge.ended)
+        assert reason == "caller cancelled (CANCEL)"
+        assert bridge.stats["bye_sent"] == 0
+
+
+async def test_g729_only_offer_gets_488(caller_audio: Path) -> None:
+    async with bridge_and_gateway() as (bridge, _):
+        res = await run_sipp(SIPP_DIR / "uac_g729.xml", bridge.address, cwd=caller_audio)
+        ok(res)
+        assert bridge.stats["calls"] == 0
+
+
+async def test_gateway_stopping_ends_the_call_with_bye(caller_audio: Path) -> None:
+    async with bridge_and_gateway() as (bridge, events):
+        sipp = asyncio.create_task(
+            run_sipp(SIPP_DIR / "uac_wait_bye.xml", bridge.address, cwd=caller_audio)
+        )
+        await wait_for(lambda: any(c.state == "confirmed" for c in bridge.calls.values()), "ACK")
+        await events.server.stop(grace_s=0.0)  # the gRPC stream ends under the call
+        ok(await sipp)
+        await wait_for(lambda: not bridge.calls, "call torn down")
+    [(_, reason)] = list(bridge.ended)
+    assert reason.startswith("gateway"), reason
+    assert bridge.stats["bye_sent"] == 1
+
+
+async def test_bridge_shutdown_ends_calls_with_bye(caller_audio: Path) -> None:
+    async with bridge_and_gateway() as (bridge, events):
+        sipp = asyncio.create_task(
+            run_sipp(SIPP_DIR / "uac_wait_bye.xml", bridge.address, cwd=caller_audio, calls=2)
+        )
+        await wait_for(
+            lambda: (
+                len(bridge.calls) == 2
+                and all(c.state == "confirmed" for c in bridge.calls.values())
+            ),
+            "two calls ACKed",
+        )
+        await bridge.aclose()
+        ok(await sipp)
+        await asyncio.wait_for(events.server.servicer.wait_idle(), 10)
+    assert [r for _, r in bridge.ended] == ["bridge shutting down"] * 2
+    assert bridge.stats["bye_sent"] == 2
+
+
+async def test_dtmf_digits_reach_the_bot() -> None:
+    heard: list[tuple[str, str]] = []
+    async with RtpPeer() as peer, bridge_and_gateway(lambda: RecordingBot(heard)) as (bridge, _):
+        sipp = asyncio.create_task(
+            run_sipp(
+                SIPP_DIR / "uac_peer.xml",
+                bridge.address,
+                cwd=SIPP_DIR,
+                duration_ms=3000,
+                variables={"rtpport": str(peer.port)},
+            )
+        )
+        await wait_for(lambda: any(c.media for c in bridge.calls.values()), "call answered")
+        [call] = bridge.calls.values()
+        assert call.media is not None
+        await peer.send_dtmf("12#", ("127.0.0.1", call.media.local_port))
+        ok(await sipp)
+    assert [d for kind, d in heard if kind == "dtmf"] == ["1", "2", "#"]
+
+
+async def test_reply_audio_reaches_the_caller_as_rtp_and_barge_in_stops_it(
+    speech_dir: Path,
+) -> None:
+    """Greeting → 20 ms PCMU packets to the caller; caller speech → barge-in clears the queue."""
+    heard: list[tuple[str, str]] = []
+    speech = encode_wav(speech_dir / CLIP, pb.MULAW, 8000)
+    greeting = "x" * 60  # 6 s of tone
+    async with (
+        RtpPeer() as peer,
+        bridge_and_gateway(lambda: RecordingBot(heard, greeting), hub=ToneHub()) as (bridge, ev),
+    ):
+        sipp = asyncio.create_task(
+            run_sipp(
+                SIPP_DIR / "uac_peer.xml",
+                bridge.address,
+                cwd=SIPP_DIR,
+                duration_ms=5000,
+                variables={"rtpport": str(peer.port)},
+            )
+        )
+        await wait_for(lambda: len(peer.received) >= 25, "half a second of reply audio")
+        [call] = bridge.calls.values()
+        assert call.media is not None
+        await peer.send_audio(speech, ("127.0.0.1", call.media.local_port))
+        await wait_for(lambda: (call.call_id, "interrupted") in ev.loop_time, "barge-in")
+        cut = ev.loop_time[(call.call_id, "interrupted")]
+        ok(await sipp)
+    pkts = [r.packet for r in peer.received]
+    assert all(p.payload_type == 0 and len(p.payload) == 160 for p in pkts)
+    assert pkts[0].marker
+    first_spurt = pkts[: next((i for i, p in enumerate(pkts[1:], 1) if p.marker), len(pkts))]
+    for a, b in zip(first_spurt, first_spurt[1:], strict=False):
+        assert (b.sequence - a.sequence) % 65536 == 1
+        assert (b.timestamp - a.timestamp) % 2**32 == 160
+    # After the bridge got `interrupted`, at most 5 more packets (100 ms) reach the caller.
+    after = [r for r in peer.received if r.at_s > cut]
+    assert len(after) <= 5, len(after)
+
+
+async def test_fuzzed_datagrams_then_a_normal_call_works(caller_audio: Path) -> None:
+    rng = random.Random(7)
+    options = (
+        "OPTIONS sip:bot@127.0.0.1 SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:9;branch=z9hG4bKf{n}\r\n"
+        "From: <sip:f@x>;tag=1\r\nTo: <sip:bot@x>\r\nCall-ID: fuzz{n}\r\nCSeq: 1 OPTIONS\r\n"
+        "Content-Length: 0\r\n\r\n"
+    )
+    async with RtpPeer() as junk, bridge_and_gateway() as (bridge, _):
+        for n in range(500):
+            data = bytearray(options.format(n=n).encode())
+            for _ in range(rng.randint(1, 8)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+            if n % 5 == 0:
+                data = bytearray(rng.randbytes(rng.randint(0, 300)))
+            junk.send_raw(bytes(data), bridge.address)
+            if n % 50 == 0:
+                await asyncio.sleep(0)
+        await asyncio.sleep(0.2)
+        assert bridge.stats["internal_error"] == 0
+        res = await run_sipp(
+            SIPP_DIR / "uac_stream.xml", bridge.address, cwd=caller_audio, duration_ms=3000
+        )
+        ok(res)
+        await wait_for(lambda: not bridge.calls, "call torn down")
+        assert [r for _, r in bridge.ended] == ["caller hung up (BYE)"]
