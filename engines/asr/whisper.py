@@ -1,0 +1,620 @@
+"""Whisper on CTranslate2, called directly on batches: features, encode, generate, align.
+
+One :meth:`WhisperEngine.infer_batch` call runs in rounds. Each round groups the pending work by
+what CTranslate2 applies to a whole call (encoder length, prompt length, beam, temperature,
+sampling) and issues one ``encode`` / ``generate`` per group:
+
+1. skip items the policy rejects up front (too short, too quiet);
+2. encode each item on the smallest bucket that fits it (the encoder-window policy) and detect
+   its language where the call did not fix one;
+3. decode; an item whose decode loops or fails Whisper's gates is re-encoded on the full 30 s
+   window, then retried at rising temperatures, each time re-batched with the others that need
+   the same retry;
+4. gate, pick the output (best or MBR), align words with cross-attention, build the results.
+
+Word timestamps come from CTranslate2's ``align`` (cross-attention + DTW, as faster-whisper's
+``find_alignment``) rather than timestamp tokens: timestamp tokens would change the number of
+task tokens (a batch key), only give segment-level times, and cost decode steps; ``align`` is one
+extra decoder pass per batch over the already-encoded audio.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+
+import ctranslate2
+import numpy as np
+import numpy.typing as npt
+import tokenizers
+from faster_whisper.feature_extractor import FeatureExtractor
+from faster_whisper.tokenizer import _LANGUAGE_CODES, Tokenizer
+from faster_whisper.transcribe import merge_punctuations
+from rapidfuzz.distance import Levenshtein
+
+from engines.asr import policy
+from engines.asr.base import AsrAlternative, AsrOptions, AsrRequest, AsrResult, AsrWord
+from engines.asr.config import FULL_WINDOW_FRAMES, MEL_FRAMES_PER_S, WhisperConfig
+from engines.asr.model_files import resolve_model_dir
+from engines.base import ASR_SAMPLE_RATE_HZ, FloatArray, UtteranceStats
+
+__all__ = ["EngineCounters", "WhisperEngine", "mbr_select"]
+
+_log = logging.getLogger(__name__)
+
+#: Samples in Whisper's 30 s window.
+_WINDOW_SAMPLES = 30 * ASR_SAMPLE_RATE_HZ
+#: Encoder output positions per second (mel frames are strided by 2).
+_TOKENS_PER_S = MEL_FRAMES_PER_S / 2
+_MAX_PROMPT_TOKENS = 223
+_PREPEND_PUNCT = "\"'“¿([{-"
+_APPEND_PUNCT = "\"'.。,，!！?？:：”)]}、"
+
+
+@dataclass(slots=True)
+class EngineCounters:
+    """Cumulative cost counters, for benchmarks and metrics (reset with ``reset()``).
+
+    Attributes:
+        encode_s: wall time inside ``encode``.
+        generate_s: wall time inside ``generate``.
+        align_s: wall time inside ``align``.
+        detect_s: wall time inside ``detect_language``.
+        encoded_frames: mel frames sent through the encoder.
+        window_fallbacks: items re-encoded on the full window.
+        temperature_fallbacks: decode retries at a higher temperature.
+    """
+
+    encode_s: float = 0.0
+    generate_s: float = 0.0
+    align_s: float = 0.0
+    detect_s: float = 0.0
+    encoded_frames: int = 0
+    window_fallbacks: int = 0
+    temperature_fallbacks: int = 0
+
+    def reset(self) -> None:
+        """Zero every counter."""
+        for name in self.__slots__:
+            setattr(self, name, type(getattr(self, name))())
+
+
+@dataclass(slots=True)
+class _Hyp:
+    tokens: list[int]
+    text: str
+    avg_logprob: float
+    cum_logprob: float
+
+
+@dataclass(slots=True)
+class _Attempt:
+    frames: int
+    temperature: float
+    hyps: list[_Hyp]
+    no_speech_prob: float
+    degenerate: bool
+
+
+@dataclass(slots=True)
+class _Job:
+    """One ≤30 s chunk of one request, with its decoding state across rounds."""
+
+    req: int
+    offset_s: float
+    audio: FloatArray
+    options: AsrOptions
+    stats: UtteranceStats
+    plan: policy.DecodingPlan
+    language: str | None
+    frames: int
+    temp_idx: int = 0
+    encoder_out: dict[int, npt.NDArray[Any]] = field(default_factory=dict)
+    attempts: list[_Attempt] = field(default_factory=list)
+    encoded_frames: int = 0
+    done: bool = False
+
+    @property
+    def content_frames(self) -> int:
+        return min(FULL_WINDOW_FRAMES, len(self.audio) // (ASR_SAMPLE_RATE_HZ // MEL_FRAMES_PER_S))
+
+
+def mbr_select(candidates: Sequence[str], logprobs: Sequence[float], temperature: float) -> int:
+    """Minimum-Bayes-risk choice: the candidate with the lowest expected WER against the others.
+
+    Args:
+        candidates: hypothesis texts.
+        logprobs: their sequence log-probabilities (posterior up to normalisation).
+        temperature: divides the log-probs before the softmax (>1 flattens the posterior).
+
+    Returns:
+        Index of the chosen candidate.
+    """
+    if len(candidates) <= 1:
+        return 0
+    lp = np.asarray(logprobs, dtype=np.float64) / temperature
+    w = np.exp(lp - lp.max())
+    w /= w.sum()
+    words = [policy.normalize_phrase(c).split() for c in candidates]
+    risks = []
+    for i, hyp in enumerate(words):
+        risk = 0.0
+        for j, ref in enumerate(words):
+            if i != j:
+                # Word-level edit distance (rapidfuzz on token lists), normalised as WER.
+                risk += w[j] * Levenshtein.distance(ref, hyp) / max(1, len(ref))
+        risks.append(risk)
+    return int(np.argmin(risks))
+
+
+class WhisperEngine:
+    """A Whisper recogniser over CTranslate2 that decodes many utterances per call.
+
+    Threading: not thread-safe; one worker thread calls every method (CTranslate2's own
+    ``inter_threads`` workers run underneath). Units: audio is float32 mono 16 kHz; times in
+    results are ms from the utterance start.
+    """
+
+    def __init__(
+        self, model: ctranslate2.models.Whisper, hf_tokenizer: Any, config: WhisperConfig
+    ) -> None:
+        self.name = f"whisper-{Path(config.model).name}"
+        self.config = config
+        self.counters = EngineCounters()
+        self._model = model
+        self._hf_tokenizer = hf_tokenizer
+        self._multilingual = bool(model.is_multilingual)
+        self._features = FeatureExtractor(feature_size=int(model.n_mels))
+        self._tokenizers: dict[tuple[str, str], Tokenizer] = {}
+        self._suppress_cache: tuple[int, ...] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    def load(cls, config: object = None) -> Self:
+        """Load the model named by ``config`` from local files (never from a hub).
+
+        Args:
+            config: a :class:`WhisperConfig`, a mapping of its fields, or None for defaults.
+
+        Raises:
+            engines.asr.model_files.ModelFilesError: model files missing or corrupt.
+            TypeError: ``config`` is of another type.
+        """
+        if config is None:
+            cfg = WhisperConfig()
+        elif isinstance(config, WhisperConfig):
+            cfg = config
+        elif isinstance(config, dict):
+            cfg = WhisperConfig.model_validate(config)
+        else:
+            raise TypeError(f"WhisperEngine.load needs a WhisperConfig, got {type(config)!r}")
+        model_dir = resolve_model_dir(
+            cfg.model, Path(cfg.cache_dir) if cfg.cache_dir is not None else None
+        )
+        model = ctranslate2.models.Whisper(
+            str(model_dir),
+            device=cfg.device,
+            device_index=cfg.device_index,
+            compute_type=cfg.resolved_compute_type,
+            inter_threads=cfg.inter_threads,
+            intra_threads=cfg.resolved_intra_threads,
+            flash_attention=cfg.flash_attention,
+        )
+        hf_tok = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        return cls(model, hf_tok, cfg)
+
+    def warmup(self) -> None:
+        """Run encode, generate and align once on a second of faint noise."""
+        rng = np.random.default_rng(0)
+        audio = (rng.standard_normal(ASR_SAMPLE_RATE_HZ) * 0.01).astype(np.float32)
+        stats = UtteranceStats(1000, 1000, 1.0, 0, 0, -40.0, -40.0, -30.0)
+        self.infer_batch([AsrRequest(audio, stats, AsrOptions(silence_aware=False))])
+        self.counters.reset()
+
+    def close(self) -> None:
+        """Release the model weights (the object is unusable afterwards)."""
+        self._model.unload_model()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _tokenizer(self, language: str, task: str) -> Tokenizer:
+        key = (language, task)
+        tok = self._tokenizers.get(key)
+        if tok is None:
+            tok = Tokenizer(self._hf_tokenizer, self._multilingual, task=task, language=language)
+            self._tokenizers[key] = tok
+        return tok
+
+    def _suppress_tokens(self, tok: Tokenizer) -> list[int]:
+        if self._suppress_cache is None:
+            self._suppress_cache = policy.suppress_token_ids(tok.encode, tok.non_speech_tokens)
+        return list(self._suppress_cache)
+
+    def _prompt(self, job: _Job) -> list[int]:
+        assert job.language is not None
+        tok = self._tokenizer(job.language, job.options.task)
+        prompt: list[int] = []
+        context = " ".join(
+            p for p in (job.options.initial_prompt.strip(), ", ".join(job.options.hotwords)) if p
+        )
+        if context:
+            ctx = tok.encode(" " + context)[-_MAX_PROMPT_TOKENS:]
+            prompt = [tok.sot_prev, *ctx]
+        return [*prompt, *tok.sot_sequence, tok.no_timestamps]
+
+    def _feature(self, audio: FloatArray, frames: int) -> npt.NDArray[np.float32]:
+        mel = self._features(audio, padding=160)[:, :-1]
+        mel = mel[:, :frames]
+        if mel.shape[1] < frames:
+            mel = np.pad(mel, ((0, 0), (0, frames - mel.shape[1])))
+        return np.ascontiguousarray(mel, dtype=np.float32)
+
+    def _storage(self, arrays: Sequence[npt.NDArray[Any]]) -> Any:
+        return ctranslate2.StorageView.from_array(np.ascontiguousarray(np.stack(arrays)))
+
+    def _chunks(self, n: int) -> list[slice]:
+        size = self.config.max_batch_size
+        return [slice(i, min(n, i + size)) for i in range(0, n, size)]
+
+    # ------------------------------------------------------------------ rounds
+
+    def _encode(self, jobs: list[_Job]) -> None:
+        """Encode every job that lacks an encoder output at its current frame count."""
+        by_frames: dict[int, list[_Job]] = defaultdict(list)
+        for j in jobs:
+            if j.frames not in j.encoder_out:
+                by_frames[j.frames].append(j)
+        to_cpu = self.config.device == "cuda"
+        for frames, group in by_frames.items():
+            for sl in self._chunks(len(group)):
+                part = group[sl]
+                feats = self._storage([self._feature(j.audio, frames) for j in part])
+                t0 = time.perf_counter()
+                out = np.array(self._model.encode(feats, to_cpu=to_cpu))
+                self.counters.encode_s += time.perf_counter() - t0
+                self.counters.encoded_frames += frames * len(part)
+                for j, enc in zip(part, out, strict=True):
+                    j.encoder_out[frames] = enc
+                    j.encoded_frames += frames
+                undetected = [j for j in part if j.language is None]
+                if undetected:
+                    self._detect([j for j in part if j.language is None], frames)
+
+    def _detect(self, jobs: list[_Job], frames: int) -> None:
+        if not self._multilingual:
+            for j in jobs:
+                j.language = "en"
+            return
+        t0 = time.perf_counter()
+        probs = self._model.detect_language(self._storage([j.encoder_out[frames] for j in jobs]))
+        self.counters.detect_s += time.perf_counter() - t0
+        for j, p in zip(jobs, probs, strict=True):
+            j.language = p[0][0][2:-2]
+
+    def _decode(self, jobs: list[_Job]) -> None:
+        """One generate per group of jobs that agree on every call-wide option."""
+        groups: dict[tuple[Any, ...], list[tuple[_Job, list[int]]]] = defaultdict(list)
+        for j in jobs:
+            prompt = self._prompt(j)
+            temp = j.plan.temperatures[j.temp_idx]
+            key = (
+                j.frames,
+                len(prompt),
+                temp,
+                j.plan.beam_size if temp == 0.0 else 1,
+                j.plan.num_hypotheses if temp == 0.0 else j.plan.best_of,
+                j.plan.suppress_hallucination_tokens,
+                j.plan.repetition_penalty,
+                j.plan.no_repeat_ngram_size,
+            )
+            groups[key].append((j, prompt))
+        for key, members in groups.items():
+            frames, prompt_len, temp, beam, nhyp, suppress, rep, ngram = key
+            for sl in self._chunks(len(members)):
+                part = members[sl]
+                tok0 = self._tokenizer(part[0][0].language or "en", part[0][0].options.task)
+                max_len = prompt_len + max(j.plan.max_new_tokens for j, _ in part)
+                kwargs: dict[str, Any] = {
+                    "beam_size": beam,
+                    "num_hypotheses": nhyp,
+                    "repetition_penalty": rep,
+                    "no_repeat_ngram_size": ngram,
+                    "max_length": min(448, max_len),
+                    "return_scores": True,
+                    "return_no_speech_prob": True,
+                    "suppress_blank": True,
+                    "suppress_tokens": self._suppress_tokens(tok0) if suppress else [-1],
+                }
+                if temp > 0.0:
+                    kwargs.update(sampling_topk=0, sampling_temperature=temp)
+                feats = self._storage([j.encoder_out[frames] for j, _ in part])
+                t0 = time.perf_counter()
+                results = self._model.generate(feats, [p for _, p in part], **kwargs)
+                self.counters.generate_s += time.perf_counter() - t0
+                for (j, _), res in zip(part, results, strict=True):
+                    self._record(j, temp, res)
+
+    def _record(self, job: _Job, temperature: float, res: Any) -> None:
+        """Store one decode and decide the job's next step (done, full window, hotter)."""
+        assert job.language is not None
+        tok = self._tokenizer(job.language, job.options.task)
+        hyps = []
+        for ids, score in zip(res.sequences_ids, res.scores, strict=True):
+            tokens = [t for t in ids if t < tok.eot]
+            n = len(tokens)
+            cum = float(score) * n
+            hyps.append(_Hyp(tokens, tok.decode(tokens).strip(), cum / (n + 1), cum))
+        if temperature > 0.0:
+            # Sampling returns best_of draws; Whisper keeps the most likely one first.
+            hyps.sort(key=lambda h: h.avg_logprob, reverse=True)
+        best = hyps[0]
+        cfg = self.config.policy
+        cap_hit = len(best.tokens) >= job.plan.max_new_tokens
+        degenerate = (
+            cap_hit
+            or policy.has_repetition_loop(best.tokens)
+            or policy.has_repeated_block(best.tokens)
+            or policy.needs_fallback(
+                best.avg_logprob,
+                policy.compression_ratio(best.text),
+                float(res.no_speech_prob),
+                cfg,
+            )
+        )
+        job.attempts.append(
+            _Attempt(job.frames, temperature, hyps, float(res.no_speech_prob), degenerate)
+        )
+        if not degenerate:
+            job.done = True
+        elif job.frames < FULL_WINDOW_FRAMES and self.config.encoder.fallback_to_full_window:
+            job.frames = FULL_WINDOW_FRAMES
+            job.temp_idx = 0
+            self.counters.window_fallbacks += 1
+        elif job.temp_idx + 1 < len(job.plan.temperatures):
+            job.temp_idx += 1
+            self.counters.temperature_fallbacks += 1
+        else:
+            job.done = True
+
+    @staticmethod
+    def _chosen_attempt(job: _Job, ratio_threshold: float) -> _Attempt:
+        last = job.attempts[-1]
+        if not last.degenerate:
+            return last
+        # Whisper's rule when every temperature failed: prefer non-looping text, then log-prob.
+        full = [a for a in job.attempts if a.frames == job.frames] or job.attempts
+        ok = [a for a in full if policy.compression_ratio(a.hyps[0].text) <= ratio_threshold]
+        return max(ok or full, key=lambda a: a.hyps[0].avg_logprob)
+
+    def _align(self, items: list[tuple[_Job, _Attempt, _Hyp]]) -> dict[int, list[AsrWord]]:
+        """Word times from cross-attention for each (job, attempt, hyp); keyed by ``id(job)``."""
+        out: dict[int, list[AsrWord]] = {}
+        groups: dict[tuple[int, tuple[int, ...]], list[tuple[_Job, _Hyp]]] = defaultdict(list)
+        for job, att, hyp in items:
+            if not hyp.tokens:
+                continue
+            assert job.language is not None
+            tok = self._tokenizer(job.language, job.options.task)
+            groups[(att.frames, tuple(tok.sot_sequence))].append((job, hyp))
+        for (frames, sot), members in groups.items():
+            for sl in self._chunks(len(members)):
+                part = members[sl]
+                feats = self._storage([j.encoder_out[frames] for j, _ in part])
+                t0 = time.perf_counter()
+                results = self._model.align(
+                    feats,
+                    list(sot),
+                    [h.tokens for _, h in part],
+                    [min(frames, j.content_frames) for j, _ in part],
+                    median_filter_width=self.config.word_timestamp_median_filter,
+                )
+                self.counters.align_s += time.perf_counter() - t0
+                for (job, hyp), res in zip(part, results, strict=True):
+                    out[id(job)] = self._words(job, hyp, res)
+        return out
+
+    def _words(self, job: _Job, hyp: _Hyp, res: Any) -> list[AsrWord]:
+        assert job.language is not None
+        tok = self._tokenizer(job.language, job.options.task)
+        words, word_tokens = tok.split_to_word_tokens([*hyp.tokens, tok.eot])
+        if len(word_tokens) <= 1:
+            return []
+        text_idx = np.array([p[0] for p in res.alignments])
+        time_idx = np.array([p[1] for p in res.alignments])
+        if len(text_idx) == 0:
+            return []
+        bounds = np.pad(np.cumsum([len(t) for t in word_tokens[:-1]]), (1, 0))
+        jumps = np.pad(np.diff(text_idx), (1, 0), constant_values=1).astype(bool)
+        jump_times = time_idx[jumps] / _TOKENS_PER_S
+        probs = np.asarray(res.text_token_probs, dtype=np.float64)
+        timing = []
+        for k in range(len(bounds) - 1):
+            lo, hi = int(bounds[k]), int(bounds[k + 1])
+            start = float(jump_times[min(lo, len(jump_times) - 1)])
+            end = float(jump_times[min(hi, len(jump_times) - 1)])
+            p = float(np.mean(probs[lo:hi])) if hi > lo and hi <= len(probs) else 0.0
+            timing.append(
+                {"word": words[k], "tokens": word_tokens[k], "start": start, "end": end, "p": p}
+            )
+        merge_punctuations(timing, _PREPEND_PUNCT, _APPEND_PUNCT)
+        limit_s = len(job.audio) / ASR_SAMPLE_RATE_HZ
+        result: list[AsrWord] = []
+        prev_end = 0.0
+        for t in timing:
+            if not str(t["word"]).strip():
+                continue
+            start = min(max(float(t["start"]), prev_end), limit_s)
+            end = min(max(float(t["end"]), start), limit_s)
+            prev_end = end
+            result.append(
+                AsrWord(
+                    text=str(t["word"]).strip(),
+                    start_ms=round(1000 * (job.offset_s + start)),
+                    end_ms=round(1000 * (job.offset_s + end)),
+                    probability=float(t["p"]),
+                )
+            )
+        return result
+
+    # ------------------------------------------------------------------ public
+
+    def infer_batch(self, items: Sequence[AsrRequest]) -> list[AsrResult]:
+        """Transcribe ``items`` together; one result per item, in order.
+
+        Items may differ in every option: they are grouped internally by what CTranslate2
+        applies per call. Audio longer than 30 s is decoded in 30 s chunks (up to
+        ``max_utterance_s``; beyond that it is ignored with a warning).
+        """
+        cfg = self.config
+        results: list[AsrResult | None] = [None] * len(items)
+        jobs: list[_Job] = []
+        for i, req in enumerate(items):
+            audio = np.asarray(req.audio, dtype=np.float32).reshape(-1)
+            opts = req.options
+            if opts.language is not None and (
+                opts.language not in _LANGUAGE_CODES
+                or (not self._multilingual and opts.language != "en")
+            ):
+                results[i] = AsrResult(text="", dropped_reason="unsupported_language")
+                continue
+            reason = policy.skip_reason(req.stats, opts, cfg.policy) if len(audio) else "too_short"
+            if reason:
+                results[i] = AsrResult(text="", dropped_reason=reason, language=opts.language or "")
+                continue
+            limit = int(cfg.max_utterance_s * ASR_SAMPLE_RATE_HZ)
+            if len(audio) > limit:
+                _log.warning(
+                    "utterance of %.1f s exceeds max_utterance_s=%.1f s; the rest is ignored",
+                    len(audio) / ASR_SAMPLE_RATE_HZ,
+                    cfg.max_utterance_s,
+                )
+                audio = audio[:limit]
+            for start in range(0, len(audio), _WINDOW_SAMPLES):
+                chunk = audio[start : start + _WINDOW_SAMPLES]
+                chunk_stats = req.stats
+                if len(audio) > _WINDOW_SAMPLES:
+                    dur = round(1000 * len(chunk) / ASR_SAMPLE_RATE_HZ)
+                    chunk_stats = UtteranceStats(
+                        dur,
+                        min(dur, req.stats.speech_ms),
+                        req.stats.speech_ratio,
+                        0,
+                        0,
+                        req.stats.rms_dbfs,
+                        req.stats.speech_rms_dbfs,
+                        req.stats.peak_dbfs,
+                        req.stats.forced_cut,
+                    )
+                plan = policy.plan_decoding(chunk_stats, opts, cfg.policy, cfg.encoder)
+                lang = opts.language if self._multilingual else "en"
+                jobs.append(
+                    _Job(
+                        i,
+                        start / ASR_SAMPLE_RATE_HZ,
+                        chunk,
+                        opts,
+                        chunk_stats,
+                        plan,
+                        lang,
+                        plan.encoder_frames,
+                    )
+                )
+
+        pending = jobs
+        while pending:
+            self._encode(pending)
+            self._decode(pending)
+            pending = [j for j in jobs if not j.done]
+
+        chosen: dict[int, tuple[_Attempt, _Hyp, str]] = {}
+        for job in jobs:
+            att = self._chosen_attempt(job, cfg.policy.compression_ratio_threshold)
+            job.frames = att.frames
+            idx = 0
+            if job.plan.mbr_candidates > 1:
+                idx = mbr_select(
+                    [h.text for h in att.hyps],
+                    [h.cum_logprob for h in att.hyps],
+                    cfg.mbr_posterior_temperature,
+                )
+            hyp = att.hyps[idx]
+            assert job.language is not None
+            dropped = ""
+            if job.plan.apply_gates:
+                dropped = policy.gate_result(
+                    hyp.text,
+                    tokens=hyp.tokens,
+                    avg_logprob=hyp.avg_logprob,
+                    no_speech_prob=att.no_speech_prob,
+                    language=job.language,
+                    stats=job.stats,
+                    cfg=cfg.policy,
+                )
+            chosen[id(job)] = (att, hyp, dropped)
+
+        to_align = [
+            (j, chosen[id(j)][0], chosen[id(j)][1])
+            for j in jobs
+            if j.options.word_timestamps and not chosen[id(j)][2]
+        ]
+        words = self._align(to_align) if to_align else {}
+
+        per_req: dict[int, list[_Job]] = defaultdict(list)
+        for job in jobs:
+            per_req[job.req].append(job)
+        for i, req_jobs in per_req.items():
+            results[i] = self._merge(req_jobs, chosen, words)
+        assert all(r is not None for r in results)
+        return [r for r in results if r is not None]
+
+    def _merge(
+        self,
+        jobs: list[_Job],
+        chosen: dict[int, tuple[_Attempt, _Hyp, str]],
+        words: dict[int, list[AsrWord]],
+    ) -> AsrResult:
+        """Combine the chunks of one request into its result."""
+        texts, all_words, reasons = [], [], []
+        n_tok = 0
+        sum_lp = 0.0
+        for job in jobs:
+            att, hyp, dropped = chosen[id(job)]
+            if dropped:
+                reasons.append(dropped)
+                continue
+            texts.append(hyp.text)
+            all_words.extend(words.get(id(job), []))
+            n_tok += len(hyp.tokens) + 1
+            sum_lp += hyp.avg_logprob * (len(hyp.tokens) + 1)
+        first_att, first_hyp, _ = chosen[id(jobs[0])]
+        text = " ".join(t for t in texts if t)
+        avg_lp = sum_lp / n_tok if n_tok else first_hyp.avg_logprob
+        alternatives: tuple[AsrAlternative, ...] = ()
+        k = jobs[0].options.num_alternatives
+        if len(jobs) == 1 and text and k > 0:
+            seen = {text}
+            alts = []
+            for h in first_att.hyps:
+                if h.text and h.text not in seen:
+                    seen.add(h.text)
+                    alts.append(AsrAlternative(h.text, math.exp(min(0.0, h.avg_logprob))))
+            alternatives = tuple(alts[:k])
+        return AsrResult(
+            text=text,
+            words=tuple(all_words),
+            confidence=math.exp(min(0.0, avg_lp)) if text else 0.0,
+            no_speech_prob=float(np.mean([chosen[id(j)][0].no_speech_prob for j in jobs])),
+            avg_logprob=avg_lp,
+            compression_ratio=policy.compression_ratio(text),
+            language=jobs[0].language or "",
+            alternatives=alternatives,
+            dropped_reason="" if text else (reasons[0] if reasons else "no_speech"),
+            encoded_frames=sum(j.encoded_frames for j in jobs),
+        )
