@@ -101,14 +101,33 @@ class _MetricsObserver(BatchObserver):
 
 
 class AsrTranscriber:
-    """The batcher in front of the Whisper engine workers, as sessions see it."""
+    """The batcher in front of the Whisper engine workers, as sessions see it.
 
-    def __init__(self, batcher: Batcher[AsrRequest, AsrResult], deadline_s: float = 1.0) -> None:
+    Interim re-decodes are best effort and must never delay a final: the batcher already
+    orders finals first, and here interims may occupy at most ``workers - 1`` workers at once
+    (all of them when there is only one, as on a GPU, where they share batches with finals).
+    An interim that finds no free slot is skipped, not queued.
+    """
+
+    def __init__(
+        self, batcher: Batcher[AsrRequest, AsrResult], workers: int, deadline_s: float = 1.0
+    ) -> None:
         self.batcher = batcher
         self._deadline_s = deadline_s
+        self._interim_slots = asyncio.Semaphore(max(1, workers - 1))
 
     async def transcribe(self, request: AsrRequest) -> AsrResult:
         """Queue one utterance; finals are due ``deadline_s`` after they are queued."""
+        if request.is_final:
+            return await self._submit(request)
+        if self._interim_slots.locked():
+            raise CallError.exhausted(
+                "interim decode skipped: every interim slot is busy", quota="interim_slots"
+            )
+        async with self._interim_slots:
+            return await self._submit(request)
+
+    async def _submit(self, request: AsrRequest) -> AsrResult:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self._deadline_s if request.is_final else 4 * self._deadline_s)
         try:
@@ -203,7 +222,7 @@ class EngineHubImpl:
         )
         await batcher.start()
         self._batcher = batcher
-        self.transcriber = AsrTranscriber(batcher)
+        self.transcriber = AsrTranscriber(batcher, workers)
         log.info("asr batcher: %d worker(s), max batch %d", workers, batch)
 
     async def aclose(self) -> None:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, read_wav_int16
+from conftest import read_wav_int16
 
+from benchmarks import _wer
 from engines.asr.base import AsrOptions, AsrRequest, AsrResult
 from engines.asr.config import WhisperConfig
 from engines.asr.whisper import WhisperEngine
@@ -18,12 +18,6 @@ from gateway.testing.signals import hallucination_set, stats_for
 
 pytestmark = [pytest.mark.model]
 
-# benchmarks/ is not an installed package; load its WER helper by path so tests and the
-# benchmark score transcripts identically.
-_spec = importlib.util.spec_from_file_location("_wer", REPO_ROOT / "benchmarks" / "_wer.py")
-assert _spec is not None and _spec.loader is not None
-_wer = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_wer)
 
 CLIPS = ("cmu_goforward.wav", "ljspeech_LJ001-0004.wav", "jfk_inaugural_1961.wav")
 

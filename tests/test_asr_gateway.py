@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,8 +13,8 @@ import numpy as np
 import pytest
 import pytest_asyncio
 from calls import chunks, config, encode_wav, requests
-from conftest import REPO_ROOT
 
+from benchmarks import _wer
 from engines.asr.base import AsrRequest, AsrResult
 from gateway.audio import MULAW_ENCODE, float_to_pcm16
 from gateway.config import load_config
@@ -28,10 +27,6 @@ from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model, pytest.mark.asyncio(loop_scope="module")]
 
-_spec = importlib.util.spec_from_file_location("_wer", REPO_ROOT / "benchmarks" / "_wer.py")
-assert _spec is not None and _spec.loader is not None
-_wer = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_wer)
 
 FAST = {"limits": {"max_realtime_factor": 1000.0}}
 

@@ -8,7 +8,6 @@ reply RTP within 100 ms (counted in 20 ms packets, not timed).
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,8 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 from calls import encode_wav
-from conftest import REPO_ROOT
 
+from benchmarks import _wer
 from clients.sip import BridgeConfig, SilentBot, SipBridge
 from clients.sip.testing import RtpPeer, SippResult, run_sipp, sipp_binary
 from gateway.audio import MULAW_DECODE
@@ -38,11 +37,6 @@ def _require_sipp() -> None:
     if sipp_binary() is None:
         pytest.fail("SIPp not found: apt-get install -y sip-tester (.ci/run does this)")
 
-# The WER helper lives with the ASR benchmarks (loaded by path, as test_asr_engine does).
-_spec = importlib.util.spec_from_file_location("_wer", REPO_ROOT / "benchmarks" / "_wer.py")
-assert _spec is not None and _spec.loader is not None
-_wer = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_wer)
 
 SIPP_DIR = Path(__file__).parent / "sipp"
 CLIPS = ["cmu_goforward.wav", "librispeech_1988-24833-0000.wav", "vctk_p317_166.wav"]
