@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engines.base import ASR_SAMPLE_RATE_HZ, FloatArray, UtteranceStats
+from gateway.audio import MULAW_DECODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float
 
 __all__ = [
     "TestSignal",
@@ -27,7 +28,6 @@ __all__ = [
 ]
 
 _SR = ASR_SAMPLE_RATE_HZ
-_MU = 255.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,22 +71,16 @@ def _bandpass(x: npt.NDArray[np.float64], lo_hz: float, hi_hz: float) -> npt.NDA
     return np.fft.irfft(spec, len(x))
 
 
-def mulaw_encode(x: npt.NDArray[np.floating], mu: float = _MU) -> npt.NDArray[np.uint8]:
-    """Continuous μ-law companding (ITU-T G.711 curve) quantised to 8 bits.
-
-    This is the textbook formula, not the bit-exact G.711 segment table that the gateway's codec
-    uses; it is enough to reproduce the quantisation noise floor of a μ-law line.
-    """
-    y = np.sign(x) * np.log1p(mu * np.abs(np.clip(x, -1.0, 1.0))) / np.log1p(mu)
-    code: npt.NDArray[np.uint8] = np.clip(np.round((y + 1.0) * 127.5), 0, 255).astype(np.uint8)
+def mulaw_encode(x: npt.NDArray[np.floating]) -> npt.NDArray[np.uint8]:
+    """Float samples to G.711 μ-law codes, with the gateway's own (bit-exact) tables."""
+    pcm = float_to_pcm16(np.asarray(x, dtype=np.float32))
+    code: npt.NDArray[np.uint8] = MULAW_ENCODE[pcm.astype(np.int64) + 32768]
     return code
 
 
-def mulaw_decode(code: npt.NDArray[np.uint8], mu: float = _MU) -> FloatArray:
-    """Inverse of :func:`mulaw_encode`."""
-    y = code.astype(np.float64) / 127.5 - 1.0
-    out: FloatArray = (np.sign(y) * np.expm1(np.abs(y) * np.log1p(mu)) / mu).astype(np.float32)
-    return out
+def mulaw_decode(code: npt.NDArray[np.uint8]) -> FloatArray:
+    """G.711 μ-law codes back to float samples (inverse of :func:`mulaw_encode`)."""
+    return pcm16_to_float(MULAW_DECODE[code])
 
 
 def _dtmf(digits: str, tone_s: float, gap_s: float, level_dbfs: float) -> FloatArray:
