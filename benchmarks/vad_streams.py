@@ -156,7 +156,9 @@ def main() -> None:
             f"| {r['n']:.0f} | {r['cpu_s_per_stream_min']:.3f} | {r['server_cores']:.2f} | "
             f"{r['late_ms']:.0f} | {r['lag_ms']:.0f} |"
         )
-    print(f"\nlargest N held at <= 1 core, nothing late > 100 ms: {held[-1]['n']:.0f}" if held else "")
+    print(
+        f"\nlargest N held at <= 1 core, nothing late > 100 ms: {held[-1]['n']:.0f}" if held else ""
+    )
 
 
 if __name__ == "__main__":

@@ -56,7 +56,9 @@ async def health(target: str) -> int:
 
 
 def test_serve_prints_listening_once_serving_and_exits_cleanly_on_sigterm() -> None:
-    proc, target = start("--host", "127.0.0.1", "--port", "0", "--engines", "none", "--grace-s", "1")
+    proc, target = start(
+        "--host", "127.0.0.1", "--port", "0", "--engines", "none", "--grace-s", "1"
+    )
     try:
         assert asyncio.run(health(target)) == health_pb2.HealthCheckResponse.SERVING
     finally:
@@ -75,7 +77,7 @@ def test_environment_configures_the_server() -> None:
 
 
 def test_invalid_configuration_is_refused_with_the_field_name() -> None:
-    out = subprocess.run(
+    out = subprocess.run(  # noqa: PLW1510 - the return code is the assertion
         [sys.executable, "-m", "gateway.cli", "serve", "--port", "70000", "--engines", "none"],
         capture_output=True,
         text=True,

@@ -46,7 +46,14 @@ def test_package_and_fixed_names() -> None:
         "ListVoices",
     }
     req = pb.ConverseRequest.DESCRIPTOR.oneofs_by_name["event"]
-    assert [f.name for f in req.fields][:6] == ["config", "audio", "speak", "clear", "mark", "hangup"]
+    assert [f.name for f in req.fields][:6] == [
+        "config",
+        "audio",
+        "speak",
+        "clear",
+        "mark",
+        "hangup",
+    ]
     resp = pb.ConverseResponse.DESCRIPTOR.oneofs_by_name["event"]
     assert [f.name for f in resp.fields][:7] == [
         "started",

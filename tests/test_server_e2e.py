@@ -218,9 +218,10 @@ async def test_speak_on_streaming_recognize_is_refused() -> None:
 
 
 async def test_audio_faster_than_real_time_is_resource_exhausted_with_quota_detail() -> None:
-    async with running_server(
-        limits={"max_realtime_factor": 2.0, "burst_allowance_ms": 1000}
-    ) as srv, grpc.aio.insecure_channel(srv.target) as ch:
+    async with (
+        running_server(limits={"max_realtime_factor": 2.0, "burst_allowance_ms": 1000}) as srv,
+        grpc.aio.insecure_channel(srv.target) as ch,
+    ):
         stub = pb_grpc.VoiceGatewayStub(ch)
         # 10 s of audio at 20x real time: far beyond 1 s burst + 2x. As any full-duplex client
         # does, a reader runs concurrently and receives the server's status. (A write still

@@ -36,6 +36,7 @@ def _require_sipp() -> None:
     if sipp_binary() is None:
         pytest.fail("SIPp not found: apt-get install -y sip-tester (.ci/run does this)")
 
+
 SIPP_DIR = Path(__file__).parent / "sipp"
 CLIP = "cmu_goforward.wav"  # 2.8 s, one utterance
 
