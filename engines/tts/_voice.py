@@ -17,18 +17,18 @@ import threading
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
-from piper.config import PhonemeType, PiperConfig
-from piper.const import BOS, EOS, PAD
-from piper.phoneme_ids import phonemes_to_ids
-from piper.phonemize_espeak import EspeakPhonemizer
 
 from engines.tts._text import TextUnit
 from engines.tts.base import TtsError
 from engines.tts.config import DEFAULT_VOICE
+
+if TYPE_CHECKING:
+    from piper.config import PiperConfig
+    from piper.phonemize_espeak import EspeakPhonemizer
 
 __all__ = ["PhonemizedUnit", "VoiceFiles", "load_voice_config", "phonemize_unit", "resolve_voice"]
 
@@ -75,6 +75,15 @@ def load_voice_config(path: Path) -> tuple[PiperConfig, dict[str, Any]]:
     Raises:
         TtsError: the voice does not use espeak phonemes (the only front end supported here).
     """
+    # piper-tts (GPL-3.0, bundles espeak-ng) is the optional `piper` extra: import it only when
+    # a voice is actually loaded, so that an ASR-only install never needs it.
+    try:
+        from piper.config import PhonemeType, PiperConfig  # noqa: PLC0415
+    except ModuleNotFoundError as exc:
+        raise TtsError(
+            "speech synthesis needs the `piper` extra (piper-tts, GPL-3.0, which bundles "
+            "espeak-ng): pip install 'voxgate[piper]', or serve with --engines asr"
+        ) from exc
     raw: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     config = PiperConfig.from_dict(raw)
     if config.phoneme_type != PhonemeType.ESPEAK:
@@ -87,6 +96,8 @@ def _espeak(language: str, text: str, config: PiperConfig) -> list[str]:
     global _PHONEMIZER  # noqa: PLW0603 - one espeak instance per process, like Piper's
     with _ESPEAK_LOCK:
         if _PHONEMIZER is None:
+            from piper.phonemize_espeak import EspeakPhonemizer  # noqa: PLC0415
+
             _PHONEMIZER = EspeakPhonemizer()
         sentences = _PHONEMIZER.phonemize(language, text, vowel_clusters=config.vowel_clusters)
     flat: list[str] = []
@@ -139,6 +150,9 @@ def _groups(phonemes: list[str]) -> list[tuple[int, int]]:
 
 def phonemize_unit(unit: TextUnit, config: PiperConfig) -> PhonemizedUnit:
     """Phonemise a unit with espeak and locate each written word in the phoneme ids."""
+    from piper.const import BOS, EOS, PAD  # noqa: PLC0415
+    from piper.phoneme_ids import phonemes_to_ids  # noqa: PLC0415
+
     id_map = config.phoneme_id_map
     phonemes = [p for p in _espeak(config.espeak_voice, unit.text, config) if p in id_map]
     if not phonemes:
