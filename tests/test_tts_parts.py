@@ -98,3 +98,8 @@ def test_config_rejects_inconsistent_windows() -> None:
     assert (config.voice, config.context_frames) == ("joe", 28)
     with pytest.raises(ValueError):
         config.context_frames = 4
+
+
+def test_the_voice_can_be_pinned_to_another_gpu_than_whisper() -> None:
+    chosen = select_providers([TRT, CUDA, CPU], trt_cache_dir="cache/trt", device_id=1)
+    assert [p[1]["device_id"] for p in chosen if isinstance(p, tuple)] == ["1", "1"]

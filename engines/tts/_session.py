@@ -19,7 +19,7 @@ CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
 
 
-def _with_options(name: str, trt_cache_dir: str) -> ProviderSpec:
+def _with_options(name: str, trt_cache_dir: str, device_id: int) -> ProviderSpec:
     if name == TRT:
         # FP16 halves HiFi-GAN's cost on tensor cores; the engine cache avoids a multi-minute
         # rebuild on every start (TensorRT builds one engine per input-shape profile).
@@ -29,11 +29,12 @@ def _with_options(name: str, trt_cache_dir: str) -> ProviderSpec:
                 "trt_fp16_enable": "True",
                 "trt_engine_cache_enable": "True",
                 "trt_engine_cache_path": trt_cache_dir,
+                "device_id": str(device_id),
             },
         )
     if name == CUDA:
         # Exhaustive cuDNN search re-runs for every new window length; heuristics do not.
-        return (CUDA, {"cudnn_conv_algo_search": "HEURISTIC"})
+        return (CUDA, {"cudnn_conv_algo_search": "HEURISTIC", "device_id": str(device_id)})
     return name
 
 
@@ -41,6 +42,7 @@ def select_providers(
     available: Sequence[str],
     requested: Sequence[str] | None = None,
     trt_cache_dir: str | None = None,
+    device_id: int = 0,
 ) -> list[ProviderSpec]:
     """Decide the provider list for a session.
 
@@ -49,6 +51,8 @@ def select_providers(
         requested: explicit preference order from ``TtsConfig.providers``; ``None`` = automatic
             (TensorRT, then CUDA, when the runtime has them).
         trt_cache_dir: TensorRT engine cache; ``None`` = ``~/.cache/voxgate/trt``.
+        device_id: the GPU (as CUDA numbers them in this process) for TensorRT/CUDA; lets the
+            voice run on a different GPU than Whisper (``WhisperConfig.device_index``).
 
     Returns:
         Providers in preference order, with their options, always ending with CPU so that any
@@ -65,7 +69,7 @@ def select_providers(
             if requested is not None:
                 _LOGGER.warning("execution provider %s is not available; skipping it", name)
             continue
-        chosen.append(_with_options(name, cache))
+        chosen.append(_with_options(name, cache, device_id))
     chosen.append(CPU)
     return chosen
 

@@ -108,7 +108,10 @@ class VitsStreamer:
         self._name = voice_name
         self._language = language
         self._providers = select_providers(
-            ort.get_available_providers(), config.providers, config.trt_cache_dir
+            ort.get_available_providers(),
+            config.providers,
+            config.trt_cache_dir,
+            device_id=config.device_id,
         )
         threads = config.onnx_threads
         self._front: ort.InferenceSession | None = make_session(

@@ -46,6 +46,14 @@ class TtsConfig(BaseModel):
             "(FP16) then CUDA when available, and always ends with CPU."
         ),
     )
+    device_id: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "GPU index for the TensorRT/CUDA providers, as CUDA numbers devices in this process; "
+            "set it apart from the ASR engine's device_index to split the engines over GPUs."
+        ),
+    )
     trt_cache_dir: str | None = Field(
         default=None,
         min_length=1,
