@@ -257,3 +257,14 @@ def test_config_validation_messages() -> None:
     assert WhisperConfig().resolved_compute_type == "int8"
     assert WhisperConfig(device="cuda").resolved_compute_type == "float16"
     assert WhisperConfig(cpu_threads=4, inter_threads=2).resolved_intra_threads == 2
+
+
+def test_gpu_defaults_to_the_full_window_and_cpu_to_buckets() -> None:
+    from engines.asr.config import WhisperConfig
+
+    assert WhisperConfig(device="cuda").encoder.buckets_s == (30.0,)
+    assert WhisperConfig().encoder.buckets_s[0] < 30.0
+    explicit = WhisperConfig.model_validate(
+        {"device": "cuda", "encoder": {"buckets_s": (15.0, 30.0)}}
+    )
+    assert explicit.encoder.buckets_s == (15.0, 30.0)

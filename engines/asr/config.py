@@ -6,7 +6,7 @@ everything here is fixed for the life of an engine and validated once at start-u
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -222,6 +222,17 @@ class WhisperConfig(BaseModel):
     policy: DecodingPolicyConfig = Field(
         default_factory=DecodingPolicyConfig, description="Silence-aware decoding policy."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _device_defaults(cls, data: Any) -> Any:
+        # On a GPU the encoder is cheap and batches must share one window length, so the
+        # bucketed windows that save CPU would only fragment batches: default to the full
+        # 30 s window there (faster-whisper's batched pipeline does the same). An explicit
+        # `encoder` setting always wins; benchmarks/gpu_check.py measures the choice.
+        if isinstance(data, dict) and data.get("device") == "cuda" and "encoder" not in data:
+            return {**data, "encoder": {"buckets_s": (30.0,)}}
+        return data
 
     @model_validator(mode="after")
     def _check_device(self) -> WhisperConfig:
