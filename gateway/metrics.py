@@ -14,6 +14,7 @@ __all__ = [
     "ASR_QUEUE_DEPTH",
     "CALLS_ACTIVE",
     "CALLS_ENDED",
+    "CALLS_REFUSED",
     "CALLS_TOTAL",
     "TTS_FIRST_AUDIO",
     "UTTERANCES",
@@ -22,6 +23,11 @@ __all__ = [
 CALLS_ACTIVE = Gauge("voxgate_calls_active", "Calls (Converse/StreamingRecognize) in progress.")
 CALLS_TOTAL = Counter("voxgate_calls_total", "Calls started, by RPC.", ["rpc"])
 CALLS_ENDED = Counter("voxgate_calls_ended_total", "Calls ended, by outcome.", ["outcome"])
+CALLS_REFUSED = Counter(
+    "voxgate_calls_refused_total",
+    "Calls refused at admission (capacity or shutdown), by reason.",
+    ["reason"],
+)
 UTTERANCES = Counter("voxgate_utterances_total", "Utterances recognised, by outcome.", ["outcome"])
 ASR_FINAL_LATENCY = Histogram(
     "voxgate_asr_final_latency_seconds",

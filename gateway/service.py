@@ -233,8 +233,10 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
     ) -> None:
         limits = self.config.limits
         if not self.accepting:
+            metrics.CALLS_REFUSED.labels("shutting_down").inc()
             await _abort(context, CallError(ErrorKind.UNAVAILABLE, "server is shutting down"))
         if self.active_calls >= limits.max_concurrent_calls:
+            metrics.CALLS_REFUSED.labels("max_concurrent_calls").inc()
             await _abort(
                 context,
                 CallError.exhausted(

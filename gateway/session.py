@@ -30,6 +30,7 @@ import numpy as np
 
 from engines.asr.base import AsrOptions, AsrRequest, AsrResult
 from engines.base import FloatArray, UtteranceStats
+from gateway import metrics
 from gateway.audio import AudioFormatError, InputDecoder, OutputEncoder, WireEncoding, bytes_per_ms
 from gateway.config import LimitsConfig, VadConfig
 from gateway.errors import CallError, ErrorKind
@@ -499,6 +500,8 @@ class CallSession:
         self._final_done.add(utt.index)
         ended = self._speech_end_at.pop(utt.index, None)
         latency = int((time.monotonic() - ended) * 1000) if ended is not None else 0
+        if ended is not None:
+            metrics.ASR_FINAL_LATENCY.observe(latency / 1000.0)
         await self._emit(
             TranscriptOut(result, True, utt.start_ms, utt.end_ms, utt.index, latency_ms=latency)
         )
