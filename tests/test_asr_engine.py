@@ -178,3 +178,30 @@ def test_prompt_and_hotwords_accepted(
         [req(audio, initial_prompt="Inaugural address, 1961.", hotwords=("Americans",))]
     )
     assert _wer.wer(ref, res.text) <= 0.15
+
+
+@pytest.mark.parametrize("prompt", ["", "Order numbers, sizes and colours."])
+@pytest.mark.parametrize("new_tokens", [10, 30, 100])
+def test_the_decode_cap_allows_exactly_the_planned_tokens(
+    engine: WhisperEngine, prompt: str, new_tokens: int
+) -> None:
+    """With end-of-text suppressed, generate must run to the planned number of new tokens:
+    CTranslate2 4.8.5 halves `max_length`, which once cut real transcripts short."""
+    import ctranslate2
+
+    tok = engine._tokenizer("en", "transcribe")
+    ids = [*tok.sot_sequence, tok.no_timestamps]
+    if prompt:
+        ids = [tok.sot_prev, *tok.encode(" " + prompt), *ids]
+    feats = engine._storage([np.zeros((80, 1000), np.float32)])
+    enc = engine._model.encode(feats)
+    assert isinstance(enc, ctranslate2.StorageView)
+    res = engine._model.generate(
+        enc,
+        [ids],
+        beam_size=1,
+        max_length=engine._max_length(len(ids), new_tokens),
+        suppress_blank=False,
+        suppress_tokens=[-1, tok.eot],
+    )
+    assert len(res[0].sequences_ids[0]) >= new_tokens

@@ -173,6 +173,8 @@ class WhisperEngine:
         self._features = FeatureExtractor(feature_size=int(model.n_mels))
         self._tokenizers: dict[tuple[str, str], Tokenizer] = {}
         self._suppress_cache: tuple[int, ...] | None = None
+        # How CTranslate2 reads `max_length` (measured in warmup(); see _max_length).
+        self._halved_max_length = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -211,12 +213,46 @@ class WhisperEngine:
         return cls(model, hf_tok, cfg)
 
     def warmup(self) -> None:
-        """Run encode, generate and align once on a second of faint noise."""
+        """Calibrate ``max_length``, then run encode, generate and align on faint noise."""
+        self._calibrate_max_length()
         rng = np.random.default_rng(0)
         audio = (rng.standard_normal(ASR_SAMPLE_RATE_HZ) * 0.01).astype(np.float32)
         stats = UtteranceStats(1000, 1000, 1.0, 0, 0, -40.0, -40.0, -30.0)
         self.infer_batch([AsrRequest(audio, stats, AsrOptions(silence_aware=False))])
         self.counters.reset()
+
+    def _calibrate_max_length(self) -> None:
+        """Find out whether ``generate`` stops after ``max_length // 2`` new tokens.
+
+        ``max_length`` should mean prompt + new tokens (faster-whisper's reading), but
+        CTranslate2 4.8.5 returns at most ``max_length // 2`` new tokens and at most
+        ``max_length - len(prompt) + 1`` (measured: 448 -> 224, 64 -> 32, prompt 24 at 32 -> 9),
+        which silently cut transcripts short ("... in size ten" became "... in Syston."). One
+        64-step greedy decode with end-of-text suppressed tells which reading holds.
+        """
+        frames = 1000
+        feats = self._storage([np.zeros((int(self._model.n_mels), frames), np.float32)])
+        enc = self._model.encode(feats)
+        tok = self._tokenizer("en", "transcribe")
+        prompt = [*tok.sot_sequence, tok.no_timestamps]
+        res = self._model.generate(
+            enc,
+            [prompt],
+            beam_size=1,
+            max_length=64,
+            suppress_blank=False,
+            suppress_tokens=[-1, tok.eot],
+        )
+        got = len(res[0].sequences_ids[0])
+        self._halved_max_length = got < 64 - len(prompt)
+
+    def _max_length(self, prompt_len: int, new_tokens: int) -> int:
+        """The ``max_length`` that lets ``generate`` emit ``new_tokens`` after the prompt."""
+        if self._halved_max_length:
+            wanted = max(2 * new_tokens, new_tokens + prompt_len - 1)
+        else:
+            wanted = prompt_len + new_tokens
+        return min(448, wanted)
 
     def close(self) -> None:
         """Release the model weights (the object is unusable afterwards)."""
@@ -320,13 +356,13 @@ class WhisperEngine:
             for sl in self._chunks(len(members)):
                 part = members[sl]
                 tok0 = self._tokenizer(part[0][0].language or "en", part[0][0].options.task)
-                max_len = prompt_len + max(j.plan.max_new_tokens for j, _ in part)
+                max_len = self._max_length(prompt_len, max(j.plan.max_new_tokens for j, _ in part))
                 kwargs: dict[str, Any] = {
                     "beam_size": beam,
                     "num_hypotheses": nhyp,
                     "repetition_penalty": rep,
                     "no_repeat_ngram_size": ngram,
-                    "max_length": min(448, max_len),
+                    "max_length": max_len,
                     "return_scores": True,
                     "return_no_speech_prob": True,
                     "suppress_blank": True,
