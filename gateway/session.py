@@ -556,6 +556,9 @@ class CallSession:
                 await self._emit(MarkReachedOut(item.name))
                 continue
             pb = _Playback(item)
+            # Only speech that starts during this reply interrupts it; a caller already talking
+            # when the bot starts (the bot chose to talk over them) does not cut it at once.
+            self._barge_pending_from = None
             self._playback = pb
             task = asyncio.create_task(self._play(pb), name="playback")
             self._playback_task = task

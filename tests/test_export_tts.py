@@ -64,7 +64,7 @@ def test_files_and_manifest(exported: object) -> None:
     assert manifest["front_end_outputs"][-1] == manifest["durations"]
     assert (manifest["hop_length"], manifest["sample_rate"]) == (256, 22050)
     assert manifest["windows"] == {
-        "first_window_frames": 16,
+        "first_window_frames": TtsConfig().first_window_frames,
         "window_frames": 96,
         "context_frames": 28,
     }
@@ -129,5 +129,5 @@ def test_prebuild_code_path_runs_without_tensorrt(
     assert "CPUExecutionProvider" in rows[0]["providers"]
     decoder_frames = [r["frames_or_ids"] for r in rows if r["half"] == "decoder"]
     assert decoder_frames[:2] == [96 + 2 * 28, 1]  # widest, then narrowest: one profile
-    assert 16 + 28 in decoder_frames  # the first window of a sentence
+    assert TtsConfig().first_window_frames + 28 in decoder_frames  # a sentence's first window
     assert all(r["seconds"] >= 0 for r in rows)

@@ -63,7 +63,7 @@ class TtsConfig(BaseModel):
         ),
     )
     first_window_frames: int = Field(
-        default=16,
+        default=8,
         ge=1,
         le=1024,
         description=(
