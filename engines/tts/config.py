@@ -131,7 +131,7 @@ class TtsConfig(BaseModel):
         ),
     )
     first_unit_max_chars: int = Field(
-        default=80,
+        default=40,
         ge=0,
         le=5_000,
         description=(
