@@ -212,6 +212,17 @@ class WhisperEngine:
         hf_tok = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         return cls(model, hf_tok, cfg)
 
+    def sibling(self) -> Self:
+        """Another engine over the same CTranslate2 model and tokenizer, for another worker.
+
+        CTranslate2 models are safe to call from several threads, but this class keeps
+        per-object caches and unsynchronised cost counters, so each batcher worker gets its
+        own object. The sibling inherits this engine's measurements (warmup is not repeated).
+        """
+        twin = type(self)(self._model, self._hf_tokenizer, self.config)
+        twin._halved_max_length = self._halved_max_length
+        return twin
+
     def warmup(self) -> None:
         """Calibrate ``max_length``, then run encode, generate and align on faint noise."""
         self._calibrate_max_length()
