@@ -112,6 +112,11 @@ class BatcherConfig(_Frozen):
     interim_interval_ms: int = Field(
         1_000, ge=200, le=10_000, description="Default interval between interim transcripts, ms."
     )
+    speculative_finals: bool = Field(
+        True,
+        description="Start an utterance's final decode once its trailing silence has settled "
+        "(~320 ms) instead of after the whole hangover, when the recogniser is idle.",
+    )
 
 
 class ServerConfig(_Frozen):

@@ -12,6 +12,7 @@ __all__ = [
     "ASR_BATCH_SIZE",
     "ASR_FINAL_LATENCY",
     "ASR_QUEUE_DEPTH",
+    "ASR_SPECULATIVE",
     "CALLS_ACTIVE",
     "CALLS_ENDED",
     "CALLS_REFUSED",
@@ -33,6 +34,11 @@ ASR_FINAL_LATENCY = Histogram(
     "voxgate_asr_final_latency_seconds",
     "End of speech to final transcript.",
     buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0),
+)
+ASR_SPECULATIVE = Counter(
+    "voxgate_asr_speculative_finals_total",
+    "Final decodes started before the hangover ended, by outcome (used, discarded, cancelled).",
+    ["outcome"],
 )
 ASR_BATCH_SIZE = Histogram(
     "voxgate_asr_batch_size", "Items per engine call.", buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64)

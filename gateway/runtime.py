@@ -128,6 +128,10 @@ class AsrTranscriber:
         async with self._interim_slots:
             return await self._submit(request)
 
+    def can_speculate(self) -> bool:
+        """Speculative finals only run when no other utterance is waiting for a worker."""
+        return self.batcher.queue_depth == 0
+
     async def _submit(self, request: AsrRequest) -> AsrResult:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self._deadline_s if request.is_final else 4 * self._deadline_s)

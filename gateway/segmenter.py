@@ -299,6 +299,14 @@ class Segmenter:
             events.append(SpeechBegin(self._start_frame * self.config.frame_ms, self._utt_index))
 
     def _finalise(self, events: list[SegmenterEvent], *, forced: bool) -> None:
+        utt, tail = self._build(forced=forced)
+        events.append(SpeechEnd(utt.speech_end_ms, utt.index))
+        events.append(utt)
+        self._utt_index += 1
+        self._reset_to_quiet(keep_tail=not forced, tail=tail)
+
+    def _build(self, *, forced: bool) -> tuple[Utterance, list[FloatArray]]:
+        """The utterance as it would end now, and the frames after it; changes no state."""
         fm = self.config.frame_ms
         last_voiced = max(self._last_voiced, self._last_energetic)
         keep = (
@@ -308,29 +316,49 @@ class Segmenter:
         )
         frames = self._frames[:keep]
         voiced = self._voiced[:keep]
-        tail = self._frames[keep:]
         lead = self._lead
         audio = np.concatenate(lead + frames)
-        speech_start_ms = self._start_frame * fm
-        speech_end_ms = (self._start_frame + (keep if forced else last_voiced + 1)) * fm
         start_ms = (self._start_frame - len(lead)) * fm
         flags = [False] * len(lead) + voiced
-        stats = self._stats(audio, flags, forced)
-        events.append(SpeechEnd(speech_end_ms, self._utt_index))
-        events.append(
-            Utterance(
-                index=self._utt_index,
-                audio=audio,
-                start_ms=start_ms,
-                end_ms=start_ms + len(flags) * fm,
-                speech_start_ms=speech_start_ms,
-                speech_end_ms=speech_end_ms,
-                stats=stats,
-                dropped=sum(voiced) < self._min_speech_frames,
-            )
+        utt = Utterance(
+            index=self._utt_index,
+            audio=audio,
+            start_ms=start_ms,
+            end_ms=start_ms + len(flags) * fm,
+            speech_start_ms=self._start_frame * fm,
+            speech_end_ms=(self._start_frame + (keep if forced else last_voiced + 1)) * fm,
+            stats=self._stats(audio, flags, forced),
+            dropped=sum(voiced) < self._min_speech_frames,
         )
-        self._utt_index += 1
-        self._reset_to_quiet(keep_tail=not forced, tail=tail)
+        return utt, self._frames[keep:]
+
+    @property
+    def trailing_silence_ms(self) -> int:
+        """Unvoiced time since the last voiced frame of the current utterance, in ms."""
+        if self.state is not SegmenterState.STOPPING:
+            return 0
+        return self._unvoiced_run * self.config.frame_ms
+
+    @property
+    def settled_after_ms(self) -> int:
+        """Trailing silence after which :meth:`preview` has the final speech span.
+
+        Past the plosive-tail window no unvoiced frame can move the end of speech; only new
+        speech can, and that cancels the end. The final utterance's audio is then the
+        preview's plus at most ``TRAILING_PAD_MS`` more trailing silence.
+        """
+        return self.TAIL_MS + self.config.frame_ms
+
+    def preview(self) -> Utterance | None:
+        """The utterance the hangover will produce if the caller stays silent, or None.
+
+        Used to start the final decode while the hangover still runs (speculative finals):
+        once ``trailing_silence_ms >= settled_after_ms`` the preview has the same index, start
+        and speech span as the utterance that will be emitted, unless speech resumes.
+        """
+        if self.state is not SegmenterState.STOPPING:
+            return None
+        return self._build(forced=False)[0]
 
     def _stats(self, audio: FloatArray, flags: list[bool], forced: bool) -> UtteranceStats:
         fm = self.config.frame_ms

@@ -375,6 +375,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             barge_in=not cfg.barge_in.disabled,
             barge_in_min_speech_ms=cfg.barge_in.min_speech_ms,
             mode=mode,
+            speculative_finals=self.config.batcher.speculative_finals,
         )
 
     def _inbound(self, msg: pb.ConverseRequest) -> InboundEvent:

@@ -232,6 +232,10 @@ class Transcriber(Protocol):
         """Transcribe one utterance; raises :class:`CallError` for queue-full and the like."""
         ...
 
+    def can_speculate(self) -> bool:
+        """Whether there is spare capacity for a speculative final (nothing is waiting)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class TtsPiece:
@@ -271,6 +275,7 @@ class CallConfig:
     barge_in_min_speech_ms: int = 0
     mode: Literal["converse", "recognize"] = "converse"
     playout_lead_ms: int = 60
+    speculative_finals: bool = True
 
 
 class _End:
@@ -278,6 +283,15 @@ class _End:
 
 
 _END = _End()
+
+
+@dataclass
+class _Speculation:
+    """A final decode started while the hangover still runs (see ``_maybe_speculate``)."""
+
+    start_ms: int
+    speech_end_ms: int
+    task: asyncio.Task[AsrResult]
 
 
 @dataclass
@@ -332,6 +346,7 @@ class CallSession:
         self._speech_end_at: dict[int, float] = {}
         self._final_done: set[int] = set()
         self._interim_task: asyncio.Task[None] | None = None
+        self._specs: dict[int, _Speculation] = {}
         # Segmenter events are produced synchronously and drained (awaiting queues) right after.
         self._pending_emits: list[OutboundEvent] = []
         self._pending_utts: list[Utterance] = []
@@ -362,6 +377,10 @@ class CallSession:
             raise
         finally:
             await self._cancel_interim()
+            for spec in self._specs.values():
+                spec.task.cancel()
+            specs, self._specs = list(self._specs.values()), {}
+            await asyncio.gather(*(sp.task for sp in specs), return_exceptions=True)
 
     # -- recv --------------------------------------------------------------------------------------
 
@@ -389,6 +408,7 @@ class CallSession:
                 # SPEECH_BEGIN goes out first, then barge-in stops playback right behind it.
                 await self._flush_pending_emits()
                 await self._check_barge_in()
+                self._maybe_speculate()
             elif isinstance(event, SpeakIn | MarkIn):
                 if self.config.mode != "converse":
                     raise CallError.invalid(
@@ -471,6 +491,37 @@ class CallSession:
         self._barge_pending_from = None
         await self._stop_playback(reason_offset_ms=start, clear_queue=True)
 
+    def _maybe_speculate(self) -> None:
+        """Start the final decode once the trailing silence has settled.
+
+        The hangover (``end_silence_ms``, 600 ms by default) is pure waiting: after
+        ``settled_after_ms`` of it the utterance's speech span can no longer change unless the
+        caller speaks again. Decoding from there hides most of the remaining hangover behind
+        the decode. If speech resumes the speculation is cancelled; if the final differs in
+        its span it is discarded and decoded normally. Only when the recogniser has nothing
+        waiting, so that speculation never delays another call's final.
+        """
+        seg, transcriber = self._segmenter, self._transcriber
+        if transcriber is None or not self.config.speculative_finals:
+            return
+        index = seg.utterance_index
+        if seg.state is SegmenterState.SPEAKING:
+            stale = self._specs.pop(index, None)
+            if stale is not None:
+                stale.task.cancel()
+                metrics.ASR_SPECULATIVE.labels("cancelled").inc()
+            return
+        if index in self._specs or seg.trailing_silence_ms < seg.settled_after_ms:
+            return
+        if not transcriber.can_speculate():
+            return
+        utt = seg.preview()
+        if utt is None or utt.dropped:
+            return
+        req = AsrRequest(utt.audio, utt.stats, self.config.asr_options, is_final=True)
+        task = asyncio.create_task(transcriber.transcribe(req), name=f"speculative-{index}")
+        self._specs[index] = _Speculation(utt.start_ms, utt.speech_end_ms, task)
+
     # -- asr ---------------------------------------------------------------------------------------
 
     async def _asr(self) -> None:
@@ -485,9 +536,21 @@ class CallSession:
 
     async def _transcribe_final(self, utt: Utterance) -> None:
         assert self._transcriber is not None
+        spec = self._specs.pop(utt.index, None)
+        if spec is not None and (spec.start_ms, spec.speech_end_ms) != (
+            utt.start_ms,
+            utt.speech_end_ms,
+        ):
+            spec.task.cancel()
+            metrics.ASR_SPECULATIVE.labels("discarded").inc()
+            spec = None
         req = AsrRequest(utt.audio, utt.stats, self.config.asr_options, is_final=True)
         try:
-            result = await self._transcriber.transcribe(req)
+            if spec is not None:
+                result = await spec.task
+                metrics.ASR_SPECULATIVE.labels("used").inc()
+            else:
+                result = await self._transcriber.transcribe(req)
         except CallError as exc:
             await self._emit(ErrorOut(exc.kind, exc.message, "utterance", utt.index))
             return

@@ -212,3 +212,43 @@ def test_real_calls_one_segment_per_utterance_within_250ms(
             t["speech_start_s"] - 0.25 <= u.speech_start_ms / 1000 <= t["speech_end_s"]
             for t in truth
         )
+
+
+def _previews_match_finals(s: Segmenter, audio: np.ndarray, step: int) -> int:
+    """Push audio frame by frame; every settled preview must have the emitted utterance's span,
+    and its audio must be a prefix of the emitted audio differing only in trailing silence,
+    unless speech resumed in between. Returns how many previews were checked."""
+    pending: dict[int, Utterance] = {}
+    checked = 0
+    for i in range(0, len(audio), step):
+        for ev in s.push(audio[i : i + step]):
+            if isinstance(ev, Utterance) and ev.index in pending:
+                p = pending.pop(ev.index)
+                span = ("start_ms", "speech_start_ms", "speech_end_ms")
+                assert [getattr(p, a) for a in span] == [getattr(ev, a) for a in span]
+                assert np.array_equal(p.audio, ev.audio[: len(p.audio)])
+                assert len(ev.audio) - len(p.audio) <= Segmenter.TRAILING_PAD_MS * 16
+                checked += 1
+        if s.state is SegmenterState.SPEAKING:
+            pending.pop(s.utterance_index, None)  # speech resumed: the preview is void
+        elif s.trailing_silence_ms >= s.settled_after_ms and s.utterance_index not in pending:
+            preview = s.preview()
+            assert preview is not None
+            pending[s.utterance_index] = preview
+    return checked
+
+
+def test_settled_previews_equal_the_final_utterances_on_a_real_call(speech_dir: Path) -> None:
+    (wav,) = sorted((speech_dir / "calls").glob("call_03_*.wav"))
+    pcm, _ = read_wav_int16(wav)
+    checked = _previews_match_finals(Segmenter(VadConfig()), pcm16_to_float(pcm), 320)
+    assert checked == len(json.loads(wav.with_suffix(".json").read_text())["segments"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(spec=st.text(alphabet="..x", min_size=20, max_size=200), seed=st.integers(0, 2**16))
+def test_settled_previews_equal_the_final_utterances(spec: str, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    audio = pattern(spec) + (rng.standard_normal(len(spec) * FRAME) * 1e-3).astype(np.float32)
+    cfg = VadConfig(frame_ms=20, start_speech_ms=60, end_silence_ms=500, pre_roll_ms=40)
+    _previews_match_finals(Segmenter(cfg, ScriptedDetector()), audio, FRAME)
