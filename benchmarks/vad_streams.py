@@ -114,6 +114,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--max-n", type=int, default=256)
+    ap.add_argument("--ns", default="", help="explicit N list, e.g. 32,48,56 (default: doubling)")
     args = ap.parse_args()
     audio = call_audio()
     proc = subprocess.Popen(
@@ -127,7 +128,8 @@ def main() -> None:
     target = m.group(1)
     rows = []
     try:
-        n = 1
+        ns = [int(x) for x in args.ns.split(",")] if args.ns else []
+        n = ns.pop(0) if ns else 1
         while n <= args.max_n:
             row = asyncio.run(run_n(target, proc.pid, n, audio, args.seconds))
             row["held"] = float(
@@ -141,9 +143,14 @@ def main() -> None:
                 f"{'held' if row['held'] else 'NOT held'}",
                 flush=True,
             )
-            if not row["held"]:
+            if not row["held"] and not ns:
                 break
-            n *= 2
+            if args.ns:
+                if not ns:
+                    break
+                n = ns.pop(0)
+            else:
+                n *= 2
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
