@@ -44,7 +44,8 @@ def exported(export_tts: ModuleType, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(scope="module")
 def streamer() -> Iterator[VitsStreamer]:
-    engine = VitsStreamer.load(TtsConfig(cache_bytes=0))
+    # One front-end unit for TEXT, like the exported halves run it (no first-clause split).
+    engine = VitsStreamer.load(TtsConfig(cache_bytes=0, first_unit_max_chars=0))
     yield engine
     engine.close()
 
