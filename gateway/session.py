@@ -590,7 +590,9 @@ class CallSession:
                 result = await self._transcriber.transcribe(req)
             except CallError:
                 continue  # interim work is best-effort: a full queue just skips it
-            if index in self._final_done or not result.text:
+            # Once SPEECH_END is out, only the final may describe that utterance.
+            ended = index in self._speech_end_at or index in self._final_done
+            if ended or not result.text:
                 continue
             end_ms = start_ms + len(audio) * 1000 // 16000
             await self._emit(TranscriptOut(result, False, start_ms, end_ms, index))
