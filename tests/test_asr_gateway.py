@@ -103,6 +103,12 @@ async def test_streaming_recognize_and_interim_results(
     ]
     assert "interim" in kinds
     assert kinds.index("interim") < kinds.index("final")
+    speech_end = next(
+        i
+        for i, r in enumerate(resp)
+        if r.WhichOneof("event") == "speech" and r.speech.type == pb.SpeechEvent.SPEECH_END
+    )
+    assert max(i for i, k in enumerate(kinds) if k == "interim") < speech_end
     interim = [
         r.transcript
         for r in resp
