@@ -14,65 +14,17 @@ from collections.abc import Sequence
 
 import jiwer
 
+from engines.tts import cardinal, year
+
 __all__ = ["corpus_wer", "normalize", "number_to_words", "wer"]
 
-_ONES = [
-    "zero",
-    "one",
-    "two",
-    "three",
-    "four",
-    "five",
-    "six",
-    "seven",
-    "eight",
-    "nine",
-    "ten",
-    "eleven",
-    "twelve",
-    "thirteen",
-    "fourteen",
-    "fifteen",
-    "sixteen",
-    "seventeen",
-    "eighteen",
-    "nineteen",
-]
-_TENS = ["_", "_", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
-
-
-def _below_100(n: int) -> str:
-    if n < 20:
-        return _ONES[n]
-    tens, ones = divmod(n, 10)
-    return _TENS[tens] + ("" if ones == 0 else " " + _ONES[ones])
-
-
-def _below_1000(n: int) -> str:
-    hundreds, rest = divmod(n, 100)
-    parts = []
-    if hundreds:
-        parts.append(_ONES[hundreds] + " hundred")
-    if rest or not hundreds:
-        parts.append(_below_100(rest))
-    return " ".join(parts)
-
-
 def number_to_words(n: int) -> str:
-    """Spell a non-negative integer; four-digit years read as pairs ("fourteen fifty five")."""
-    if 1100 <= n <= 1999 or 2010 <= n <= 2099:
-        hi, lo = divmod(n, 100)
-        return _below_100(hi) + (" hundred" if lo == 0 else " " + _below_100(lo))
-    if n < 1000:
-        return _below_1000(n)
-    parts = []
-    for scale, name in ((10**9, "billion"), (10**6, "million"), (1000, "thousand")):
-        if n >= scale:
-            q, n = divmod(n, scale)
-            parts.append(_below_1000(q) + " " + name)
-    if n:
-        parts.append(_below_1000(n))
-    return " ".join(parts)
+    """Spell a non-negative integer the way the TTS front end reads it (years as pairs).
+
+    Shared with ``engines.tts`` so that one English number reader serves both synthesis and
+    scoring; scoring only needs both sides of a comparison normalised the same way.
+    """
+    return year(n) if 1100 <= n <= 2099 else cardinal(n)
 
 
 _NUM_RE = re.compile(r"\d+")

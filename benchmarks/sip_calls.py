@@ -20,50 +20,20 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "protos")]
 
 from clients.sip.testing import free_udp_port, run_sipp  # noqa: E402
-from gateway.service import EngineInfo  # noqa: E402
-from gateway.session import SpeakIn, TtsPiece  # noqa: E402
+from gateway.testing.fake_engines import FakeToneHub  # noqa: E402
 from gateway.testing.server import running_server  # noqa: E402
-from voxgate.v1 import voxgate_pb2 as pb  # noqa: E402
 
 SCENARIO = REPO / "tests" / "sipp" / "uac_stream.xml"
 _RTP_LINE = re.compile(
     r"RTP: sent=(\d+) spurts=(\d+) max_lateness_ms=([\d.]+) max_interval_dev_ms=([\d.]+) "
     r"p99_interval_dev_ms=([\d.]+)"
 )
-
-
-class ToneSynthesizer:
-    sample_rate_hz = 16000
-
-    async def stream(self, speak: SpeakIn) -> AsyncIterator[TtsPiece]:
-        n = min(len(speak.text), 100) * 1600
-        t = np.arange(n, dtype=np.float32) / self.sample_rate_hz
-        audio = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
-        for i in range(0, n, 3200):
-            yield TtsPiece(audio[i : i + 3200], (), i + 3200 >= n)
-
-
-class ToneHub:
-    transcriber = None
-
-    def __init__(self) -> None:
-        self.synthesizer = ToneSynthesizer()
-        self.info = EngineInfo(voices=[pb.VoiceInfo(name="tone", sample_rate_hertz=16000)])
-
-    async def start(self) -> None:
-        pass
-
-    async def aclose(self) -> None:
-        pass
 
 
 def cpu_s(pid: int) -> float:
@@ -73,7 +43,7 @@ def cpu_s(pid: int) -> float:
 
 async def one_run(n: int, call_ms: int, work: Path) -> dict[str, float]:
     port = free_udp_port()
-    async with running_server(hub=ToneHub()) as srv:
+    async with running_server(hub=FakeToneHub()) as srv:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "clients.sip",
             "--listen", f"127.0.0.1:{port}", "--gateway", srv.target,

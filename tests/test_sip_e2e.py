@@ -14,14 +14,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from calls import encode_wav
 
 from clients.sip import BridgeConfig, SilentBot, SipBridge
 from clients.sip.testing import RtpPeer, SippResult, run_sipp, sipp_binary
-from gateway.service import EngineInfo
-from gateway.session import SpeakIn, TtsPiece
+from gateway.testing.fake_engines import FakeToneHub
 from gateway.testing.server import running_server
 from voxgate.v1 import voxgate_pb2 as pb
 
@@ -58,35 +56,6 @@ class RecordingBot(SilentBot):
     def on_dtmf(self, digit: str) -> list[str]:
         self.log.append(("dtmf", digit))
         return []
-
-
-class ToneSynthesizer:
-    """A stand-in voice: 100 ms of a 440 Hz tone per character, in 200 ms pieces."""
-
-    sample_rate_hz = 16000
-
-    async def stream(self, speak: SpeakIn) -> AsyncIterator[TtsPiece]:
-        n = min(len(speak.text), 100) * 1600
-        t = np.arange(n, dtype=np.float32) / self.sample_rate_hz
-        audio = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
-        for i in range(0, n, 3200):
-            yield TtsPiece(audio[i : i + 3200], (), i + 3200 >= n)
-
-
-class ToneHub:
-    """An EngineHub with the tone voice and no recogniser."""
-
-    transcriber = None
-
-    def __init__(self) -> None:
-        self.synthesizer = ToneSynthesizer()
-        self.info = EngineInfo(voices=[pb.VoiceInfo(name="tone", sample_rate_hertz=16000)])
-
-    async def start(self) -> None:
-        pass
-
-    async def aclose(self) -> None:
-        pass
 
 
 class Events:
@@ -288,7 +257,10 @@ async def test_reply_audio_reaches_the_caller_as_rtp_and_barge_in_stops_it(
     greeting = "x" * 60  # 6 s of tone
     async with (
         RtpPeer() as peer,
-        bridge_and_gateway(lambda: RecordingBot(heard, greeting), hub=ToneHub()) as (bridge, ev),
+        bridge_and_gateway(lambda: RecordingBot(heard, greeting), hub=FakeToneHub()) as (
+            bridge,
+            ev,
+        ),
     ):
         sipp = asyncio.create_task(
             run_sipp(

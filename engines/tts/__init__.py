@@ -15,6 +15,7 @@ from __future__ import annotations
 from engines.tts._graph import CrossingTensor, GraphSplit, split_vits_graph
 from engines.tts._session import select_providers
 from engines.tts._streamer import VitsStreamer, soft_limit
+from engines.tts._text import cardinal, year
 from engines.tts.base import (
     SpeakOptions,
     TtsChunk,
@@ -40,7 +41,9 @@ __all__ = [
     "VoiceGraphError",
     "VoiceInfo",
     "WordSpan",
+    "cardinal",
     "select_providers",
     "soft_limit",
     "split_vits_graph",
+    "year",
 ]

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Container, Mapping, Sequence
 from typing import Generic, TypeVar
+
+import numpy as np
+
+from gateway.service import EngineInfo, VoiceDescription
+from gateway.session import SpeakIn, Synthesizer, Transcriber, TtsPiece
 
 __all__ = ["FakeBatchEngine", "FakeEngineError"]
 
@@ -141,3 +146,39 @@ class FakeBatchEngine(Generic[T, R]):
         finally:
             with self._cond:
                 self._active -= 1
+
+
+class FakeToneSynthesizer:
+    """A FAKE voice for transport tests (SIP/RTP pacing, barge-in plumbing): no model.
+
+    100 ms of a 440 Hz tone per character of text, in 200 ms pieces at 16 kHz. Never evidence
+    that speech synthesis works.
+    """
+
+    sample_rate_hz = 16000
+
+    async def stream(self, speak: SpeakIn) -> AsyncIterator[TtsPiece]:
+        """Yield the tone for ``speak.text``."""
+        n = min(len(speak.text), 100) * 1600
+        t = np.arange(n, dtype=np.float32) / self.sample_rate_hz
+        audio = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+        for i in range(0, n, 3200):
+            yield TtsPiece(audio[i : i + 3200], (), i + 3200 >= n)
+
+
+class FakeToneHub:
+    """An engine hub with the fake tone voice and no recogniser (see FakeToneSynthesizer)."""
+
+    transcriber: Transcriber | None = None
+
+    def __init__(self) -> None:
+        self.synthesizer: Synthesizer | None = FakeToneSynthesizer()
+        self.info = EngineInfo(
+            voices=[VoiceDescription(name="tone", language="", sample_rate_hz=16000)]
+        )
+
+    async def start(self) -> None:
+        """Nothing to load."""
+
+    async def aclose(self) -> None:
+        """Nothing to close."""
