@@ -180,6 +180,25 @@ def test_prompt_and_hotwords_accepted(
     assert _wer.wer(ref, res.text) <= 0.15
 
 
+def test_hotwords_and_prompts_steer_spelling_and_are_not_recited(
+    engine: WhisperEngine, speech_dir: Path
+) -> None:
+    """Whisper base writes "Captain Freyr"; the hotword fixes the name, and a prompt that
+    Whisper recites back is not part of the caller's transcript."""
+    pcm, _ = read_wav_int16(speech_dir / "librispeech_3752-4944-0000.wav")
+    audio = (pcm / 32768).astype(np.float32)
+    plain, hot, prompted = engine.infer_batch(
+        [
+            req(audio),
+            req(audio, hotwords=("Frere",)),
+            req(audio, initial_prompt="Captain Frere of the penal colony."),
+        ]
+    )
+    assert "Frere" not in plain.text
+    assert "Frere" in hot.text
+    assert prompted.text.startswith("Captain Frere says")
+
+
 @pytest.mark.parametrize("prompt", ["", "Order numbers, sizes and colours."])
 @pytest.mark.parametrize("new_tokens", [10, 30, 100])
 def test_the_decode_cap_allows_exactly_the_planned_tokens(

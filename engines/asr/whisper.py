@@ -284,16 +284,20 @@ class WhisperEngine:
             self._suppress_cache = policy.suppress_token_ids(tok.encode, tok.non_speech_tokens)
         return list(self._suppress_cache)
 
-    def _prompt(self, job: _Job) -> list[int]:
+    def _context(self, job: _Job) -> list[int]:
+        """The call's initial prompt and hotwords as previous-text tokens (may be empty)."""
         assert job.language is not None
         tok = self._tokenizer(job.language, job.options.task)
-        prompt: list[int] = []
         context = " ".join(
             p for p in (job.options.initial_prompt.strip(), ", ".join(job.options.hotwords)) if p
         )
-        if context:
-            ctx = tok.encode(" " + context)[-_MAX_PROMPT_TOKENS:]
-            prompt = [tok.sot_prev, *ctx]
+        return tok.encode(" " + context)[-_MAX_PROMPT_TOKENS:] if context else []
+
+    def _prompt(self, job: _Job) -> list[int]:
+        assert job.language is not None
+        tok = self._tokenizer(job.language, job.options.task)
+        ctx = self._context(job)
+        prompt = [tok.sot_prev, *ctx] if ctx else []
         return [*prompt, *tok.sot_sequence, tok.no_timestamps]
 
     def _feature(self, audio: FloatArray, frames: int) -> npt.NDArray[np.float32]:
@@ -393,8 +397,14 @@ class WhisperEngine:
         assert job.language is not None
         tok = self._tokenizer(job.language, job.options.task)
         hyps = []
+        # Whisper sometimes starts its answer by reciting the previous-text prompt ("Captain
+        # Frere of the penal colony. Captain Frere says ..."); that is the caller's context,
+        # not their words.
+        ctx = self._context(job)
         for ids, score in zip(res.sequences_ids, res.scores, strict=True):
             tokens = [t for t in ids if t < tok.eot]
+            if ctx and tokens[: len(ctx)] == ctx:
+                tokens = tokens[len(ctx) :]
             n = len(tokens)
             cum = float(score) * n
             hyps.append(_Hyp(tokens, tok.decode(tokens).strip(), cum / (n + 1), cum))
