@@ -18,6 +18,7 @@ from engines.tts import cardinal, year
 
 __all__ = ["corpus_wer", "normalize", "number_to_words", "wer"]
 
+
 def number_to_words(n: int) -> str:
     """Spell a non-negative integer the way the TTS front end reads it (years as pairs).
 
