@@ -349,7 +349,7 @@ def _show(ev: ServerEvent, state: _CallState, printer: _Printer) -> Transcript |
         end = state.speech_end_s.get(ev.utterance_index)
         if end is not None:
             state.eos_to_final_ms.append(1000.0 * (t - end))
-        if ev.latency_ms:
+            # 0 is a real value: a speculative final can be ready as the hangover ends.
             state.server_latency_ms.append(float(ev.latency_ms))
         printer.line(
             t,
