@@ -38,3 +38,14 @@ def read_wav_int16(path: Path) -> tuple[np.ndarray, int]:
         assert w.getnchannels() == 1 and w.getsampwidth() == 2, path
         data = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").copy()
         return data, w.getframerate()
+
+
+@pytest.fixture(scope="session")
+def sipp() -> str:
+    """The SIPp binary: the real SIP caller. Its absence fails the test (CI installs it)."""
+    from clients.sip.testing import sipp_binary
+
+    path = sipp_binary()
+    if path is None:
+        pytest.fail("SIPp not found: apt-get install -y sip-tester (.ci/run does this)")
+    return str(path)

@@ -20,7 +20,7 @@ from calls import encode_wav
 
 from benchmarks import _wer
 from clients.sip import BridgeConfig, SilentBot, SipBridge
-from clients.sip.testing import RtpPeer, SippResult, run_sipp, sipp_binary
+from clients.sip.testing import RtpPeer, SippResult, run_sipp
 from gateway.audio import MULAW_DECODE
 from gateway.config import load_config
 from gateway.testing.server import running_server
@@ -28,14 +28,8 @@ from voxgate.v1 import voxgate_pb2 as pb
 
 pytestmark = [
     pytest.mark.model,
+    pytest.mark.usefixtures("sipp"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _require_sipp() -> None:
-    """SIPp is the real caller here: its absence fails the test (CI installs it)."""
-    if sipp_binary() is None:
-        pytest.fail("SIPp not found: apt-get install -y sip-tester (.ci/run does this)")
 
 
 SIPP_DIR = Path(__file__).parent / "sipp"
