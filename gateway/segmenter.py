@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -219,12 +219,12 @@ class Segmenter:
         self._pending = _EMPTY
         return events
 
-    def current_audio(self) -> tuple[int, FloatArray] | None:
-        """The growing utterance (start offset in ms, audio) while speaking, for interim decodes."""
+    def growing(self) -> Utterance | None:
+        """The utterance so far (all its audio, real VAD statistics), for interim decodes."""
         if self.state not in (SegmenterState.SPEAKING, SegmenterState.STOPPING):
             return None
-        audio = np.concatenate(self._lead + self._frames)
-        return (self._start_frame - len(self._lead)) * self.config.frame_ms, audio
+        utt = self._build(forced=True)[0]
+        return replace(utt, stats=replace(utt.stats, forced_cut=False))
 
     # -- the state machine -----------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from typing import Literal, Protocol
 import numpy as np
 
 from engines.asr.base import AsrOptions, AsrRequest, AsrResult
-from engines.base import FloatArray, UtteranceStats
+from engines.base import FloatArray
 from gateway import metrics
 from gateway.audio import AudioFormatError, InputDecoder, OutputEncoder, WireEncoding, bytes_per_ms
 from gateway.config import LimitsConfig, VadConfig
@@ -575,17 +575,15 @@ class CallSession:
         last_len = 0
         while True:
             await asyncio.sleep(interval_s)
-            cur = self._segmenter.current_audio()
-            if cur is None:
+            utt = self._segmenter.growing()
+            if utt is None:
                 last_len = 0
                 continue
-            start_ms, audio = cur
-            if len(audio) - last_len < 16 * self.config.interim_interval_ms // 2:
+            if len(utt.audio) - last_len < 16 * self.config.interim_interval_ms // 2:
                 continue
-            last_len = len(audio)
-            index = self._segmenter.utterance_index
-            stats = _interim_stats(audio, self.config.vad.frame_ms)
-            req = AsrRequest(audio, stats, self.config.asr_options, is_final=False)
+            last_len = len(utt.audio)
+            index = utt.index
+            req = AsrRequest(utt.audio, utt.stats, self.config.asr_options, is_final=False)
             try:
                 result = await self._transcriber.transcribe(req)
             except CallError:
@@ -594,8 +592,7 @@ class CallSession:
             ended = index in self._speech_end_at or index in self._final_done
             if ended or not result.text:
                 continue
-            end_ms = start_ms + len(audio) * 1000 // 16000
-            await self._emit(TranscriptOut(result, False, start_ms, end_ms, index))
+            await self._emit(TranscriptOut(result, False, utt.start_ms, utt.end_ms, index))
 
     async def _cancel_interim(self) -> None:
         task, self._interim_task = self._interim_task, None
@@ -765,22 +762,3 @@ def _first(group: BaseExceptionGroup[CallError]) -> CallError:
             return _first(exc)
         return exc
     raise AssertionError("empty exception group")
-
-
-def _interim_stats(audio: FloatArray, frame_ms: int) -> UtteranceStats:
-    # Interim decodes need the policy's inputs too; a whole-utterance energy summary suffices
-    # because the final decode (with the segmenter's real stats) is the one that counts.
-    rms = float(np.sqrt(np.mean(np.square(audio, dtype=np.float64)))) if len(audio) else 0.0
-    db = 20.0 * float(np.log10(max(rms, 1e-6)))
-    peak = float(np.max(np.abs(audio))) if len(audio) else 0.0
-    dur = len(audio) * 1000 // 16000
-    return UtteranceStats(
-        duration_ms=dur,
-        speech_ms=dur,
-        speech_ratio=1.0,
-        leading_silence_ms=0,
-        trailing_silence_ms=0,
-        rms_dbfs=db,
-        speech_rms_dbfs=db,
-        peak_dbfs=20.0 * float(np.log10(max(peak, 1e-6))),
-    )

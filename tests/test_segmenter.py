@@ -252,3 +252,16 @@ def test_settled_previews_equal_the_final_utterances(spec: str, seed: int) -> No
     audio = pattern(spec) + (rng.standard_normal(len(spec) * FRAME) * 1e-3).astype(np.float32)
     cfg = VadConfig(frame_ms=20, start_speech_ms=60, end_silence_ms=500, pre_roll_ms=40)
     _previews_match_finals(Segmenter(cfg, ScriptedDetector()), audio, FRAME)
+
+
+def test_growing_utterance_carries_its_real_vad_statistics() -> None:
+    s = seg()
+    assert s.growing() is None
+    s.push(pattern("..xxxx.xx"))
+    utt = s.growing()
+    assert utt is not None and utt.index == 0 and not utt.stats.forced_cut
+    assert utt.stats.speech_ms == 120 and utt.stats.trailing_silence_ms == 0
+    ev = s.push(pattern("......"))
+    final = next(e for e in ev if isinstance(e, Utterance))
+    assert final.start_ms == utt.start_ms
+    assert np.array_equal(utt.audio, final.audio[: len(utt.audio)])
