@@ -142,14 +142,16 @@ class GatewayServer:
 
 async def serve(config: GatewayConfig, hub: EngineHub | None = None) -> None:
     """Run a server until SIGTERM/SIGINT; prints ``listening on HOST:PORT`` once SERVING."""
-    server = GatewayServer(config, hub)
-    await server.start()
-    print(f"listening on {server.target}", flush=True)
+    # Handlers go in before the `listening on` line: a supervisor that reads the line and stops
+    # the server at once must get a graceful shutdown, not Python's default SIGTERM death.
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    server = GatewayServer(config, hub)
+    await server.start()
+    print(f"listening on {server.target}", flush=True)
     await stop.wait()
     log.info("shutting down (grace %.1f s)", config.server.grace_s)
     await server.stop()
