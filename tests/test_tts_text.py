@@ -198,3 +198,64 @@ def test_money_never_leaves_digits(dollars: int, cents: int) -> None:
     assert not re.search(r"\d|\$", text)
     assert ("dollar" in text) == (dollars > 0 or cents == 0)
     assert ("cent" in text) == (cents > 0)
+
+
+# --- the normaliser never raises anything but TtsInputError ----------------------------------
+
+LIMIT = 10_000
+
+_NUMERIC_PIECES = st.sampled_from(
+    ["7", "#", "$", "€", "£", ".", ",", "%", "th", "st", ":", "-", "am", "pm", "²", "٣", "৯", " "]
+)
+
+
+def _repeat(unit: str, times: int) -> str:
+    return (unit * times)[:LIMIT]
+
+
+# Any Unicode; numeric-looking text (where the v0.1 reader crashed); and long repetitions of
+# short pieces, which is how text reaches the limit.
+_TEXTS = st.one_of(
+    st.text(max_size=400),
+    st.text(st.sampled_from("7#$€£.,%:-²٣৯ th"), max_size=200),
+    st.lists(_NUMERIC_PIECES, max_size=80).map("".join),
+    st.builds(_repeat, st.text(min_size=1, max_size=6), st.integers(1, 4_000)),
+    st.builds(_repeat, _NUMERIC_PIECES, st.integers(1, 6_000)),
+)
+
+
+@given(_TEXTS)
+def test_prepare_text_raises_only_tts_input_error(text: str) -> None:
+    try:
+        out = prepare_text(text, max_chars=LIMIT, max_unit_chars=300, first_unit_max_chars=40)
+    except TtsInputError:
+        return
+    assert out and all(u.text for u in out)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "7" * 5000,
+        "$" + "9" * 5000,
+        "9" * 5000 + "th",
+        "#" + "1" * 5000,
+        "1." + "2" * 5000,
+        "COVID-" + "1" * 5000,
+        "#²",
+        "٣" * 5000,
+    ],
+)
+def test_absurd_numbers_are_refused_or_read_never_crash(text: str) -> None:
+    """v0.1: int() raised ValueError past Python's 4,300-digit limit (INTERNAL on the call)."""
+    try:
+        out = prepare_text(text, max_chars=LIMIT, max_unit_chars=300, first_unit_max_chars=0)
+    except TtsInputError as exc:
+        assert "digits" in str(exc) and len(str(exc)) < 200
+    else:
+        assert out
+
+
+def test_digit_runs_up_to_the_limit_are_read_digit_by_digit() -> None:
+    assert spoken("#" + "1" * 20) == "number " + " ".join(["one"] * 20)
+    assert spoken("٣٣") == "thirty three"

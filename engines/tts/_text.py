@@ -136,6 +136,19 @@ def cardinal(n: int) -> str:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+#: Longer digit strings are read digit by digit (``cardinal``'s own rule, applied before
+#: ``int()``, which refuses strings over Python's 4,300-digit limit).
+_MAX_CARDINAL_DIGITS = 15
+
+
+def _integer_words(digits: str) -> str:
+    """Spell a string of decimal digits (of any script, as regex digits are) as a number."""
+    digits = digits.replace(",", "")
+    if len(digits) > _MAX_CARDINAL_DIGITS:
+        return _digits(digits)
+    return cardinal(int(digits))
+
+
 def _ordinal_word(word: str) -> str:
     if word in _ORDINAL_IRREGULAR:
         return _ORDINAL_IRREGULAR[word]
@@ -169,12 +182,21 @@ def _plural(words: str) -> str:
     return (head + " " + last).strip()
 
 
+#: A run of more digits is refused: 5,000 digits read aloud one by one is half an hour of
+#: "seven", which no caller wants; card, phone and order numbers are far shorter.
+MAX_READ_DIGITS = 64
+
+
 def _digits(s: str) -> str:
-    return " ".join(_ONES[int(d)] for d in s)
+    if len(s) > MAX_READ_DIGITS:
+        raise TtsInputError(
+            "text", f"has a run of {len(s)} digits; at most {MAX_READ_DIGITS} are read aloud"
+        )
+    return " ".join(_ONES[unicodedata.decimal(d)] for d in s)
 
 
 def _number(sign: str | None, integer: str, fraction: str | None) -> str:
-    words = cardinal(int(integer.replace(",", "")))
+    words = _integer_words(integer)
     if fraction:
         words += " point " + _digits(fraction)
     return ("minus " + words) if sign else words
@@ -182,11 +204,12 @@ def _number(sign: str | None, integer: str, fraction: str | None) -> str:
 
 def _money(symbol: str, integer: str, fraction: str | None) -> str:
     one, many, sub_one, sub_many = _CURRENCY[symbol]
-    units = int(integer.replace(",", ""))
+    integer = integer.replace(",", "")
+    units = int(integer) if len(integer) <= _MAX_CARDINAL_DIGITS else -1  # -1: "many"
     subunits = int(fraction.ljust(2, "0")) if fraction else 0
     parts = []
     if units or not subunits:
-        parts.append(f"{cardinal(units)} {one if units == 1 else many}")
+        parts.append(f"{_integer_words(integer)} {one if units == 1 else many}")
     if subunits:
         parts.append(f"{cardinal(subunits)} {sub_one if subunits == 1 else sub_many}")
     return " and ".join(parts)
@@ -287,6 +310,8 @@ def _expand(core: str, prev: str, nxt: str) -> str:
     if low in ("am", "pm") and (_TIME.match(prev) or _HOUR_SUFFIX.match(prev) or prev.isdigit()):
         return " ".join(low)
     if m := _ORDINAL.match(core):
+        if len(m[1]) > _MAX_CARDINAL_DIGITS:
+            return _digits(m[1]) + " " + m[2].lower()
         return ordinal(int(m[1]))
     if m := _PERCENT.match(core):
         n = _NUMBER.match(m[1])
@@ -299,10 +324,11 @@ def _expand(core: str, prev: str, nxt: str) -> str:
         return _number(m[1], m[2], m[3])
     if core in _SYMBOLS:
         return _SYMBOLS[core]
-    if core.startswith("#") and core[1:].isdigit():
-        return "number " + cardinal(int(core[1:]))
+    if core.startswith("#") and core[1:].isdecimal():
+        # isdecimal, not isdigit: "²" is a digit to str.isdigit but not to int().
+        return "number " + _integer_words(core[1:])
     # Mixed tokens ("COVID-19", "3D", "and/or"): spell digit runs, keep the letters.
-    spoken = _DIGIT_RUN.sub(lambda d: " " + cardinal(int(d[0])) + " ", core)
+    spoken = _DIGIT_RUN.sub(lambda d: " " + _integer_words(d[0]) + " ", core)
     spoken = re.sub(r"[/&+=@%]", lambda s: " " + _SYMBOLS.get(s[0], " ") + " ", spoken)
     spoken = re.sub(r"[^\w' -]|_", " ", spoken)
     return " ".join(spoken.replace("-", " - ").split()).replace(" - ", "-").strip("-' ")
