@@ -89,8 +89,31 @@ class LimitsConfig(_Frozen):
     burst_allowance_ms: int = Field(
         5_000, ge=0, description="Audio a client may send ahead of real time before pacing, ms."
     )
-    max_speak_chars: int = Field(
-        20_000, ge=1, description="Longest Speak / Synthesize text accepted, characters."
+    max_hotwords: int = Field(
+        100,
+        ge=0,
+        le=10_000,
+        description="Hotwords a call may give (decoding.hotwords); they share Whisper's "
+        "previous-text window with the prompt.",
+    )
+    max_context_chars: int = Field(
+        2_000,
+        ge=0,
+        le=100_000,
+        description="Characters of decoding.initial_prompt plus all hotwords, per call.",
+    )
+    max_prompt_tokens: int = Field(
+        223,
+        ge=0,
+        le=223,
+        description="Whisper tokens the prompt and hotwords may take together; Whisper's "
+        "previous-text window holds 223.",
+    )
+    max_id_chars: int = Field(
+        128,
+        ge=1,
+        le=4_096,
+        description="Longest client-chosen id or name (call_id, speak_id, mark name), characters.",
     )
     max_queued_speaks: int = Field(32, ge=1, description="Speak requests queued per call.")
     max_concurrent_calls: int = Field(

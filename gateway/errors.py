@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["CallError", "ErrorKind"]
+__all__ = ["ECHO_MAX_CHARS", "CallError", "ErrorKind", "echo"]
+
+#: Client-supplied values quoted in messages and logs are cut to this many characters.
+ECHO_MAX_CHARS = 64
 
 
 class ErrorKind(enum.Enum):
@@ -47,3 +50,16 @@ class CallError(Exception):
     def exhausted(cls, message: str, quota: str) -> CallError:
         """RESOURCE_EXHAUSTED shorthand, with the quota's name for the QuotaFailure detail."""
         return cls(ErrorKind.RESOURCE_EXHAUSTED, message, quota=quota)
+
+
+def echo(value: object, limit: int = ECHO_MAX_CHARS) -> str:
+    """Quote a client-supplied value in a message or log line, cut to ``limit`` characters.
+
+    Error statuses travel in trailers, which gRPC caps (a 300,000-character DTMF digit echoed
+    whole made the client see "metadata size exceeds hard limit" instead of the real error),
+    and log lines must stay lines. ``repr`` keeps control characters visible.
+    """
+    text = str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return repr(text[:limit]) + f"… ({len(text)} characters)"

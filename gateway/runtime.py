@@ -12,7 +12,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -51,6 +51,7 @@ class TtsSynthesizer:
     def __init__(self, streamer: VitsStreamer, threads: int) -> None:
         self.streamer = streamer
         self.sample_rate_hz = streamer.sample_rate_hz
+        self.max_text_chars = streamer.config.max_chars
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tts")
 
     async def stream(self, speak: SpeakIn) -> AsyncIterator[TtsPiece]:
@@ -111,9 +112,14 @@ class AsrTranscriber:
     """
 
     def __init__(
-        self, batcher: Batcher[AsrRequest, AsrResult], workers: int, deadline_s: float = 1.0
+        self,
+        batcher: Batcher[AsrRequest, AsrResult],
+        workers: int,
+        context_encoder: Callable[[str, Sequence[str]], tuple[int, ...]],
+        deadline_s: float = 1.0,
     ) -> None:
         self.batcher = batcher
+        self._encode_context = context_encoder
         self._deadline_s = deadline_s
         self._interim_slots = asyncio.Semaphore(max(1, workers - 1))
 
@@ -131,6 +137,10 @@ class AsrTranscriber:
     def can_speculate(self) -> bool:
         """Speculative finals only run when no other utterance is waiting for a worker."""
         return self.batcher.queue_depth == 0
+
+    def encode_context(self, initial_prompt: str, hotwords: Sequence[str]) -> tuple[int, ...]:
+        """The engine's previous-text tokens for a call's prompt and hotwords (once per call)."""
+        return self._encode_context(initial_prompt, hotwords)
 
     async def _submit(self, request: AsrRequest) -> AsrResult:
         loop = asyncio.get_running_loop()
@@ -256,7 +266,7 @@ class EngineHubImpl:
         )
         await batcher.start()
         self._batcher = batcher
-        self.transcriber = AsrTranscriber(batcher, workers)
+        self.transcriber = AsrTranscriber(batcher, workers, self._asr_engines[0].encode_context)
         log.info("asr batcher: %d worker(s), max batch %d", workers, batch)
 
     async def aclose(self) -> None:

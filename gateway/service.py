@@ -14,13 +14,14 @@ from typing import Any, Literal
 
 import grpc
 from google.protobuf import any_pb2
+from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from engines.asr.base import AsrOptions
 from gateway import metrics
 from gateway.audio import SUPPORTED_RATES_HZ, OutputEncoder, WireEncoding
 from gateway.config import GatewayConfig, VadConfig
-from gateway.errors import CallError, ErrorKind
+from gateway.errors import CallError, ErrorKind, echo
 from gateway.session import (
     AudioIn,
     AudioOutEvent,
@@ -93,6 +94,10 @@ _PB_ENCODING = {
 }
 
 
+_DTMF_DIGITS = frozenset("0123456789*#ABCD")
+#: A keypad press longer than this is no press (RFC 4733 events top out near 8 s).
+_MAX_DTMF_MS = 60_000
+
 #: Full name of the gRPC service (health checks and reflection list it).
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["VoiceGateway"].full_name
 
@@ -127,9 +132,69 @@ class EngineInfo:
     voices: list[VoiceDescription] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class _Undecodable:
+    """A request whose bytes are not the expected message (the client's fault)."""
+
+    message: str
+    size: int
+
+    def error(self) -> CallError:
+        return CallError.invalid(
+            f"a request of {self.size} bytes is not a valid voxgate.v1.{self.message}; "
+            "the client's protobuf encoding is broken or it speaks another protocol"
+        )
+
+
+def _lenient(message_cls: Any) -> Any:
+    """A request deserializer that turns undecodable bytes into :class:`_Undecodable`.
+
+    grpc's own path answers a deserializer exception with INTERNAL (and the protobuf error
+    text); malformed bytes are the client's fault, so the servicer must see them and answer
+    INVALID_ARGUMENT.
+    """
+    name = message_cls.DESCRIPTOR.name
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return message_cls.FromString(data)
+        except DecodeError:
+            return _Undecodable(name, len(data))
+
+    return deserialize
+
+
 def add_to_server(servicer: VoiceGatewayServicer, server: grpc.aio.Server) -> None:
-    """Register the servicer (keeps generated code out of the server module)."""
-    pb_grpc.add_VoiceGatewayServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    """Register the servicer with lenient request deserializers (see :func:`_lenient`)."""
+    out = pb.ConverseResponse.SerializeToString
+    handlers = {
+        "Converse": grpc.stream_stream_rpc_method_handler(
+            servicer.Converse,
+            request_deserializer=_lenient(pb.ConverseRequest),
+            response_serializer=out,
+        ),
+        "StreamingRecognize": grpc.stream_stream_rpc_method_handler(
+            servicer.StreamingRecognize,
+            request_deserializer=_lenient(pb.ConverseRequest),
+            response_serializer=out,
+        ),
+        "Synthesize": grpc.unary_stream_rpc_method_handler(
+            servicer.Synthesize,
+            request_deserializer=_lenient(pb.SynthesizeRequest),
+            response_serializer=pb.SynthesizeResponse.SerializeToString,
+        ),
+        "ListModels": grpc.unary_unary_rpc_method_handler(
+            servicer.ListModels,
+            request_deserializer=_lenient(pb.ListModelsRequest),
+            response_serializer=pb.ListModelsResponse.SerializeToString,
+        ),
+        "ListVoices": grpc.unary_unary_rpc_method_handler(
+            servicer.ListVoices,
+            request_deserializer=_lenient(pb.ListVoicesRequest),
+            response_serializer=pb.ListVoicesResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
 
 
 class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
@@ -155,6 +220,8 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         self.info = info or EngineInfo()
         self.active_calls = 0
         self.accepting = True
+        self._sessions: dict[str, CallSession] = {}
+        self._ending = False
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -174,20 +241,28 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         self, request: pb.SynthesizeRequest, context: grpc.aio.ServicerContext
     ) -> None:
         """Text in, streamed audio out."""
+        request_id = uuid.uuid4().hex[:16]
         try:
+            if isinstance(request, _Undecodable):
+                raise request.error()
             await self._synthesize(request, context)
         except CallError as exc:
-            await _abort(context, exc)
+            if not context.done():
+                await _abort(context, exc)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
-        except Exception as exc:
-            log.exception("synthesize failed")
-            await _abort(context, CallError(ErrorKind.INTERNAL, f"internal error: {exc!r}"))
+        except Exception:
+            if context.done():  # the client left; a late write failed
+                return
+            log.exception("synthesize %s failed", request_id)
+            await _abort(context, _internal(request_id))
 
     async def ListModels(  # noqa: N802
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListModelsResponse:
         """Loaded recognition models."""
+        if isinstance(request, _Undecodable):
+            await _abort(context, request.error())
         return pb.ListModelsResponse(
             models=[
                 pb.ModelInfo(
@@ -206,6 +281,8 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         self, request: pb.ListVoicesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListVoicesResponse:
         """Loaded voices."""
+        if isinstance(request, _Undecodable):
+            await _abort(context, request.error())
         return pb.ListVoicesResponse(
             voices=[
                 pb.VoiceInfo(
@@ -225,6 +302,17 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
     async def wait_idle(self) -> None:
         """Return once no call is active (used by graceful shutdown)."""
         await self._idle.wait()
+
+    def end_calls(self) -> int:
+        """Ask every active call to end without losing speech (see ``CallSession.shutdown``).
+
+        Calls that have not sent their config yet are ended as soon as they do. Returns how
+        many calls were asked.
+        """
+        self._ending = True
+        for session in self._sessions.values():
+            session.shutdown()
+        return len(self._sessions)
 
     # -- calls -------------------------------------------------------------------------------------
 
@@ -249,35 +337,53 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         self._idle.clear()
         metrics.CALLS_ACTIVE.inc()
         metrics.CALLS_TOTAL.labels(mode).inc()
+        session_id = uuid.uuid4().hex[:16]
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         outcome = "ok"
         try:
-            await self._call(context, mode)
+            await self._call(context, mode, session_id)
         except CallError as exc:
-            outcome = exc.kind.value
-            log.info("call ended: %s: %s", exc.kind.value, exc.message)
-            await _abort(context, exc)
+            if context.cancelled():  # e.g. EOF before `config` because the client cancelled
+                outcome = "cancelled"
+            else:
+                outcome = exc.kind.value
+                log.info("call %s: %s: %s", session_id, exc.kind.value, exc.message)
+                await _abort(context, exc)
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise
         except grpc.aio.AbortError:
             raise
-        except Exception as exc:
-            outcome = "internal"
-            log.exception("call failed")
-            await _abort(context, CallError(ErrorKind.INTERNAL, f"internal error: {exc!r}"))
+        except Exception:
+            if context.done():
+                # The client left while a write was in flight (grpc raises ExecuteBatchError
+                # or InvalidStateError there): a cancellation, not a server fault.
+                outcome = "cancelled"
+            else:
+                outcome = "internal"
+                log.exception("call %s failed", session_id)
+                await _abort(context, _internal(session_id))
         finally:
             metrics.CALLS_ENDED.labels(outcome).inc()
             metrics.CALLS_ACTIVE.dec()
             self.active_calls -= 1
+            self._sessions.pop(session_id, None)
             if self.active_calls == 0:
                 self._idle.set()
+            log.info("call %s ended: %s after %.1f s", session_id, outcome, loop.time() - began)
 
     async def _call(
-        self, context: grpc.aio.ServicerContext, mode: Literal["converse", "recognize"]
+        self,
+        context: grpc.aio.ServicerContext,
+        mode: Literal["converse", "recognize"],
+        session_id: str,
     ) -> None:
         first = await context.read()
         if first is grpc.aio.EOF:
             raise CallError.invalid("the stream ended before its first ConverseRequest (config)")
+        if isinstance(first, _Undecodable):
+            raise first.error()
         kind = first.WhichOneof("event")
         if kind != "config":
             raise CallError.invalid(
@@ -289,8 +395,11 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             self.config.limits,
             self.transcriber,
             self.synthesizer if mode == "converse" else None,
+            log_id=session_id,
         )
-        session_id = uuid.uuid4().hex[:16]
+        self._sessions[session_id] = session
+        if self._ending:
+            session.shutdown()
         started = pb.SessionStarted(
             session_id=session_id,
             effective_config=_effective_config(first.config, call_cfg),
@@ -299,12 +408,16 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             server_version=_version(),
         )
         await context.write(pb.ConverseResponse(started=started))
-        log.info("call %s started (%s, client call_id=%r)", session_id, mode, first.config.call_id)
+        log.info(
+            "call %s started (%s, client call_id=%s)", session_id, mode, echo(first.config.call_id)
+        )
 
         async def source() -> InboundEvent | None:
             msg = await context.read()
             if msg is grpc.aio.EOF:
                 return None
+            if isinstance(msg, _Undecodable):
+                raise msg.error()
             return self._inbound(msg)
 
         async def sink(event: OutboundEvent) -> None:
@@ -338,7 +451,15 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             raise CallError.invalid(
                 f"config.decoding.max_alternatives={dec.max_alternatives} is outside 0..10"
             )
-        language = cfg.language.split("-")[0].lower() or None
+        limits = self.config.limits
+        if len(cfg.call_id) > limits.max_id_chars:
+            raise CallError.invalid(
+                f"config.call_id has {len(cfg.call_id)} characters, over "
+                f"max_id_chars={limits.max_id_chars}"
+            )
+        language = self._language(cfg.language)
+        self._model(cfg.model)
+        context_tokens = self._context_tokens(dec)
         asr_options = AsrOptions(
             language=language,
             task="translate" if dec.translate else "transcribe",
@@ -349,6 +470,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             initial_prompt=dec.initial_prompt,
             hotwords=tuple(dec.hotwords),
             silence_aware=not dec.disable_silence_policy,
+            context_tokens=context_tokens,
         )
         if cfg.interim_interval_ms and not 200 <= cfg.interim_interval_ms <= 10_000:
             raise CallError.invalid(
@@ -360,7 +482,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             )
         if cfg.voice and self.info.voices and cfg.voice not in {v.name for v in self.info.voices}:
             raise CallError.invalid(
-                f"config.voice={cfg.voice!r} is not loaded; ListVoices has "
+                f"config.voice={echo(cfg.voice)} is not loaded; ListVoices has "
                 f"{', '.join(v.name for v in self.info.voices)}"
             )
         return CallConfig(
@@ -378,6 +500,61 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             speculative_finals=self.config.batcher.speculative_finals,
         )
 
+    def _language(self, requested: str) -> str | None:
+        """``config.language`` as a Whisper code ("en-US" -> "en"); None detects per utterance."""
+        language = requested.split("-", maxsplit=1)[0].lower() or None
+        if language is None or not self.info.models:
+            return language
+        known = self.info.models[0].languages
+        if known and language not in known:
+            raise CallError.invalid(
+                f"config.language={echo(requested)} is not a language of model "
+                f"{self.info.models[0].name!r}; use one of {', '.join(known)} (see ListModels), "
+                "or leave it empty to detect"
+            )
+        return language
+
+    def _model(self, requested: str) -> None:
+        """Refuse a ``config.model`` that is not loaded (it used to be ignored silently)."""
+        if not requested:
+            return
+        names = [m.name for m in self.info.models]
+        if requested not in names:
+            have = f"ListModels has {', '.join(names)}" if names else "none is loaded"
+            raise CallError.invalid(f"config.model={echo(requested)} is not loaded; {have}")
+
+    def _context_tokens(self, dec: pb.DecodingOptions) -> tuple[int, ...] | None:
+        """Bound the call's prompt and hotwords, then tokenise them once for the whole call."""
+        limits = self.config.limits
+        if len(dec.hotwords) > limits.max_hotwords:
+            raise CallError.invalid(
+                f"config.decoding.hotwords has {len(dec.hotwords)} entries, over "
+                f"max_hotwords={limits.max_hotwords}"
+            )
+        chars = len(dec.initial_prompt) + sum(len(h) for h in dec.hotwords)
+        if chars > limits.max_context_chars:
+            raise CallError.invalid(
+                f"config.decoding.initial_prompt and hotwords have {chars} characters together, "
+                f"over max_context_chars={limits.max_context_chars}"
+            )
+        if self.transcriber is None:
+            return None
+        tokens = self.transcriber.encode_context(dec.initial_prompt, tuple(dec.hotwords))
+        if len(tokens) > limits.max_prompt_tokens:
+            raise CallError.invalid(
+                f"config.decoding.initial_prompt and hotwords make {len(tokens)} Whisper tokens, "
+                f"over max_prompt_tokens={limits.max_prompt_tokens}; shorten them"
+            )
+        return tokens
+
+    def _id(self, value: str, name: str) -> str:
+        if len(value) > self.config.limits.max_id_chars:
+            raise CallError.invalid(
+                f"{name} has {len(value)} characters, over "
+                f"max_id_chars={self.config.limits.max_id_chars}"
+            )
+        return value
+
     def _inbound(self, msg: pb.ConverseRequest) -> InboundEvent:
         kind = msg.WhichOneof("event")
         if kind == "audio":
@@ -387,39 +564,51 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             try:
                 return self._speak(msg.speak)
             except CallError as exc:
-                return RejectedSpeakIn(msg.speak.speak_id, exc)
+                speak_id = msg.speak.speak_id
+                if len(speak_id) > self.config.limits.max_id_chars:
+                    speak_id = ""  # never echo an unbounded id back on every event
+                return RejectedSpeakIn(speak_id, exc)
         if kind == "clear":
             return ClearIn()
         if kind == "mark":
             if not msg.mark.name:
                 raise CallError.invalid("mark.name is empty; name the mark to be told about it")
-            return MarkIn(msg.mark.name)
+            return MarkIn(self._id(msg.mark.name, "mark.name"))
         if kind == "hangup":
             return HangupIn()
         if kind == "flush":
             return FlushIn()
         if kind == "dtmf":
-            if msg.dtmf.digit not in set("0123456789*#ABCD"):
-                raise CallError.invalid(f"dtmf.digit={msg.dtmf.digit!r} is not one of 0-9 * # A-D")
+            if len(msg.dtmf.digit) != 1 or msg.dtmf.digit not in _DTMF_DIGITS:
+                raise CallError.invalid(
+                    f"dtmf.digit={echo(msg.dtmf.digit)} is not one of 0-9 * # A-D"
+                )
+            if not 0 <= msg.dtmf.duration_ms <= _MAX_DTMF_MS:
+                raise CallError.invalid(
+                    f"dtmf.duration_ms={msg.dtmf.duration_ms} is outside 0..{_MAX_DTMF_MS}"
+                )
             return DtmfIn(msg.dtmf.digit, msg.dtmf.duration_ms)
         if kind == "config":
             raise CallError.invalid("a second `config` arrived; config is only valid first")
         raise CallError.invalid("a ConverseRequest with no event set arrived")
 
     def _speak(self, sp: pb.Speak) -> SpeakIn:
-        limits = self.config.limits
+        # The one text limit is the voice's own (tts.max_chars), checked here on arrival so
+        # that a queued Speak is never refused only when its turn comes.
+        max_chars = self.synthesizer.max_text_chars if self.synthesizer is not None else 0
         if not sp.text.strip():
             raise CallError.invalid("speak.text is empty")
-        if len(sp.text) > limits.max_speak_chars:
+        if max_chars and len(sp.text) > max_chars:
             raise CallError.invalid(
-                f"speak.text has {len(sp.text)} characters, over max_speak_chars="
-                f"{limits.max_speak_chars}; split it into several Speak requests"
+                f"speak.text has {len(sp.text)} characters, over tts.max_chars={max_chars}; "
+                "split it into several Speak requests"
             )
+        self._id(sp.speak_id, "speak.speak_id")
         rate = sp.rate or 1.0
         if not 0.5 <= rate <= 2.0:
             raise CallError.invalid(f"speak.rate={sp.rate:g} is outside 0.5..2.0")
         if sp.voice and self.info.voices and sp.voice not in {v.name for v in self.info.voices}:
-            raise CallError.invalid(f"speak.voice={sp.voice!r} is not loaded (see ListVoices)")
+            raise CallError.invalid(f"speak.voice={echo(sp.voice)} is not loaded (see ListVoices)")
         if sp.speaker_id < 0:
             raise CallError.invalid(f"speak.speaker_id={sp.speaker_id} is negative")
         return SpeakIn(
@@ -643,6 +832,13 @@ async def _abort(context: grpc.aio.ServicerContext, exc: CallError) -> None:
             trailing_metadata=(("grpc-status-details-bin", status.SerializeToString()),),
         )
     await context.abort(STATUS_OF[exc.kind], exc.message)
+
+
+def _internal(call_id: str) -> CallError:
+    """The generic INTERNAL error: the exception's text is in the log, never in the status."""
+    return CallError(
+        ErrorKind.INTERNAL, f"internal error; the server log has the details under call {call_id}"
+    )
 
 
 def _version() -> str:

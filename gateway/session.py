@@ -19,12 +19,11 @@ task it cancelled.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -236,6 +235,10 @@ class Transcriber(Protocol):
         """Whether there is spare capacity for a speculative final (nothing is waiting)."""
         ...
 
+    def encode_context(self, initial_prompt: str, hotwords: Sequence[str]) -> tuple[int, ...]:
+        """The recogniser's tokens for a call's prompt and hotwords (once, at call start)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class TtsPiece:
@@ -250,6 +253,8 @@ class Synthesizer(Protocol):
     """The shared voice engine, seen as an async stream of audio pieces."""
 
     sample_rate_hz: int
+    #: Longest text one Speak may carry (the voice's ``tts.max_chars``); the servicer checks it.
+    max_text_chars: int
 
     def stream(self, speak: SpeakIn) -> AsyncIterator[TtsPiece]:
         """Synthesize ``speak.text``; raises :class:`CallError` for bad input."""
@@ -278,11 +283,38 @@ class CallConfig:
     speculative_finals: bool = True
 
 
+async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` and wait until it has finished, never swallowing our own cancellation.
+
+    ``with suppress(CancelledError): await task`` is the classic way to lose a cancellation:
+    when the *awaiting* task is cancelled during that await, the suppress eats its
+    CancelledError and it runs on (v0.1's zombie calls). ``asyncio.wait`` raises only for the
+    caller's own cancellation and never for the awaited task's outcome.
+    """
+    task.cancel()
+    await asyncio.wait({task})
+    if not task.cancelled():
+        task.exception()  # retrieved here; whoever owns the task reports it
+
+
+def _being_cancelled() -> bool:
+    """Whether the running task itself has a pending cancellation request."""
+    current = asyncio.current_task()
+    return current is not None and current.cancelling() > 0
+
+
 class _End:
     """Queue sentinel: no more items."""
 
 
 _END = _End()
+
+
+class _Shutdown:
+    """``_next_event``'s result once the server asked the call to end (``CallSession.shutdown``)."""
+
+
+_SHUTDOWN = _Shutdown()
 
 
 @dataclass
@@ -313,6 +345,7 @@ class CallSession:
         transcriber: shared recogniser, or None when the server runs without ASR.
         synthesizer: shared voice, or None when the server runs without TTS.
         on_event: optional hook for metrics (called with every outbound event).
+        log_id: the call's id in log lines (the server's session id).
     """
 
     def __init__(
@@ -321,9 +354,12 @@ class CallSession:
         limits: LimitsConfig,
         transcriber: Transcriber | None,
         synthesizer: Synthesizer | None,
+        *,
         on_event: Callable[[OutboundEvent], None] | None = None,
+        log_id: str = "-",
     ) -> None:
         self.config = config
+        self.log_id = log_id
         self.limits = limits
         self._transcriber = transcriber
         self._synth = synthesizer
@@ -350,11 +386,24 @@ class CallSession:
         # Segmenter events are produced synchronously and drained (awaiting queues) right after.
         self._pending_emits: list[OutboundEvent] = []
         self._pending_utts: list[Utterance] = []
+        self._shutdown = asyncio.Event()
+        self._shutdown_wait: asyncio.Task[bool] | None = None
+        self._read: asyncio.Future[InboundEvent | None] | None = None
+        self._ended_by_shutdown = False
         self._encoder = (
             OutputEncoder(config.output_encoding, config.output_rate_hz, synthesizer.sample_rate_hz)
             if synthesizer is not None and config.mode == "converse"
             else None
         )
+
+    def shutdown(self) -> None:
+        """End the call for a server shutdown, losing no speech.
+
+        The call stops reading, flushes its open utterance (SPEECH_END, then the final),
+        stops playback, delivers every pending event and then :meth:`run` raises
+        ``CallError(UNAVAILABLE)``. Idempotent; safe to call from any task on the loop.
+        """
+        self._shutdown.set()
 
     async def run(
         self,
@@ -376,20 +425,47 @@ class CallSession:
                 raise _first(call_errors) from eg
             raise
         finally:
+            for pending in (self._read, self._shutdown_wait):
+                if pending is not None:
+                    await cancel_and_wait(pending)
             await self._cancel_interim()
             for spec in self._specs.values():
                 spec.task.cancel()
             specs, self._specs = list(self._specs.values()), {}
             await asyncio.gather(*(sp.task for sp in specs), return_exceptions=True)
+        if self._ended_by_shutdown:
+            raise CallError(
+                ErrorKind.UNAVAILABLE,
+                "the server is shutting down; the call ended after its last utterance was "
+                "transcribed (reconnect to another replica)",
+            )
+
+    async def _next_event(
+        self, source: Callable[[], Awaitable[InboundEvent | None]]
+    ) -> InboundEvent | None | _Shutdown:
+        """The next client event, or ``_SHUTDOWN`` as soon as :meth:`shutdown` is called."""
+        if self._shutdown.is_set():
+            return _SHUTDOWN
+        if self._read is None:
+            self._read = asyncio.ensure_future(source())
+        if self._shutdown_wait is None:
+            self._shutdown_wait = asyncio.create_task(self._shutdown.wait(), name="shutdown")
+        waits: set[asyncio.Future[Any]] = {self._read, self._shutdown_wait}
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        if self._read.done():
+            read, self._read = self._read, None
+            return read.result()
+        return _SHUTDOWN
 
     # -- recv --------------------------------------------------------------------------------------
 
     async def _recv(self, source: Callable[[], Awaitable[InboundEvent | None]]) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            event = await source()
-            if event is None or isinstance(event, HangupIn):
-                self._hangup = isinstance(event, HangupIn)
+            event = await self._next_event(source)
+            if event is None or isinstance(event, HangupIn | _Shutdown):
+                self._hangup = isinstance(event, HangupIn | _Shutdown)
+                self._ended_by_shutdown = isinstance(event, _Shutdown)
                 self._handle_segments(self._segmenter.push(self._decoder.flush()))
                 self._handle_segments(self._segmenter.flush())
                 await self._flush_pending_emits()
@@ -554,11 +630,10 @@ class CallSession:
         except CallError as exc:
             await self._emit(ErrorOut(exc.kind, exc.message, "utterance", utt.index))
             return
-        except Exception as exc:  # an engine fault fails this utterance, not the call
-            log.exception("utterance %d failed", utt.index)
-            await self._emit(
-                ErrorOut(ErrorKind.INTERNAL, f"recognition failed: {exc}", "utterance", utt.index)
-            )
+        except Exception:  # an engine fault fails this utterance, not the call
+            log.exception("call %s: utterance %d failed", self.log_id, utt.index)
+            message = f"recognition failed (internal error; server log has call {self.log_id})"
+            await self._emit(ErrorOut(ErrorKind.INTERNAL, message, "utterance", utt.index))
             return
         self._final_done.add(utt.index)
         ended = self._speech_end_at.pop(utt.index, None)
@@ -597,9 +672,7 @@ class CallSession:
     async def _cancel_interim(self) -> None:
         task, self._interim_task = self._interim_task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     # -- tts ---------------------------------------------------------------------------------------
 
@@ -627,8 +700,11 @@ class CallSession:
             try:
                 await task
             except asyncio.CancelledError:
-                if not task.cancelled():
-                    raise  # the call itself is being cancelled
+                # Barge-in and Clear cancel the playback task, which ends this await with
+                # CancelledError too; only a cancellation of this task (the call ending) must
+                # propagate. Swallowing that one left v0.1's calls open forever.
+                if _being_cancelled() or not task.cancelled():
+                    raise
             finally:
                 self._playback = None
                 self._playback_task = None
@@ -662,12 +738,8 @@ class CallSession:
             while True:
                 piece = await pieces.get()
                 if isinstance(piece, BaseException):
-                    if isinstance(piece, CallError):
-                        await self._emit(
-                            ErrorOut(piece.kind, piece.message, "speak", speak_id=pb.speak.speak_id)
-                        )
-                        return
-                    raise piece
+                    await self._emit(self._speak_failure(piece, pb.speak.speak_id))
+                    return
                 last = isinstance(piece, _End)
                 if not last:
                     assert isinstance(piece, TtsPiece)
@@ -675,7 +747,9 @@ class CallSession:
                     pending += self._encoder.encode(piece.samples)
                 else:
                     pending += self._encoder.encode(np.zeros(0, np.float32), last=True)
-                while len(pending) >= frame_bytes or (last and pending):
+                # One frame stays behind until the end is known, so that the last frame sent
+                # carries is_last even when the reply is a whole number of frames long.
+                while len(pending) > frame_bytes or (last and pending):
                     frame, pending = pending[:frame_bytes], pending[frame_bytes:]
                     if pb.started_at == 0.0:
                         pb.started_at = loop.time() + lead_s
@@ -704,9 +778,20 @@ class CallSession:
                 await asyncio.sleep(remaining)
             await self._emit(PlaybackFinishedOut(pb.speak.speak_id, pb.sent_ms))
         finally:
-            producer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await producer
+            await cancel_and_wait(producer)
+
+    def _speak_failure(self, exc: BaseException, speak_id: str) -> ErrorOut:
+        """A Speak that could not be synthesized: an error event, and the call goes on."""
+        if isinstance(exc, CallError):
+            return ErrorOut(exc.kind, exc.message, "speak", speak_id=speak_id)
+        # An engine fault: the details go to the log (with the call id), not to the client.
+        log.error("call %s: speak failed", self.log_id, exc_info=exc)
+        return ErrorOut(
+            ErrorKind.INTERNAL,
+            f"speech synthesis failed (internal error; server log has call {self.log_id})",
+            "speak",
+            speak_id=speak_id,
+        )
 
     async def _stop_playback(self, *, reason_offset_ms: int, clear_queue: bool) -> None:
         if clear_queue:
@@ -718,9 +803,7 @@ class CallSession:
         pb, task = self._playback, self._playback_task
         if pb is None or task is None or task.done():
             return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
         loop = asyncio.get_running_loop()
         heard_ms = 0 if pb.started_at == 0.0 else int((loop.time() - pb.started_at) * 1000)
         played = max(0, min(pb.sent_ms, heard_ms))
@@ -751,9 +834,7 @@ class CallSession:
                     self._on_event(event)
                 await sink(event)
         finally:
-            closer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await closer
+            await cancel_and_wait(closer)
 
 
 def _first(group: BaseExceptionGroup[CallError]) -> CallError:

@@ -205,11 +205,16 @@ async def test_synthesize_streams_audio_with_word_times() -> None:
     ("speak", "expect"),
     [
         (pb.Speak(text="   ", speak_id="x"), "speak.text is empty"),
-        (pb.Speak(text="a" * 100_000, speak_id="x"), "over max_speak_chars=20000"),
+        (pb.Speak(text="a" * 100_000, speak_id="x"), "over tts.max_chars=10000"),
+        # One limit: what the servicer accepts, the voice speaks (v0.1: 20,000 vs 10,000).
+        (pb.Speak(text="a " * 5_001, speak_id="x"), "over tts.max_chars=10000"),
+        # v0.1: int() raised ValueError past 4,300 digits and the call ended with INTERNAL.
+        (pb.Speak(text="7" * 5000, speak_id="x"), "speak.text: text: has a run of 5000 digits"),
         (pb.Speak(text="hi", voice="nobody", speak_id="x"), "speak.voice='nobody' is not loaded"),
+        (pb.Speak(text="hi", voice="n" * 300_000, speak_id="x"), "(300000 characters) is not"),
         (pb.Speak(text="hi", rate=9.0, speak_id="x"), "speak.rate=9 is outside 0.5..2.0"),
     ],
-    ids=["empty", "100kB", "unknown-voice", "rate"],
+    ids=["empty", "100kB", "one-limit", "long-number", "unknown-voice", "huge-voice", "rate"],
 )
 async def test_bad_speak_is_an_error_event_and_the_call_goes_on(
     speak: pb.Speak, expect: str
@@ -225,6 +230,19 @@ async def test_bad_speak_is_an_error_event_and_the_call_goes_on(
     assert err.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert expect in err.error.message and err.error.scope == "speak"
     assert err.error.speak_id == "x"
+    assert len(err.error.message) < 300  # client input is never echoed without bound
+
+
+async def test_synthesize_of_an_absurd_number_is_invalid_argument() -> None:
+    async with tts_server() as (_, stub):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            async for _ in stub.Synthesize(pb.SynthesizeRequest(text="7" * 5000)):
+                pass
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "run of 5000 digits" in (info.value.details() or "")
+        # ... and the server still speaks.
+        got = [c async for c in stub.Synthesize(pb.SynthesizeRequest(text="Fine."))]
+        assert got and got[-1].is_last
 
 
 async def test_markup_is_spoken_not_read_out() -> None:

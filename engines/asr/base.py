@@ -37,6 +37,8 @@ class AsrOptions:
         initial_prompt: text that conditions the decoder (vocabulary, style).
         hotwords: words to bias toward; folded into the prompt.
         silence_aware: apply the silence-aware policy (skip, suppress, gate); on by default.
+        context_tokens: ``initial_prompt`` and ``hotwords`` already tokenised (once per call,
+            by the gateway); ``None`` makes the engine tokenise them itself.
     """
 
     language: str | None = "en"
@@ -48,6 +50,7 @@ class AsrOptions:
     initial_prompt: str = ""
     hotwords: tuple[str, ...] = ()
     silence_aware: bool = True
+    context_tokens: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

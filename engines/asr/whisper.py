@@ -284,14 +284,29 @@ class WhisperEngine:
             self._suppress_cache = policy.suppress_token_ids(tok.encode, tok.non_speech_tokens)
         return list(self._suppress_cache)
 
+    @property
+    def languages(self) -> tuple[str, ...]:
+        """Language codes this model transcribes (what ``AsrOptions.language`` may be)."""
+        return tuple(_LANGUAGE_CODES) if self._multilingual else ("en",)
+
+    def encode_context(self, initial_prompt: str, hotwords: Sequence[str]) -> tuple[int, ...]:
+        """A call's prompt and hotwords as Whisper previous-text tokens.
+
+        Whisper's text BPE does not depend on the language or task, so the gateway encodes a
+        call's context once when the call starts (``AsrOptions.context_tokens``) instead of
+        once per utterance on the shared workers. Thread-safe (the Rust tokenizer is).
+        """
+        context = " ".join(p for p in (initial_prompt.strip(), ", ".join(hotwords)) if p)
+        if not context:
+            return ()
+        return tuple(self._hf_tokenizer.encode(" " + context, add_special_tokens=False).ids)
+
     def _context(self, job: _Job) -> list[int]:
         """The call's initial prompt and hotwords as previous-text tokens (may be empty)."""
-        assert job.language is not None
-        tok = self._tokenizer(job.language, job.options.task)
-        context = " ".join(
-            p for p in (job.options.initial_prompt.strip(), ", ".join(job.options.hotwords)) if p
-        )
-        return tok.encode(" " + context)[-_MAX_PROMPT_TOKENS:] if context else []
+        tokens = job.options.context_tokens
+        if tokens is None:
+            tokens = self.encode_context(job.options.initial_prompt, job.options.hotwords)
+        return list(tokens[-_MAX_PROMPT_TOKENS:])
 
     def _prompt(self, job: _Job) -> list[int]:
         assert job.language is not None

@@ -7,6 +7,7 @@ raise on a chosen call or return the wrong number of results, and it records wha
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Container, Mapping, Sequence
@@ -17,7 +18,7 @@ import numpy as np
 from gateway.service import EngineInfo, VoiceDescription
 from gateway.session import SpeakIn, Synthesizer, Transcriber, TtsPiece
 
-__all__ = ["FakeBatchEngine", "FakeEngineError"]
+__all__ = ["FakeBatchEngine", "FakeEngineError", "FakeToneHub", "FakeToneSynthesizer"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -153,16 +154,33 @@ class FakeToneSynthesizer:
 
     100 ms of a 440 Hz tone per character of text, in 200 ms pieces at 16 kHz. Never evidence
     that speech synthesis works.
+
+    Args:
+        first_piece_delay_s: wait this long before the first piece (a reply still being
+            synthesized when something else happens to the call).
+        fail_after_pieces: raise :class:`FakeEngineError` after this many pieces (an engine
+            fault in the middle of a reply); None never fails.
     """
 
     sample_rate_hz = 16000
+    max_text_chars = 10_000
+
+    def __init__(
+        self, first_piece_delay_s: float = 0.0, fail_after_pieces: int | None = None
+    ) -> None:
+        self._first_delay_s = first_piece_delay_s
+        self._fail_after = fail_after_pieces
 
     async def stream(self, speak: SpeakIn) -> AsyncIterator[TtsPiece]:
         """Yield the tone for ``speak.text``."""
+        if self._first_delay_s:
+            await asyncio.sleep(self._first_delay_s)
         n = min(len(speak.text), 100) * 1600
         t = np.arange(n, dtype=np.float32) / self.sample_rate_hz
         audio = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
-        for i in range(0, n, 3200):
+        for k, i in enumerate(range(0, n, 3200)):
+            if self._fail_after is not None and k >= self._fail_after:
+                raise FakeEngineError("fake voice fault (scripted)")
             yield TtsPiece(audio[i : i + 3200], (), i + 3200 >= n)
 
 
@@ -171,8 +189,8 @@ class FakeToneHub:
 
     transcriber: Transcriber | None = None
 
-    def __init__(self) -> None:
-        self.synthesizer: Synthesizer | None = FakeToneSynthesizer()
+    def __init__(self, synthesizer: FakeToneSynthesizer | None = None) -> None:
+        self.synthesizer: Synthesizer | None = synthesizer or FakeToneSynthesizer()
         self.info = EngineInfo(
             voices=[VoiceDescription(name="tone", language="", sample_rate_hz=16000)]
         )

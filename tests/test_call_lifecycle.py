@@ -1,0 +1,258 @@
+"""Every call ends: call-ending errors in every playback phase, undecodable bytes, statuses.
+
+A real grpc.aio server on a loopback port. The voice here is the FAKE tone voice (the defect is
+in the session's task graph, not in synthesis); the bundled voice's own Speak errors are covered
+in test_tts_gateway.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import grpc
+import pytest
+from calls import config
+
+from gateway.server import GatewayServer
+from gateway.testing.fake_engines import FakeToneHub, FakeToneSynthesizer
+from gateway.testing.server import running_server
+from voxgate.v1 import voxgate_pb2 as pb
+from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.e2e
+
+#: A hang guard only (a zombie call never ends): nothing here asserts on how long things take.
+HANG_S = 20.0
+
+
+@asynccontextmanager
+async def tone_server(
+    synth: FakeToneSynthesizer | None = None, **overrides: object
+) -> AsyncIterator[tuple[GatewayServer, pb_grpc.VoiceGatewayStub]]:
+    async with (
+        running_server(hub=FakeToneHub(synth), **overrides) as srv,  # type: ignore[arg-type]
+        grpc.aio.insecure_channel(srv.target) as ch,
+    ):
+        yield srv, pb_grpc.VoiceGatewayStub(ch)
+
+
+class Call:
+    """A Converse call with explicit writes and a concurrent reader."""
+
+    def __init__(self, stub: pb_grpc.VoiceGatewayStub, method: str = "Converse") -> None:
+        self.rpc = getattr(stub, method)()
+        self.events: list[pb.ConverseResponse] = []
+        self.arrived = asyncio.Event()
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> grpc.StatusCode:
+        try:
+            while (msg := await self.rpc.read()) is not grpc.aio.EOF:
+                self.events.append(msg)
+                self.arrived.set()
+        except grpc.aio.AioRpcError as exc:
+            self.error = exc
+            return exc.code()
+        return grpc.StatusCode.OK
+
+    async def send(self, msg: pb.ConverseRequest) -> None:
+        # A write after the call ended fails; the reader has the status.
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            await self.rpc.write(msg)
+
+    async def wait_for(self, pred: Callable[[pb.ConverseResponse], bool]) -> None:
+        async def loop() -> None:
+            while not any(pred(m) for m in self.events):
+                if self.reader.done():
+                    raise AssertionError(f"call ended first: {self.kinds()}")
+                self.arrived.clear()
+                await self.arrived.wait()
+
+        await asyncio.wait_for(loop(), HANG_S)
+
+    def kinds(self) -> list[str]:
+        return [str(m.WhichOneof("event")) for m in self.events]
+
+    async def status(self) -> grpc.StatusCode:
+        return await asyncio.wait_for(self.reader, HANG_S)
+
+
+def kind(name: str) -> Callable[[pb.ConverseResponse], bool]:
+    return lambda m: m.WhichOneof("event") == name
+
+
+def last_audio(m: pb.ConverseResponse) -> bool:
+    return m.WhichOneof("event") == "audio" and m.audio.is_last
+
+
+LONG = "x" * 100  # 10 s of tone
+#: Each call-ending request with the status it must end the call with.
+ENDINGS: dict[str, tuple[list[pb.ConverseRequest], grpc.StatusCode]] = {
+    "bad-dtmf": ([pb.ConverseRequest(dtmf=pb.Dtmf(digit="Z"))], grpc.StatusCode.INVALID_ARGUMENT),
+    "second-config": ([config()], grpc.StatusCode.INVALID_ARGUMENT),
+    "odd-audio": (
+        [pb.ConverseRequest(audio=pb.AudioChunk(data=b"\0\0\0"))],
+        grpc.StatusCode.INVALID_ARGUMENT,
+    ),
+    "oversized-chunk": (
+        [pb.ConverseRequest(audio=pb.AudioChunk(data=bytes(64_002)))],
+        grpc.StatusCode.INVALID_ARGUMENT,
+    ),
+    "queue-overflow": (
+        [pb.ConverseRequest(mark=pb.Mark(name=f"m{i}")) for i in range(34)],
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ),
+    "empty-mark": ([pb.ConverseRequest(mark=pb.Mark())], grpc.StatusCode.INVALID_ARGUMENT),
+}
+#: Where playback is when the error arrives.
+PHASES = ["synthesizing", "playing", "tail", "queued-behind"]
+
+
+@pytest.mark.parametrize("phase", PHASES)
+@pytest.mark.parametrize("ending", list(ENDINGS))
+async def test_a_call_ending_error_during_playback_ends_the_call(ending: str, phase: str) -> None:
+    """v0.1: the tts task swallowed its own cancellation and the call stayed open forever."""
+    synth = FakeToneSynthesizer(first_piece_delay_s=30.0 if phase == "synthesizing" else 0.0)
+    async with tone_server(synth) as (srv, stub):
+        call = Call(stub)
+        await call.send(config())
+        await call.wait_for(kind("started"))
+        await call.send(pb.ConverseRequest(speak=pb.Speak(text="x" if phase == "tail" else LONG)))
+        if phase == "queued-behind":
+            for i in range(3):
+                await call.send(pb.ConverseRequest(speak=pb.Speak(text=LONG, speak_id=f"q{i}")))
+        if phase in ("playing", "queued-behind"):
+            await call.wait_for(kind("audio"))
+        elif phase == "tail":
+            await call.wait_for(last_audio)  # the session now waits for the tail to be heard
+        msgs, code = ENDINGS[ending]
+        for msg in msgs:
+            await call.send(msg)
+        assert await call.status() == code, call.kinds()
+        assert srv.servicer is not None
+        for _ in range(200):
+            if srv.servicer.active_calls == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert srv.servicer.active_calls == 0
+
+
+async def test_a_voice_fault_mid_reply_is_an_error_event_and_the_call_goes_on() -> None:
+    synth = FakeToneSynthesizer(fail_after_pieces=2)
+    async with tone_server(synth) as (_, stub):
+        call = Call(stub)
+        await call.send(config())
+        await call.send(pb.ConverseRequest(speak=pb.Speak(text=LONG, speak_id="a")))
+        await call.wait_for(kind("error"))
+        (err,) = [m.error for m in call.events if m.WhichOneof("event") == "error"]
+        assert err.scope == "speak" and err.speak_id == "a"
+        assert err.code == grpc.StatusCode.INTERNAL.value[0]
+        assert "scripted" not in err.message  # the fault's text stays in the server log
+        await call.send(pb.ConverseRequest(mark=pb.Mark(name="after")))
+        await call.wait_for(kind("mark"))
+        await call.rpc.done_writing()
+        assert await call.status() == grpc.StatusCode.OK
+
+
+# --- undecodable bytes and other wrong statuses -------------------------------------------------
+
+
+def _raw(ch: grpc.aio.Channel, method: str, stream: bool) -> object:
+    path = f"/voxgate.v1.VoiceGateway/{method}"
+    if stream:
+        return ch.stream_stream(path, request_serializer=None, response_deserializer=None)
+    return ch.unary_stream(path, request_serializer=None, response_deserializer=None)
+
+
+GARBAGE = b"\xff\xff\xff\xff\x0f"  # a varint that never ends: not a protobuf message
+
+
+@pytest.mark.parametrize("method", ["Converse", "StreamingRecognize"])
+@pytest.mark.parametrize("position", ["first", "after-config"])
+async def test_undecodable_request_bytes_are_invalid_argument(method: str, position: str) -> None:
+    """v0.1: INTERNAL with protobuf's DecodeError text."""
+    async with tone_server() as (srv, _), grpc.aio.insecure_channel(srv.target) as ch:
+        rpc = _raw(ch, method, stream=True)
+        msgs = [GARBAGE] if position == "first" else [config().SerializeToString(), GARBAGE]
+
+        async def gen() -> AsyncIterator[bytes]:
+            for m in msgs:
+                yield m
+
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            async for _ in rpc(gen()):  # type: ignore[operator]
+                pass
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "is not a valid voxgate.v1.ConverseRequest" in (info.value.details() or "")
+        assert "DecodeError" not in (info.value.details() or "")
+
+
+@pytest.mark.parametrize("method", ["Synthesize", "ListModels", "ListVoices"])
+async def test_undecodable_unary_request_is_invalid_argument(method: str) -> None:
+    """v0.1: UNKNOWN for Synthesize."""
+    async with tone_server() as (srv, _), grpc.aio.insecure_channel(srv.target) as ch:
+        if method == "Synthesize":
+            call = _raw(ch, method, stream=False)(GARBAGE)  # type: ignore[operator]
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                async for _ in call:
+                    pass
+        else:
+            unary = ch.unary_unary(
+                f"/voxgate.v1.VoiceGateway/{method}",
+                request_serializer=None,
+                response_deserializer=None,
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await unary(GARBAGE)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "is not a valid voxgate.v1." in (info.value.details() or "")
+
+
+async def test_a_huge_dtmf_digit_is_reported_not_echoed() -> None:
+    """v0.1: 300,000 characters echoed into the status; trailers over gRPC's metadata limit."""
+    async with tone_server() as (_, stub):
+        call = Call(stub)
+        await call.send(config())
+        await call.send(pb.ConverseRequest(dtmf=pb.Dtmf(digit="7" * 300_000)))
+        assert await call.status() == grpc.StatusCode.INVALID_ARGUMENT
+        details = call.error.details() or ""
+        assert "dtmf.digit='7777" in details and "(300000 characters)" in details
+        assert len(details) < 300
+
+
+@pytest.mark.parametrize(
+    ("cfg", "text"),
+    [
+        (pb.SessionConfig(call_id="c" * 1_000_000), "config.call_id has 1000000 characters"),
+        (pb.SessionConfig(voice="v" * 100_000), "(100000 characters) is not loaded"),
+    ],
+    ids=["call-id", "voice"],
+)
+async def test_oversized_ids_are_refused_with_a_short_message(
+    cfg: pb.SessionConfig, text: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """v0.1: a 1 MB call_id made a 1 MB log line."""
+    cfg.input_audio.CopyFrom(pb.AudioFormat(encoding=pb.LINEAR16, sample_rate_hertz=16000))
+    async with tone_server() as (_, stub):
+        call = Call(stub)
+        await call.send(pb.ConverseRequest(config=cfg))
+        assert await call.status() == grpc.StatusCode.INVALID_ARGUMENT
+        details = call.error.details() or ""
+        assert text in details and len(details) < 300
+    assert all(len(r.getMessage()) < 1_000 for r in caplog.records)
+
+
+async def test_a_long_speak_id_or_mark_name_is_refused() -> None:
+    async with tone_server() as (_, stub):
+        call = Call(stub)
+        await call.send(config())
+        await call.send(pb.ConverseRequest(speak=pb.Speak(text="hi", speak_id="s" * 10_000)))
+        await call.wait_for(kind("error"))
+        (err,) = [m.error for m in call.events if m.WhichOneof("event") == "error"]
+        assert "speak.speak_id has 10000 characters" in err.message and err.speak_id == ""
+        await call.send(pb.ConverseRequest(mark=pb.Mark(name="m" * 10_000)))
+        assert await call.status() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "mark.name has 10000 characters" in (call.error.details() or "")
