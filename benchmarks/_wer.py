@@ -2,8 +2,9 @@
 
 Whisper's ``EnglishTextNormalizer`` is not shipped by faster-whisper, so this is a deliberately
 small stand-in: lower-case, unify apostrophes, expand ``%``/``&``, spell out digits (year style
-for 1100-1999 and 2010-2099, so "1455" and "fourteen fifty-five" agree), drop punctuation and
-hyphens. Both reference and hypothesis go through it, so only consistency matters.
+for 1100-1999 and 2010-2099, so "1455" and "fourteen fifty-five" agree), read ordinals ("20th"
+as "twentieth") and spell out the titles Whisper abbreviates ("Mr." as "mister"), as Whisper's
+normaliser does, drop punctuation and hyphens. Both reference and hypothesis go through it, so only consistency matters.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 
 import jiwer
 
-from engines.tts import cardinal, year
+from engines.tts import cardinal, ordinal, year
 
 __all__ = ["corpus_wer", "normalize", "number_to_words", "wer"]
 
@@ -29,6 +30,9 @@ def number_to_words(n: int) -> str:
 
 
 _NUM_RE = re.compile(r"\d+")
+_ORDINAL_RE = re.compile(r"\b(\d+)(st|nd|rd|th)\b")
+_TITLES = {"mr": "mister", "mrs": "missus", "dr": "doctor", "prof": "professor"}
+_TITLE_RE = re.compile(r"\b(" + "|".join(_TITLES) + r")\b\.?")
 
 
 def normalize(text: str) -> str:
@@ -36,6 +40,8 @@ def normalize(text: str) -> str:
     t = unicodedata.normalize("NFKC", text).lower()
     t = t.replace("’", "'").replace("‘", "'").replace("%", " percent ").replace("&", " and ")
     t = re.sub(r"(?<=\d),(?=\d{3})", "", t)  # 1,000 -> 1000
+    t = _ORDINAL_RE.sub(lambda m: " " + ordinal(int(m.group(1))) + " ", t)
+    t = _TITLE_RE.sub(lambda m: _TITLES[m.group(1)], t)
     t = _NUM_RE.sub(lambda m: " " + number_to_words(int(m.group())) + " ", t)
     t = re.sub(r"[^\w\s']", " ", t)
     t = re.sub(r"(?<!\w)'|'(?!\w)", " ", t)  # quotes, not apostrophes inside words

@@ -246,3 +246,99 @@ async def test_list_models_reports_the_bundled_whisper(stub: pb_grpc.VoiceGatewa
     resp = await stub.ListModels(pb.ListModelsRequest())
     (model,) = resp.models
     assert model.family == "whisper" and model.is_default and model.device == "cpu"
+    assert "en" in model.languages and "de" in model.languages and len(model.languages) >= 99
+
+
+async def _refused(stub: pb_grpc.VoiceGatewayStub, cfg: pb.ConverseRequest) -> str:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for _ in stub.Converse(requests([cfg])):
+            pass
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = info.value.details() or ""
+    assert len(details) < 1_500  # even the list of Whisper's 99 languages stays bounded
+    return details
+
+
+@pytest.mark.parametrize(
+    ("kw", "text"),
+    [
+        ({"language": "tlh"}, "config.language='tlh' is not a language of model"),
+        ({"language": "x" * 50_000}, "(50000 characters) is not a language"),
+        (
+            {"model": "../../etc/passwd"},
+            "config.model='../../etc/passwd' is not loaded; ListModels",
+        ),
+        (
+            {"decoding": pb.DecodingOptions(hotwords=["acme"] * 101)},
+            "hotwords has 101 entries, over max_hotwords=100",
+        ),
+        (
+            {"decoding": pb.DecodingOptions(hotwords=["word"] * 99, initial_prompt="p" * 1_700)},
+            "have 2096 characters together, over max_context_chars=2000",
+        ),
+        (
+            {"decoding": pb.DecodingOptions(hotwords=["Xylophonic-Quadrantizer"] * 60)},
+            "over max_prompt_tokens=223",
+        ),
+    ],
+    ids=["klingon", "huge-language", "path-model", "hotword-count", "context-chars", "tokens"],
+)
+async def test_unknown_language_model_and_unbounded_context_are_invalid_argument(
+    stub: pb_grpc.VoiceGatewayStub, kw: dict[str, Any], text: str
+) -> None:
+    """v0.1 accepted them: empty finals, an ignored model, 161 MB for a 1 MB prompt."""
+    assert text in await _refused(stub, config(**kw))
+
+
+async def test_known_language_forms_and_the_listed_model_are_accepted(
+    stub: pb_grpc.VoiceGatewayStub,
+) -> None:
+    models = await stub.ListModels(pb.ListModelsRequest())
+    for kw in ({"language": "en-US"}, {"language": "DE"}, {"model": models.models[0].name}):
+        resp = [r async for r in stub.Converse(requests([config(**kw)]))]
+        assert resp[0].WhichOneof("event") == "started"
+
+
+class _Recording:
+    """Wraps the real transcriber and records what the session hands it."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.encodes = 0
+        self.requests: list[AsrRequest] = []
+
+    def can_speculate(self) -> bool:
+        return bool(self.inner.can_speculate())
+
+    def encode_context(self, initial_prompt: str, hotwords: Any) -> tuple[int, ...]:
+        self.encodes += 1
+        return tuple(self.inner.encode_context(initial_prompt, hotwords))
+
+    async def transcribe(self, request: AsrRequest) -> AsrResult:
+        self.requests.append(request)
+        result: AsrResult = await self.inner.transcribe(request)
+        return result
+
+
+async def test_the_prompt_is_tokenised_once_per_call(
+    server: GatewayServer, stub: pb_grpc.VoiceGatewayStub, speech_dir: Path
+) -> None:
+    """v0.1 re-tokenised prompt and hotwords for every utterance on the shared workers."""
+    wav = sorted((speech_dir / "calls").glob("call_02*.wav"))[0]
+    assert server.servicer is not None
+    real = server.servicer.transcriber
+    rec = _Recording(real)
+    server.servicer.transcriber = rec
+    try:
+        cfg = config(
+            decoding=pb.DecodingOptions(
+                initial_prompt="Sense and sensibility.", hotwords=["Norland", "Dashwood"]
+            )
+        )
+        resp = await run_call(stub.Converse, cfg, encode_wav(wav, pb.LINEAR16, 16000), 640)
+    finally:
+        server.servicer.transcriber = real
+    assert len(finals(resp)) == 4
+    assert rec.encodes == 1
+    expected = tuple(real.encode_context("Sense and sensibility.", ("Norland", "Dashwood")))
+    assert expected and all(r.options.context_tokens == expected for r in rec.requests)

@@ -53,6 +53,8 @@ _WINDOW_SAMPLES = 30 * ASR_SAMPLE_RATE_HZ
 #: Encoder output positions per second (mel frames are strided by 2).
 _TOKENS_PER_S = MEL_FRAMES_PER_S / 2
 _MAX_PROMPT_TOKENS = 223
+#: A detected language's runner-up with at least this probability is tried when the first fails.
+_ALT_LANGUAGE_MIN_PROB = 0.2
 _PREPEND_PUNCT = "\"'“¿([{-"
 _APPEND_PUNCT = "\"'.。,，!！?？:：”)]}、"
 
@@ -69,6 +71,7 @@ class EngineCounters:
         encoded_frames: mel frames sent through the encoder.
         window_fallbacks: items re-encoded on the full window.
         temperature_fallbacks: decode retries at a higher temperature.
+        language_fallbacks: decode retries in the runner-up detected language.
     """
 
     encode_s: float = 0.0
@@ -78,6 +81,7 @@ class EngineCounters:
     encoded_frames: int = 0
     window_fallbacks: int = 0
     temperature_fallbacks: int = 0
+    language_fallbacks: int = 0
 
     def reset(self) -> None:
         """Zero every counter."""
@@ -96,6 +100,7 @@ class _Hyp:
 @dataclass(slots=True)
 class _Attempt:
     frames: int
+    language: str
     temperature: float
     hyps: list[_Hyp]
     no_speech_prob: float
@@ -115,6 +120,8 @@ class _Job:
     language: str | None
     frames: int
     temp_idx: int = 0
+    #: Runner-up detected languages worth a decode if the detected one fails (see _detect).
+    alt_languages: list[str] = field(default_factory=list)
     encoder_out: dict[int, npt.NDArray[Any]] = field(default_factory=dict)
     attempts: list[_Attempt] = field(default_factory=list)
     encoded_frames: int = 0
@@ -363,6 +370,13 @@ class WhisperEngine:
         self.counters.detect_s += time.perf_counter() - t0
         for j, p in zip(jobs, probs, strict=True):
             j.language = p[0][0][2:-2]
+            # Detection is often a near tie on accented speech (a Scottish "anything is
+            # possible in football": Welsh 0.51, English 0.48); decoding in the wrong language
+            # fails the gates and the caller's words were lost. A close runner-up gets a decode
+            # of its own before the window and temperature fallbacks.
+            j.alt_languages = [
+                code[2:-2] for code, prob in p[1:3] if prob >= _ALT_LANGUAGE_MIN_PROB
+            ]
 
     def _decode(self, jobs: list[_Job]) -> None:
         """One generate per group of jobs that agree on every call-wide option."""
@@ -441,10 +455,16 @@ class WhisperEngine:
             )
         )
         job.attempts.append(
-            _Attempt(job.frames, temperature, hyps, float(res.no_speech_prob), degenerate)
+            _Attempt(
+                job.frames, job.language, temperature, hyps, float(res.no_speech_prob), degenerate
+            )
         )
         if not degenerate:
             job.done = True
+        elif job.alt_languages:
+            job.language = job.alt_languages.pop(0)
+            job.temp_idx = 0
+            self.counters.language_fallbacks += 1
         elif job.frames < FULL_WINDOW_FRAMES and self.config.encoder.fallback_to_full_window:
             job.frames = FULL_WINDOW_FRAMES
             job.temp_idx = 0
@@ -608,7 +628,7 @@ class WhisperEngine:
         chosen: dict[int, tuple[_Attempt, _Hyp, str]] = {}
         for job in jobs:
             att = self._chosen_attempt(job, cfg.policy.compression_ratio_threshold)
-            job.frames = att.frames
+            job.frames, job.language = att.frames, att.language
             idx = 0
             if job.plan.mbr_candidates > 1:
                 idx = mbr_select(

@@ -15,7 +15,7 @@ from __future__ import annotations
 from engines.tts._graph import CrossingTensor, GraphSplit, split_vits_graph
 from engines.tts._session import select_providers
 from engines.tts._streamer import VitsStreamer, soft_limit
-from engines.tts._text import cardinal, year
+from engines.tts._text import cardinal, ordinal, year
 from engines.tts.base import (
     SpeakOptions,
     TtsChunk,
@@ -42,6 +42,7 @@ __all__ = [
     "VoiceInfo",
     "WordSpan",
     "cardinal",
+    "ordinal",
     "select_providers",
     "soft_limit",
     "split_vits_graph",
