@@ -4,7 +4,8 @@ Whisper's ``EnglishTextNormalizer`` is not shipped by faster-whisper, so this is
 small stand-in: lower-case, unify apostrophes, expand ``%``/``&``, spell out digits (year style
 for 1100-1999 and 2010-2099, so "1455" and "fourteen fifty-five" agree), read ordinals ("20th"
 as "twentieth") and spell out the titles Whisper abbreviates ("Mr." as "mister"), as Whisper's
-normaliser does, drop punctuation and hyphens. Both reference and hypothesis go through it, so only consistency matters.
+normaliser does, drop punctuation and hyphens. Both reference and hypothesis go through it, so
+only consistency matters.
 """
 
 from __future__ import annotations
