@@ -153,6 +153,13 @@ class ServerConfig(_Frozen):
     grace_s: float = Field(
         10.0, ge=0.0, le=600.0, description="SIGTERM drain period for active calls, s."
     )
+    flush_s: float = Field(
+        5.0,
+        ge=0.0,
+        le=120.0,
+        description="After the grace period, time that calls still open get to deliver the "
+        "final of their in-progress utterance (then UNAVAILABLE) before they are cancelled, s.",
+    )
     log_format: str = Field("text", pattern="^(text|json)$", description="Log line format.")
     log_level: str = Field("INFO", description="Python logging level name.")
 

@@ -7,9 +7,13 @@ Shutdown order (SIGTERM or SIGINT):
 
 1. health goes ``NOT_SERVING`` and new calls are refused with ``UNAVAILABLE``;
 2. active calls drain for ``grace_s``;
-3. the rest are cancelled (``server.stop``);
-4. the batcher stops;
-5. the engines close.
+3. calls still open are ended without losing speech: each flushes its in-progress utterance,
+   delivers SPEECH_END and the final, then ends with ``UNAVAILABLE`` (up to ``flush_s``);
+4. the rest are cancelled (``server.stop``);
+5. the batcher stops;
+6. the engines close.
+
+A second SIGTERM or SIGINT during steps 2-3 skips to step 4 at once, as servers usually do.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ class GatewayServer:
         self._server: grpc.aio.Server | None = None
         self._health = health_aio.HealthServicer()
         self._stopped = asyncio.Event()
+        self._abort = asyncio.Event()
 
     @property
     def target(self) -> str:
@@ -123,17 +128,36 @@ class GatewayServer:
         grace = self.config.server.grace_s if grace_s is None else grace_s
         # 1. stop accepting
         await self._health.enter_graceful_shutdown()
-        if self.servicer is not None:
-            self.servicer.accepting = False
+        servicer = self.servicer
+        if servicer is not None:
+            servicer.accepting = False
             # 2. drain
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.servicer.wait_idle(), timeout=grace)
-        # 3. cancel the rest (0.5 s for cancellations to propagate to the tasks)
-        await server.stop(0.5)
-        # 4. + 5. batcher, engines
+            idle = await self._idle_within(servicer, grace)
+            # 3. end what is left, each call after the final of its open utterance
+            if not idle and not self._abort.is_set():
+                log.info("grace period over: ending %d call(s)", servicer.end_calls())
+                await self._idle_within(servicer, self.config.server.flush_s)
+        # 4. cancel the rest (0.5 s for cancellations to propagate to the tasks)
+        await server.stop(0.0 if self._abort.is_set() else 0.5)
+        # 5. + 6. batcher, engines
         if self.hub is not None:
             await self.hub.aclose()
         self._stopped.set()
+
+    def abort(self) -> None:
+        """Cut a graceful :meth:`stop` short: skip the rest of the drain and flush."""
+        self._abort.set()
+
+    async def _idle_within(self, servicer: VoiceGatewayServicer, timeout_s: float) -> bool:
+        """Wait until no call is active, ``timeout_s`` passes or :meth:`abort`; True if idle."""
+        idle = asyncio.ensure_future(servicer.wait_idle())
+        aborted = asyncio.ensure_future(self._abort.wait())
+        try:
+            await asyncio.wait({idle, aborted}, timeout=timeout_s, return_when="FIRST_COMPLETED")
+        finally:
+            for waiter in (idle, aborted):
+                waiter.cancel()
+        return servicer.active_calls == 0
 
     async def wait_stopped(self) -> None:
         """Block until :meth:`stop` completes."""
@@ -146,10 +170,17 @@ async def serve(config: GatewayConfig, hub: EngineHub | None = None) -> None:
     # the server at once must get a graceful shutdown, not Python's default SIGTERM death.
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    server = GatewayServer(config, hub)
+
+    def on_signal() -> None:
+        if stop.is_set():  # a second signal during the drain: end now
+            log.info("second signal: ending calls now")
+            server.abort()
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    server = GatewayServer(config, hub)
+            loop.add_signal_handler(sig, on_signal)
     await server.start()
     print(f"listening on {server.target}", flush=True)
     await stop.wait()
