@@ -343,6 +343,8 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         outcome = "ok"
         try:
             await self._call(context, mode, session_id)
+            if context.cancelled():  # the client cancelled; the session saw it as EOF
+                outcome = "cancelled"
         except CallError as exc:
             if context.cancelled():  # e.g. EOF before `config` because the client cancelled
                 outcome = "cancelled"

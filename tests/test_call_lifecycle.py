@@ -256,3 +256,49 @@ async def test_a_long_speak_id_or_mark_name_is_refused() -> None:
         await call.send(pb.ConverseRequest(mark=pb.Mark(name="m" * 10_000)))
         assert await call.status() == grpc.StatusCode.INVALID_ARGUMENT
         assert "mark.name has 10000 characters" in (call.error.details() or "")
+
+
+async def test_churned_calls_are_counted_as_cancelled_without_error_logs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """v0.1: some client cancels were `internal` with a traceback, cancels before config
+    `invalid_argument`."""
+    from gateway import metrics
+
+    outcomes = ("ok", "cancelled", "internal", "invalid_argument")
+    before = {o: metrics.CALLS_ENDED.labels(o)._value.get() for o in outcomes}
+    started_before = metrics.CALLS_TOTAL.labels("converse")._value.get()
+    rounds = 80
+    async with tone_server() as (srv, stub):
+
+        async def churn(i: int) -> None:
+            call = stub.Converse()
+            stage = i % 4
+            if stage >= 1:
+                await call.write(config())
+                await call.read()
+            if stage >= 2:
+                await call.write(pb.ConverseRequest(speak=pb.Speak(text=LONG)))
+                await call.write(pb.ConverseRequest(audio=pb.AudioChunk(data=bytes(640))))
+            if stage == 3:
+                await call.read()
+                await call.read()
+            await asyncio.sleep(0.001 * (i % 7))
+            call.cancel()
+
+        await asyncio.gather(*(churn(i) for i in range(rounds)))
+        assert srv.servicer is not None
+        for _ in range(500):
+            if srv.servicer.active_calls == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert srv.servicer.active_calls == 0
+    after = {o: metrics.CALLS_ENDED.labels(o)._value.get() for o in outcomes}
+    # A call cancelled before its first message may never reach the server; every one that
+    # did is counted as cancelled, and as nothing else.
+    seen = metrics.CALLS_TOTAL.labels("converse")._value.get() - started_before
+    assert seen >= rounds * 3 // 4
+    assert after["cancelled"] - before["cancelled"] == seen, (before, after)
+    for other in ("ok", "internal", "invalid_argument"):
+        assert after[other] == before[other], (before, after)
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]

@@ -8,6 +8,7 @@ reply RTP within 100 ms (counted in 20 ms packets, not timed).
 from __future__ import annotations
 
 import asyncio
+import logging
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -102,8 +103,13 @@ async def wait_for(pred: Any, what: str, limit: int = 600) -> None:
 
 @pytest.mark.parametrize("clip", CLIPS)
 async def test_the_bot_hears_the_callers_words(
-    hub_overrides: dict[str, Any], speech_dir: Path, tmp_path: Path, clip: str
+    hub_overrides: dict[str, Any],
+    speech_dir: Path,
+    tmp_path: Path,
+    clip: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.DEBUG)
     rows = [json.loads(line) for line in (speech_dir / "manifest.jsonl").read_text().splitlines()]
     reference = next(r["text"] for r in rows if r["file"] == clip)
     audio = encode_wav(speech_dir / clip, pb.MULAW, 8000) + b"\xff" * 8000
@@ -120,6 +126,9 @@ async def test_the_bot_hears_the_callers_words(
         ok(res)
         await wait_for(lambda: not bridge.calls, "call torn down")
     assert _wer.wer(reference, " ".join(heard)) <= 0.15, (reference, heard)
+    # Transcripts are personal data: not in any log line at any level (v0.1 logged them at INFO).
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert heard and not [t for t in heard if t.strip() and t.strip() in logged], logged
 
 
 async def test_reply_speech_reaches_the_caller_and_barge_in_stops_it(

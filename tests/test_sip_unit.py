@@ -359,11 +359,64 @@ def test_rule_bot_file(tmp_path: Path) -> None:
     assert load_bot("none")().on_transcript("hi") == []
     bad = tmp_path / "bad.yaml"
     bad.write_text("rules:\n  - say: no condition\n")
-    with pytest.raises(BotFileError, match=r"rules\[0\] needs `if` and `say`"):
+    with pytest.raises(BotFileError, match=r"rules\[0\] needs `say` and one of `if`, `if_says`"):
         load_bot(str(bad))
     with pytest.raises(BotFileError, match="expected none, echo or a YAML file"):
         load_bot(str(tmp_path / "missing.yaml"))
     assert isinstance(RuleBot.from_mapping({}), RuleBot)
+
+
+def test_the_call_bot_file_answers_phone_calls_too() -> None:
+    """v0.1: the README's `voxgate sip --bot clients/sample_bot.yaml` exited with
+    "rules[0] needs `if` and `say`": the two bot YAML schemas differed."""
+    bot = load_bot("clients/sample_bot.yaml")()
+    assert bot.greeting() == "Hello! You are through to the voxgate demo line. Go ahead."
+    assert bot.on_transcript("Ask what you can do for your country.") == [
+        "Thank you, Mister President. I will ask what I can do for my country."
+    ]
+    assert bot.on_transcript("the printed books of the time")[0].startswith("Block books")
+    assert bot.on_transcript("Pardon?") == ["Sorry, I did not catch that. You said: Pardon?"]
+
+
+def test_the_readme_sip_command_starts_with_the_sample_bot() -> None:
+    """The README's documented command, with a free port instead of 5060."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "sip",
+            "--listen",
+            "127.0.0.1:0",
+            "--gateway",
+            "127.0.0.1:50051",
+            "--bot",
+            "clients/sample_bot.yaml",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("sip listening on 127.0.0.1:"), (
+            line,
+            proc.stderr.read() if proc.poll() is not None and proc.stderr else "",
+        )
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0
 
 
 async def test_cli_flags_and_bad_bot_exit_code(capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,6 +22,11 @@ def _normalise(text: str) -> str:
     return " ".join(_WORDS.sub(" ", text.lower()).split())
 
 
+def _fill(template: str, text: str) -> str:
+    # str.replace, not str.format: a reply with other braces must not raise.
+    return template.replace("{text}", text.strip())
+
+
 class BotFileError(ValueError):
     """A ``--bot`` YAML file that does not describe a bot."""
 
@@ -52,8 +57,17 @@ class EchoBot(SilentBot):
 
 @dataclass(frozen=True, slots=True)
 class _Rule:
+    """``phrases`` match word-aligned; ``pattern`` (``if_says``/``if_matches``) matches raw text."""
+
     phrases: tuple[str, ...]
     reply: str
+    pattern: re.Pattern[str] | None = None
+
+    def matches(self, text: str) -> bool:
+        if self.pattern is not None:
+            return self.pattern.search(text) is not None
+        said = f" {_normalise(text)} "
+        return any(f" {p} " in said for p in self.phrases)
 
 
 @dataclass(slots=True)
@@ -66,12 +80,18 @@ class RuleBot:
         rules:
           - if: [opening hours, when are you open]   # a phrase or a list of phrases
             say: We are open nine to five.
+          - if_says: "your country"                  # substring, case-insensitive
+            say: "You said: {text}"
+          - if_matches: "block ?books?"              # regular expression, case-insensitive
+            say: Block books came first.
         dtmf:
           "1": You pressed one.
         fallback: Sorry, I did not catch that.          # optional
 
-    A rule matches when one of its phrases occurs in the transcript, word-aligned, ignoring
-    case and punctuation; the first matching rule wins.
+    An ``if`` rule matches when one of its phrases occurs in the transcript, word-aligned,
+    ignoring case and punctuation; ``if_says``/``if_matches`` are the rules of ``voxgate
+    call --bot`` files (``clients/bot.py``), so one file serves both; the first matching rule
+    wins, and ``{text}`` in a reply is what the caller said.
     """
 
     greeting_text: str | None = None
@@ -89,8 +109,26 @@ class RuleBot:
             raise BotFileError(f"{source}: unknown keys {sorted(unknown)}")
         rules: list[_Rule] = []
         for i, rule in enumerate(data.get("rules") or []):
-            if not isinstance(rule, dict) or "if" not in rule or "say" not in rule:
-                raise BotFileError(f"{source}: rules[{i}] needs `if` and `say`")
+            conditions = (
+                [k for k in ("if", "if_says", "if_matches") if k in rule]
+                if isinstance(rule, dict)
+                else []
+            )
+            if len(conditions) != 1 or "say" not in rule:
+                raise BotFileError(
+                    f"{source}: rules[{i}] needs `say` and one of `if`, `if_says`, `if_matches`"
+                )
+            if conditions[0] == "if_says":
+                pattern = re.compile(re.escape(str(rule["if_says"])), re.IGNORECASE)
+                rules.append(_Rule((), str(rule["say"]), pattern))
+                continue
+            if conditions[0] == "if_matches":
+                try:
+                    pattern = re.compile(str(rule["if_matches"]), re.IGNORECASE)
+                except re.error as exc:
+                    raise BotFileError(f"{source}: rules[{i}].if_matches: {exc}") from None
+                rules.append(_Rule((), str(rule["say"]), pattern))
+                continue
             phrases = rule["if"] if isinstance(rule["if"], list) else [rule["if"]]
             norm = tuple(_normalise(str(p)) for p in phrases if _normalise(str(p)))
             if not norm:
@@ -114,13 +152,12 @@ class RuleBot:
 
     def on_transcript(self, text: str) -> list[str]:
         """The first matching rule's reply, else the fallback."""
-        said = f" {_normalise(text)} "
-        if not said.strip():
+        if not _normalise(text):
             return []
         for rule in self.rules:
-            if any(f" {p} " in said for p in rule.phrases):
-                return [rule.reply]
-        return [self.fallback] if self.fallback else []
+            if rule.matches(text):
+                return [_fill(rule.reply, text)]
+        return [_fill(self.fallback, text)] if self.fallback else []
 
     def on_dtmf(self, digit: str) -> list[str]:
         """The reply configured for this key."""

@@ -94,6 +94,12 @@ class BridgeConfig(BaseModel):
     grace_s: float = Field(
         default=3.0, ge=0, description="Shutdown: wait this long for BYE answers."
     )
+    log_content: bool = Field(
+        default=False,
+        description="Log what callers say, what the bot replies and the keys pressed (a "
+        "debugging aid: transcripts and digits are personal data, so they are never logged "
+        "otherwise).",
+    )
 
     @model_validator(mode="after")
     def _ports(self) -> BridgeConfig:
@@ -929,16 +935,17 @@ class SipBridge:
             self._put(call, pb.ConverseRequest(audio=pb.AudioChunk(data=frame)))
 
     def _caller_dtmf(self, call: _Call, ev: DtmfEvent) -> None:
-        log.info("call %s: DTMF %s (%d ms)", call.call_id, ev.digit, ev.duration_ms)
+        if self.config.log_content:
+            log.info("call %s: DTMF %s (%d ms)", call.call_id, ev.digit, ev.duration_ms)
+        else:
+            log.debug("call %s: DTMF key (%d ms)", call.call_id, ev.duration_ms)
         self._put(
             call, pb.ConverseRequest(dtmf=pb.Dtmf(digit=ev.digit, duration_ms=ev.duration_ms))
         )
 
     def _speak(self, call: _Call, text: str) -> None:
         if self._can_speak is False:
-            log.info(
-                "call %s: bot says %r (not spoken: the gateway has no voice)", call.call_id, text
-            )
+            log.info("call %s: bot reply not spoken: the gateway has no voice", call.call_id)
             return
         call.speak_count += 1
         self._put(
@@ -988,7 +995,8 @@ class SipBridge:
             media.clear()
             log.info("call %s: barge-in, %d ms of queued reply dropped", call.call_id, dropped)
         elif kind == "transcript" and msg.transcript.is_final:
-            log.info("call %s: caller said %r", call.call_id, msg.transcript.text)
+            if self.config.log_content:
+                log.info("call %s: caller said %r", call.call_id, msg.transcript.text)
             for reply in call.bot.on_transcript(msg.transcript.text):
                 self._speak(call, reply)
         elif kind == "dtmf":

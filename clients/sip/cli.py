@@ -93,6 +93,12 @@ def add_sip_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--language", default="", help="caller language hint, e.g. en")
     parser.add_argument("--voice", default="", help="gateway voice name (default: its default)")
     parser.add_argument(
+        "--log-content",
+        action="store_true",
+        help="debugging: log transcripts, bot replies and DTMF digits (personal data; off "
+        "by default)",
+    )
+    parser.add_argument(
         "--sip-log-level",
         default=None,
         help="log level when run standalone (python -m clients.sip)",
@@ -115,11 +121,19 @@ async def run_sip(args: argparse.Namespace) -> int:
             jitter_ms=args.jitter_ms,
             language=args.language,
             voice=args.voice,
+            log_content=args.log_content,
         )
     except (BotFileError, ValidationError) as exc:
         print(f"voxgate sip: {exc}", file=sys.stderr)
         return 2
     bridge = SipBridge(config, bot_factory)
+    # Handlers go in before the `sip listening on` line: a supervisor that reads the line and
+    # stops the bridge at once must get BYEs sent, not Python's default SIGTERM death.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
     try:
         await bridge.start()
     except OSError as exc:
@@ -129,11 +143,6 @@ async def run_sip(args: argparse.Namespace) -> int:
         )
         return 1
     print(f"sip listening on {bridge.address[0]}:{bridge.address[1]}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
     finally:
