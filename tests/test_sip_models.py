@@ -8,8 +8,8 @@ reply RTP within 100 ms (counted in 20 ms packets, not timed).
 from __future__ import annotations
 
 import asyncio
-import logging
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
