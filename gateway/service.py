@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -195,6 +196,7 @@ def add_to_server(servicer: VoiceGatewayServicer, server: grpc.aio.Server) -> No
         ),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
@@ -220,6 +222,8 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         self.info = info or EngineInfo()
         self.active_calls = 0
         self.accepting = True
+        #: How this servicer's calls ended, by outcome (the metric's labels), for observers.
+        self.outcomes: Counter[str] = Counter()
         self._sessions: dict[str, CallSession] = {}
         self._ending = False
         self._idle = asyncio.Event()
@@ -368,6 +372,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
                 await _abort(context, _internal(session_id))
         finally:
             metrics.CALLS_ENDED.labels(outcome).inc()
+            self.outcomes[outcome] += 1
             metrics.CALLS_ACTIVE.dec()
             self.active_calls -= 1
             self._sessions.pop(session_id, None)

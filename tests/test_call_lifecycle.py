@@ -263,11 +263,6 @@ async def test_churned_calls_are_counted_as_cancelled_without_error_logs(
 ) -> None:
     """v0.1: some client cancels were `internal` with a traceback, cancels before config
     `invalid_argument`."""
-    from gateway import metrics
-
-    outcomes = ("ok", "cancelled", "internal", "invalid_argument")
-    before = {o: metrics.CALLS_ENDED.labels(o)._value.get() for o in outcomes}
-    started_before = metrics.CALLS_TOTAL.labels("converse")._value.get()
     rounds = 80
     async with tone_server() as (srv, stub):
 
@@ -293,12 +288,9 @@ async def test_churned_calls_are_counted_as_cancelled_without_error_logs(
                 break
             await asyncio.sleep(0.01)
         assert srv.servicer.active_calls == 0
-    after = {o: metrics.CALLS_ENDED.labels(o)._value.get() for o in outcomes}
-    # A call cancelled before its first message may never reach the server; every one that
-    # did is counted as cancelled, and as nothing else.
-    seen = metrics.CALLS_TOTAL.labels("converse")._value.get() - started_before
-    assert seen >= rounds * 3 // 4
-    assert after["cancelled"] - before["cancelled"] == seen, (before, after)
-    for other in ("ok", "internal", "invalid_argument"):
-        assert after[other] == before[other], (before, after)
+        # A call cancelled before its first message may never reach the server; every one
+        # that did is counted as cancelled, and as nothing else.
+        outcomes = dict(srv.servicer.outcomes)
+    assert set(outcomes) == {"cancelled"}, outcomes
+    assert outcomes["cancelled"] >= rounds * 3 // 4
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
