@@ -3,7 +3,7 @@
 K simulated callers on loopback each stream real clips from the shared speech set
 (../shared/data/speech, 40 clips of 2.7-16 s) in real time, as 16 kHz LINEAR16 in 20 ms chunks
 on an absolute clock, with a seeded random pause of 1-3 s (digital silence) between clips. The
-gateway runs in its own process (``python -m gateway.cli serve --engines asr``); the callers run
+gateway runs in its own process (``python -m cli serve --engines asr``); the callers run
 here, one Converse stream each over one loopback channel.
 
 Latency, per clip: the wall time at which the final transcript (the last final overlapping the
@@ -258,7 +258,7 @@ def summarise(
 
 
 class ServerProcess:
-    """``python -m gateway.cli serve --engines asr`` with a YAML config, on a free port."""
+    """``python -m cli serve --engines asr`` with a YAML config, on a free port."""
 
     def __init__(self, overrides: dict[str, Any], log_path: Path) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="voxgate-capacity-")
@@ -268,7 +268,7 @@ class ServerProcess:
         self.log_path = log_path
         self._log = log_path.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path)]
+            [sys.executable, "-m", "cli", "serve", "--config", str(cfg_path)]
             + ["--engines", "asr", "--log-level", "INFO"],
             cwd=REPO,
             stdout=subprocess.PIPE,

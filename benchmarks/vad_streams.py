@@ -35,7 +35,7 @@ import soxr
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from conftest import SPEECH_DIR, read_wav_int16  # noqa: E402
 
-from gateway.audio import MULAW_ENCODE, float_to_pcm16, pcm16_to_float  # noqa: E402
+from pcmcodec import MULAW_ENCODE, float_to_pcm16, pcm16_to_float  # noqa: E402
 from voxgate.v1 import voxgate_pb2 as pb  # noqa: E402
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc  # noqa: E402
 
@@ -118,7 +118,7 @@ def main() -> None:
     args = ap.parse_args()
     audio = call_audio()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--engines", "none"],
+        [sys.executable, "-m", "cli", "serve", "--port", "0", "--engines", "none"],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -95,7 +95,7 @@ class CallResult:
 
 
 async def run_call(args: argparse.Namespace) -> int:
-    """Entry point of ``voxgate call`` (see gateway/cli.py for the flags)."""
+    """Entry point of ``voxgate call`` (see cli/_main.py for the flags)."""
     opts = CallOptions(
         file=Path(args.file),
         target=args.target,

@@ -20,7 +20,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from engines.asr.base import AsrOptions
 from gateway import metrics
-from gateway.audio import SUPPORTED_RATES_HZ, OutputEncoder, WireEncoding
+from gateway.audio import OutputEncoder
 from gateway.config import GatewayConfig, VadConfig
 from gateway.errors import CallError, ErrorKind, echo
 from gateway.session import (
@@ -47,6 +47,7 @@ from gateway.session import (
     Transcriber,
     TranscriptOut,
 )
+from pcmcodec import SUPPORTED_RATES_HZ, WireEncoding
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 

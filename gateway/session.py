@@ -30,10 +30,11 @@ import numpy as np
 from engines.asr.base import AsrOptions, AsrRequest, AsrResult
 from engines.base import FloatArray
 from gateway import metrics
-from gateway.audio import AudioFormatError, InputDecoder, OutputEncoder, WireEncoding, bytes_per_ms
+from gateway.audio import AudioFormatError, InputDecoder, OutputEncoder
 from gateway.config import LimitsConfig, VadConfig
 from gateway.errors import CallError, ErrorKind
 from gateway.segmenter import Segmenter, SegmenterState, SpeechBegin, SpeechEnd, Utterance
+from pcmcodec import WireEncoding, bytes_per_ms
 
 __all__ = [
     "AudioIn",

@@ -12,7 +12,7 @@ import numpy as np
 import soxr
 from conftest import read_wav_int16
 
-from gateway.audio import ALAW_ENCODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float
+from pcmcodec import ALAW_ENCODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float
 from voxgate.v1 import voxgate_pb2 as pb
 
 

@@ -17,12 +17,12 @@ from calls import chunks, config, encode_wav, requests
 from benchmarks import _wer
 from engines.asr.base import AsrRequest, AsrResult
 from gateway import metrics
-from gateway.audio import MULAW_ENCODE, float_to_pcm16
 from gateway.config import load_config
 from gateway.runtime import build_hub
 from gateway.server import GatewayServer
 from gateway.testing.server import running_server
 from gateway.testing.signals import hallucination_set
+from pcmcodec import MULAW_ENCODE, float_to_pcm16
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 

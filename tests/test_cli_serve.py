@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 def start(*args: str) -> tuple[subprocess.Popen[str], str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", *args],
+        [sys.executable, "-m", "cli", "serve", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -78,7 +78,7 @@ def test_environment_configures_the_server() -> None:
 
 def test_invalid_configuration_is_refused_with_the_field_name() -> None:
     out = subprocess.run(  # noqa: PLW1510 - the return code is the assertion
-        [sys.executable, "-m", "gateway.cli", "serve", "--port", "70000", "--engines", "none"],
+        [sys.executable, "-m", "cli", "serve", "--port", "70000", "--engines", "none"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -18,8 +18,8 @@ import grpc
 import pytest
 from calls import truth
 
+from cli.demo import run_demo
 from clients.cli import CallOptions, play_call, run_call
-from clients.demo import run_demo
 from clients.voxgate_client import (
     AS_FAST_AS_ALLOWED,
     UNPACED,

@@ -18,8 +18,8 @@ import jiwer
 import numpy as np
 import pytest
 
+from cli.demo import run_demo
 from clients.cli import CallOptions, play_call
-from clients.demo import run_demo
 from clients.voxgate_client import (
     AS_FAST_AS_ALLOWED,
     REALTIME,

@@ -9,7 +9,6 @@ hadolint binary, and the Kubernetes JSON schemas).
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import queue
@@ -29,7 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.cli import build_parser
+from cli import build_parser
 from gateway.config import load_config
 from gateway.server import SERVICE_NAME
 
@@ -588,21 +587,11 @@ def _compose_interpolate(value: str) -> str:
 
 
 def test_compose_sip_flags_match_the_cli() -> None:
-    from clients.sip.cli import add_sip_arguments
 
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     sip = compose["services"]["sip"]
     argv = [_compose_interpolate(str(a)) for a in sip["command"]]
-    parser = build_parser()
-    subcommands = next(
-        a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
-    ).choices
-    if "sip" in subcommands:
-        args = parser.parse_args(argv[1:])
-    else:  # until `voxgate sip` is wired into gateway.cli: the bridge's own flags
-        standalone = argparse.ArgumentParser(prog="voxgate sip")
-        add_sip_arguments(standalone)
-        args = standalone.parse_args(argv[2:])
+    args = build_parser().parse_args(argv[1:])
     assert args.listen == ("0.0.0.0", 5060)
     lo, hi = args.rtp_ports
     published = {p.removesuffix("/udp").split(":")[-1] for p in sip["ports"]}
@@ -642,7 +631,7 @@ def test_container_cmd_serves_passes_healthcheck_and_drains_on_sigterm(tmp_path:
     metrics_port = _free_port()
     # The image's CMD, with argv[0] as this interpreter's CLI; later flags win in argparse, so the
     # CMD's own flags are parsed too, then pointed at loopback and a free port, engines off.
-    cmd = [sys.executable, "-m", "gateway.cli", *argv[1:]]
+    cmd = [sys.executable, "-m", "cli", *argv[1:]]
     cmd += ["--host", "127.0.0.1", "--port", "0", "--metrics-port", str(metrics_port)]
     cmd += ["--engines", "none"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_")}

@@ -13,7 +13,7 @@ from conftest import read_wav_int16
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.audio import MULAW_ENCODE, InputDecoder, WireEncoding, float_to_pcm16, pcm16_to_float
+from gateway.audio import InputDecoder
 from gateway.config import VadConfig
 from gateway.segmenter import (
     Segmenter,
@@ -22,6 +22,7 @@ from gateway.segmenter import (
     SpeechEnd,
     Utterance,
 )
+from pcmcodec import MULAW_ENCODE, WireEncoding, float_to_pcm16, pcm16_to_float
 
 pytestmark = pytest.mark.unit
 

@@ -22,9 +22,9 @@ from calls import encode_wav
 from benchmarks import _wer
 from clients.sip import BridgeConfig, SilentBot, SipBridge
 from clients.sip.testing import RtpPeer, SippResult, run_sipp
-from gateway.audio import MULAW_DECODE
 from gateway.config import load_config
 from gateway.testing.server import running_server
+from pcmcodec import MULAW_DECODE
 from voxgate.v1 import voxgate_pb2 as pb
 
 pytestmark = [

@@ -389,7 +389,7 @@ def test_the_readme_sip_command_starts_with_the_sample_bot() -> None:
         [
             sys.executable,
             "-m",
-            "gateway.cli",
+            "cli",
             "sip",
             "--listen",
             "127.0.0.1:0",

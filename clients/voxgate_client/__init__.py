@@ -2,7 +2,7 @@
 
 Packaging choice: the client lives in the ``clients`` package of the voxgate distribution, not
 in a separate distribution, so that it shares the generated ``voxgate.v1`` protobuf modules and
-the bit-exact G.711 tables of :mod:`gateway.audio` with the server and cannot drift from the
+the bit-exact G.711 tables of :mod:`pcmcodec` with the server and cannot drift from the
 contract. ``from clients.voxgate_client import VoxgateClient`` is the public import path; names
 not listed in ``__all__`` (the ``_private`` modules) may change without notice.
 

@@ -1,6 +1,6 @@
 """Audio helpers for clients: read/write WAV, G.711 conversion, paced streaming, reply capture.
 
-G.711 goes through :mod:`gateway.audio`'s bit-exact ITU-T tables and resampling through soxr, so
+G.711 goes through :mod:`pcmcodec`'s bit-exact ITU-T tables and resampling through soxr, so
 a client encodes exactly as the server decodes.
 """
 
@@ -19,7 +19,7 @@ import soxr
 
 from clients.voxgate_client._config import EncodingName
 from clients.voxgate_client._events import AudioOut, SessionStarted
-from gateway.audio import (
+from pcmcodec import (
     ALAW_DECODE,
     ALAW_ENCODE,
     MULAW_DECODE,

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engines.base import ASR_SAMPLE_RATE_HZ, FloatArray, UtteranceStats
-from gateway.audio import MULAW_DECODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float
+from pcmcodec import MULAW_DECODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float
 
 __all__ = [
     "TestSignal",

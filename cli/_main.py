@@ -109,7 +109,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from clients.demo import run_demo  # noqa: PLC0415
+    from cli.demo import run_demo  # noqa: PLC0415
 
     setup_logging("WARNING", "text")
     code: int = asyncio.run(run_demo(args))

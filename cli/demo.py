@@ -21,7 +21,7 @@ __all__ = ["run_demo"]
 
 
 async def run_demo(args: argparse.Namespace) -> int:
-    """Entry point of ``voxgate demo`` (flags in gateway/cli.py)."""
+    """Entry point of ``voxgate demo`` (flags in cli/_main.py)."""
     # Server imports stay inside: a client-only install must import this module cheaply.
     from gateway.config import load_config  # noqa: PLC0415
     from gateway.runtime import build_hub  # noqa: PLC0415
