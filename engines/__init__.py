@@ -7,6 +7,6 @@ transport, an engine owns a model. Import the concrete engines from their subpac
 
 from __future__ import annotations
 
-from engines.base import PcmAudio, UtteranceStats
+from engines.base import UtteranceStats
 
-__all__ = ["PcmAudio", "UtteranceStats"]
+__all__ = ["UtteranceStats"]

@@ -1,7 +1,7 @@
 """Types shared by every engine and by the gateway that feeds them.
 
-Audio carries its own format (sample rate, channels) so that a mismatch is caught where it is
-made instead of surfacing later as chipmunk audio or a wrong transcript.
+Inside the engines audio is float32 mono; the ASR path is at 16 kHz, a voice at its own rate
+(``VoiceInfo.sample_rate_hz``). Formats convert only at the gateway's edges.
 """
 
 from __future__ import annotations
@@ -11,32 +11,12 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ASR_SAMPLE_RATE_HZ", "FloatArray", "PcmAudio", "UtteranceStats"]
+__all__ = ["ASR_SAMPLE_RATE_HZ", "FloatArray", "UtteranceStats"]
 
 #: The ASR path is float32 mono at 16 kHz from the edge converters inward.
 ASR_SAMPLE_RATE_HZ = 16_000
 
 FloatArray = npt.NDArray[np.float32]
-
-
-@dataclass(frozen=True, slots=True)
-class PcmAudio:
-    """A block of mono float32 samples in [-1, 1] with the rate they were taken at.
-
-    Attributes:
-        samples: float32 samples, one channel.
-        sample_rate_hz: samples per second.
-        channels: always 1 inside voxgate; kept so that a stereo source is refused explicitly.
-    """
-
-    samples: FloatArray
-    sample_rate_hz: int
-    channels: int = 1
-
-    @property
-    def duration_ms(self) -> float:
-        """Length of the block in milliseconds."""
-        return 1000.0 * len(self.samples) / self.sample_rate_hz
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,9 +16,25 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from engines.asr.base import AsrRequest, AsrResult
-from engines.tts import SpeakOptions, TtsChunk, TtsConfig, TtsError, TtsInputError, VitsStreamer
+from engines.asr.base import AsrEngine, AsrRequest, AsrResult
+from engines.tts import (
+    SpeakOptions,
+    TtsChunk,
+    TtsConfig,
+    TtsEngine,
+    TtsError,
+    TtsInputError,
+    VitsStreamer,
+)
 from gateway import metrics
+from gateway.base import (
+    EngineInfo,
+    ModelDescription,
+    Synthesizer,
+    Transcriber,
+    TtsPiece,
+    VoiceDescription,
+)
 from gateway.batcher import (
     BatchEngine,
     Batcher,
@@ -30,8 +46,7 @@ from gateway.batcher import (
 )
 from gateway.config import GatewayConfig
 from gateway.errors import CallError, ErrorKind
-from gateway.service import EngineInfo, ModelDescription, VoiceDescription
-from gateway.session import SpeakIn, Synthesizer, Transcriber, TtsPiece
+from gateway.events import SpeakIn
 
 __all__ = ["AsrTranscriber", "EngineHubImpl", "TtsSynthesizer", "build_hub"]
 
@@ -44,14 +59,14 @@ class TtsSynthesizer:
     """The VITS streamer as sessions see it: an async stream of audio pieces per Speak.
 
     Args:
-        streamer: a loaded, warmed :class:`VitsStreamer` (thread-safe across streams).
+        streamer: a loaded, warmed voice engine (thread-safe across streams).
         threads: replies synthesized in parallel; more queue for a free thread.
     """
 
-    def __init__(self, streamer: VitsStreamer, threads: int) -> None:
+    def __init__(self, streamer: TtsEngine, threads: int) -> None:
         self.streamer = streamer
         self.sample_rate_hz = streamer.sample_rate_hz
-        self.max_text_chars = streamer.config.max_chars
+        self.max_text_chars = streamer.max_text_chars
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tts")
 
     async def stream(self, speak: SpeakIn) -> AsyncIterator[TtsPiece]:
@@ -166,9 +181,9 @@ class EngineHubImpl:
         self._batcher: Batcher[AsrRequest, AsrResult] | None = None
         self._tts: TtsSynthesizer | None = None
         self.info = EngineInfo()
-        self._asr_engines: list[Any] = []
+        self._asr_engines: list[AsrEngine] = []
         self._asr_plan_used: BatchPlan | None = None
-        self._streamer: VitsStreamer | None = None
+        self._streamer: TtsEngine | None = None
 
     async def start(self) -> None:
         """Load and warm both engines in parallel threads, then start the batcher."""
@@ -233,7 +248,8 @@ class EngineHubImpl:
         engine = WhisperEngine.load(cfg)
         engine.warmup()
         # One engine object per worker over the one CTranslate2 model (see WhisperEngine.sibling).
-        self._asr_engines = [engine] + [engine.sibling() for _ in range(plan.workers - 1)]
+        workers: list[AsrEngine] = [engine, *(engine.sibling() for _ in range(plan.workers - 1))]
+        self._asr_engines = workers
         self._asr_plan_used = plan
         log.info(
             "asr engine: %s on %s, CTranslate2 inter_threads=%d intra_threads=%d",
@@ -246,7 +262,7 @@ class EngineHubImpl:
             ModelDescription(
                 name=engine.name,
                 family="whisper",
-                languages=tuple(getattr(engine, "languages", ())),
+                languages=engine.languages,
                 device=cfg.device,
                 compute_type=str(getattr(engine, "compute_type", "")),
             )

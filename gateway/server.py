@@ -23,7 +23,6 @@ import contextlib
 import logging
 import signal
 import sys
-from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -31,29 +30,13 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
+from gateway.base import EngineHub
 from gateway.config import GatewayConfig
-from gateway.service import SERVICE_NAME, EngineInfo, VoiceGatewayServicer, add_to_server
-from gateway.session import Synthesizer, Transcriber
+from gateway.service import SERVICE_NAME, VoiceGatewayServicer, add_to_server
 
-__all__ = ["SERVICE_NAME", "EngineHub", "GatewayServer", "serve"]
+__all__ = ["SERVICE_NAME", "GatewayServer", "serve"]
 
 log = logging.getLogger("voxgate.server")
-
-
-class EngineHub(Protocol):
-    """Loads, warms and closes the engines a server uses."""
-
-    transcriber: Transcriber | None
-    synthesizer: Synthesizer | None
-    info: EngineInfo
-
-    async def start(self) -> None:
-        """Load and warm every engine (in worker threads)."""
-        ...
-
-    async def aclose(self) -> None:
-        """Stop the batcher, then close the engines."""
-        ...
 
 
 class GatewayServer:

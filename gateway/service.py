@@ -10,7 +10,7 @@ import asyncio
 import logging
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import grpc
@@ -21,13 +21,12 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from engines.asr.base import AsrOptions
 from gateway import metrics
 from gateway.audio import OutputEncoder
+from gateway.base import EngineInfo, Synthesizer, Transcriber
 from gateway.config import GatewayConfig, VadConfig
 from gateway.errors import CallError, ErrorKind, echo
-from gateway.session import (
+from gateway.events import (
     AudioIn,
     AudioOutEvent,
-    CallConfig,
-    CallSession,
     ClearIn,
     DtmfIn,
     DtmfOut,
@@ -43,10 +42,9 @@ from gateway.session import (
     RejectedSpeakIn,
     SpeakIn,
     SpeechOut,
-    Synthesizer,
-    Transcriber,
     TranscriptOut,
 )
+from gateway.session import CallConfig, CallSession
 from pcmcodec import SUPPORTED_RATES_HZ, WireEncoding
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
@@ -54,9 +52,6 @@ from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 __all__ = [
     "SERVICE_NAME",
     "STATUS_OF",
-    "EngineInfo",
-    "ModelDescription",
-    "VoiceDescription",
     "VoiceGatewayServicer",
     "add_to_server",
 ]
@@ -102,36 +97,6 @@ _MAX_DTMF_MS = 60_000
 
 #: Full name of the gRPC service (health checks and reflection list it).
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["VoiceGateway"].full_name
-
-
-@dataclass(frozen=True, slots=True)
-class ModelDescription:
-    """A loaded recognition model, as ListModels reports it."""
-
-    name: str
-    family: str
-    languages: tuple[str, ...] = ()
-    device: str = "cpu"
-    compute_type: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class VoiceDescription:
-    """A loaded voice, as ListVoices reports it."""
-
-    name: str
-    language: str
-    sample_rate_hz: int
-    num_speakers: int = 1
-    license_note: str = ""
-
-
-@dataclass
-class EngineInfo:
-    """What the servicer needs to know about loaded engines; the first of each is the default."""
-
-    models: list[ModelDescription] = field(default_factory=list)
-    voices: list[VoiceDescription] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

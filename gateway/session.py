@@ -1,6 +1,6 @@
 """One call as an asyncio task graph: ``recv`` → (``asr``, ``tts``) → ``send``.
 
-The servicer turns protobuf messages into the small inbound dataclasses below and back; nothing
+The servicer turns protobuf messages into the events of :mod:`gateway.events` and back; nothing
 here knows about gRPC or protobuf. One :class:`asyncio.TaskGroup` per call:
 
 * ``recv`` reads client events, validates and decodes audio at the edge, runs the segmenter
@@ -21,245 +21,47 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import numpy as np
 
 from engines.asr.base import AsrOptions, AsrRequest, AsrResult
-from engines.base import FloatArray
 from gateway import metrics
 from gateway.audio import AudioFormatError, InputDecoder, OutputEncoder
+from gateway.base import Synthesizer, Transcriber, TtsPiece
 from gateway.config import LimitsConfig, VadConfig
 from gateway.errors import CallError, ErrorKind
+from gateway.events import (
+    AudioIn,
+    AudioOutEvent,
+    ClearIn,
+    DtmfIn,
+    DtmfOut,
+    ErrorOut,
+    FlushIn,
+    HangupIn,
+    InboundEvent,
+    InterruptedOut,
+    MarkIn,
+    MarkReachedOut,
+    OutboundEvent,
+    PlaybackFinishedOut,
+    RejectedSpeakIn,
+    SpeakIn,
+    SpeechOut,
+    TranscriptOut,
+)
 from gateway.segmenter import Segmenter, SegmenterState, SpeechBegin, SpeechEnd, Utterance
 from pcmcodec import WireEncoding, bytes_per_ms
 
-__all__ = [
-    "AudioIn",
-    "AudioOutEvent",
-    "CallConfig",
-    "CallSession",
-    "ClearIn",
-    "DtmfIn",
-    "DtmfOut",
-    "ErrorOut",
-    "FlushIn",
-    "HangupIn",
-    "InboundEvent",
-    "InterruptedOut",
-    "MarkIn",
-    "MarkReachedOut",
-    "OutboundEvent",
-    "PlaybackFinishedOut",
-    "RejectedSpeakIn",
-    "SpeakIn",
-    "SpeechOut",
-    "Synthesizer",
-    "TranscriptOut",
-    "Transcriber",
-    "TtsPiece",
-]
+__all__ = ["CallConfig", "CallSession", "cancel_and_wait"]
 
 log = logging.getLogger("voxgate.session")
 
 #: Outgoing audio is cut into frames of this length; barge-in stops within one frame.
 FRAME_MS = 20
-
-
-# --- inbound ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class AudioIn:
-    """Caller audio, still in the wire encoding."""
-
-    data: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class SpeakIn:
-    """Text to say to the caller (already validated by the servicer)."""
-
-    text: str
-    speak_id: str
-    voice: str = ""
-    rate: float = 1.0
-    speaker_id: int = 0
-    uninterruptible: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ClearIn:
-    """Drop queued and playing speech."""
-
-
-@dataclass(frozen=True, slots=True)
-class MarkIn:
-    """Report when playout reaches this point of the speech queue."""
-
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class HangupIn:
-    """End the call after the pending utterance is transcribed."""
-
-
-@dataclass(frozen=True, slots=True)
-class FlushIn:
-    """Finish the current utterance now."""
-
-
-@dataclass(frozen=True, slots=True)
-class DtmfIn:
-    """A keypad digit from the caller's line."""
-
-    digit: str
-    duration_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class RejectedSpeakIn:
-    """A Speak that failed validation: the call goes on, the bot gets an ErrorEvent."""
-
-    speak_id: str
-    error: CallError
-
-
-InboundEvent = AudioIn | SpeakIn | ClearIn | MarkIn | HangupIn | FlushIn | DtmfIn | RejectedSpeakIn
-
-
-# --- outbound -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SpeechOut:
-    """SPEECH_BEGIN (``begin=True``) or SPEECH_END at a call offset."""
-
-    begin: bool
-    offset_ms: int
-    utterance_index: int
-
-
-@dataclass(frozen=True, slots=True)
-class TranscriptOut:
-    """A transcript with call-relative times."""
-
-    result: AsrResult
-    is_final: bool
-    start_ms: int
-    end_ms: int
-    utterance_index: int
-    latency_ms: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class AudioOutEvent:
-    """One paced frame of synthesized audio in the call's output format."""
-
-    data: bytes
-    sequence_number: int
-    speak_id: str
-    offset_ms: int
-    is_last: bool
-
-
-@dataclass(frozen=True, slots=True)
-class MarkReachedOut:
-    """Playout reached a mark."""
-
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class InterruptedOut:
-    """Playback of a Speak stopped early (barge-in or Clear)."""
-
-    speak_id: str
-    played_ms: int
-    words_played: tuple[str, ...]
-    at_offset_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class PlaybackFinishedOut:
-    """A Speak played to its end."""
-
-    speak_id: str
-    duration_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class ErrorOut:
-    """A failure that does not end the call (one utterance, one Speak)."""
-
-    kind: ErrorKind
-    message: str
-    scope: str
-    utterance_index: int = 0
-    speak_id: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class DtmfOut:
-    """A keypad digit, echoed to the bot on the event stream."""
-
-    digit: str
-    duration_ms: int
-
-
-OutboundEvent = (
-    SpeechOut
-    | TranscriptOut
-    | AudioOutEvent
-    | MarkReachedOut
-    | InterruptedOut
-    | PlaybackFinishedOut
-    | ErrorOut
-    | DtmfOut
-)
-
-
-# --- engines as the session sees them -----------------------------------------------------------
-
-
-class Transcriber(Protocol):
-    """The shared, cross-call recogniser (the batcher in front of the Whisper engine)."""
-
-    async def transcribe(self, request: AsrRequest) -> AsrResult:
-        """Transcribe one utterance; raises :class:`CallError` for queue-full and the like."""
-        ...
-
-    def can_speculate(self) -> bool:
-        """Whether there is spare capacity for a speculative final (nothing is waiting)."""
-        ...
-
-    def encode_context(self, initial_prompt: str, hotwords: Sequence[str]) -> tuple[int, ...]:
-        """The recogniser's tokens for a call's prompt and hotwords (once, at call start)."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class TtsPiece:
-    """A piece of synthesized audio with the words that end inside it."""
-
-    samples: FloatArray
-    words: tuple[tuple[str, int], ...]  # (word, end_ms relative to the Speak's start)
-    is_last: bool
-
-
-class Synthesizer(Protocol):
-    """The shared voice engine, seen as an async stream of audio pieces."""
-
-    sample_rate_hz: int
-    #: Longest text one Speak may carry (the voice's ``tts.max_chars``); the servicer checks it.
-    max_text_chars: int
-
-    def stream(self, speak: SpeakIn) -> AsyncIterator[TtsPiece]:
-        """Synthesize ``speak.text``; raises :class:`CallError` for bad input."""
-        ...
 
 
 # --- the call -----------------------------------------------------------------------------------

@@ -132,13 +132,21 @@ class AsrEngine(Protocol):
 
     name: str
 
-    @classmethod
-    def load(cls, config: object) -> Self:
-        """Load the model named by ``config`` from local files (never from a hub)."""
-        ...
-
     def warmup(self) -> None:
         """Run one tiny inference so the first real call does not pay for lazy init."""
+        ...
+
+    @property
+    def languages(self) -> tuple[str, ...]:
+        """Language codes ``AsrOptions.language`` may name."""
+        ...
+
+    def sibling(self) -> Self:
+        """Another engine over the same loaded model, for another worker thread."""
+        ...
+
+    def encode_context(self, initial_prompt: str, hotwords: Sequence[str]) -> tuple[int, ...]:
+        """A call's prompt and hotwords as decoder context tokens (thread-safe)."""
         ...
 
     def infer_batch(self, items: Sequence[AsrRequest]) -> list[AsrResult]:

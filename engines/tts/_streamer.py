@@ -185,6 +185,11 @@ class VitsStreamer:
         return int(self._voice.sample_rate)
 
     @property
+    def max_text_chars(self) -> int:
+        """Longest text one ``stream`` call accepts (``TtsConfig.max_chars``)."""
+        return self.config.max_chars
+
+    @property
     def hop_length(self) -> int:
         """Samples per latent frame (from the voice config, verified by :meth:`warmup`)."""
         return self._hop

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol, Self
+from typing import Protocol
 
 from engines.base import FloatArray
 
@@ -154,9 +154,9 @@ class TtsEngine(Protocol):
         """Output rate of the default voice."""
         ...
 
-    @classmethod
-    def load(cls, config: object) -> Self:
-        """Load the voice(s) named by ``config`` from local files (never from a hub)."""
+    @property
+    def max_text_chars(self) -> int:
+        """Longest text one ``stream`` call accepts (``TtsConfig.max_chars``)."""
         ...
 
     def warmup(self) -> None:

@@ -15,8 +15,8 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from gateway.service import EngineInfo, VoiceDescription
-from gateway.session import SpeakIn, Synthesizer, Transcriber, TtsPiece
+from gateway.base import EngineInfo, Synthesizer, Transcriber, TtsPiece, VoiceDescription
+from gateway.events import SpeakIn
 
 __all__ = ["FakeBatchEngine", "FakeEngineError", "FakeToneHub", "FakeToneSynthesizer"]
 

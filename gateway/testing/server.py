@@ -6,8 +6,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from gateway.base import EngineHub
 from gateway.config import GatewayConfig, load_config
-from gateway.server import EngineHub, GatewayServer
+from gateway.server import GatewayServer
 
 __all__ = ["running_server"]
 
