@@ -15,8 +15,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 __all__ = ["main"]
 
 
@@ -80,7 +78,11 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, help="YAML config file (see README)")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="gRPC port; 0 picks a free one (default 50051)")
-    p.add_argument("--metrics-port", type=int, help="Prometheus port; 0 disables (default)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="Prometheus /metrics port; 0 picks a free one (logged); default: no metrics",
+    )
     p.add_argument("--grace-s", type=float, help="SIGTERM drain period in seconds")
     p.add_argument(
         "--engines",
@@ -94,17 +96,24 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from gateway.config import load_config  # noqa: PLC0415
-    from gateway.runtime import build_hub  # noqa: PLC0415
+    from gateway.config import ConfigError, load_config  # noqa: PLC0415
+    from gateway.runtime import EngineLoadError, build_hub  # noqa: PLC0415
     from gateway.server import serve  # noqa: PLC0415
 
     try:
         config = load_config(args.config, _serve_overrides(args))
-    except (ValidationError, ValueError, OSError) as exc:
-        print(f"voxgate serve: invalid configuration: {exc}", file=sys.stderr)
+    except ConfigError as exc:
+        print(f"voxgate serve: {exc}", file=sys.stderr)
         return 2
     setup_logging(config.server.log_level, config.server.log_format)
-    asyncio.run(serve(config, build_hub(config)))
+    try:
+        asyncio.run(serve(config, build_hub(config)))
+    except EngineLoadError as exc:
+        print(f"voxgate serve: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the port (or the metrics port) is taken
+        print(f"voxgate serve: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -9,20 +9,29 @@ from the proto and are validated by the servicer against the limits here.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Self
+from typing import Annotated, Any, Literal, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from engines.asr.config import WhisperConfig
+from engines.tts.config import TtsConfig
 
 __all__ = [
     "BatcherConfig",
+    "ConfigError",
+    "EngineName",
     "GatewayConfig",
     "LimitsConfig",
     "ServerConfig",
+    "SessionConfig",
     "VadConfig",
     "load_config",
 ]
+
+#: An engine a server can load.
+EngineName = Literal["asr", "tts"]
 
 
 class _Frozen(BaseModel):
@@ -132,6 +141,11 @@ class BatcherConfig(_Frozen):
     max_queue_size: int = Field(
         256, ge=1, description="Queued utterances; more are refused with RESOURCE_EXHAUSTED."
     )
+
+
+class SessionConfig(_Frozen):
+    """How each call runs (server defaults; a call's config may override the interim interval)."""
+
     interim_interval_ms: int = Field(
         1_000, ge=200, le=10_000, description="Default interval between interim transcripts, ms."
     )
@@ -140,6 +154,19 @@ class BatcherConfig(_Frozen):
         description="Start an utterance's final decode once its trailing silence has settled "
         "(~320 ms) instead of after the whole hangover, when the recogniser is idle.",
     )
+    playout_lead_ms: int = Field(
+        60,
+        ge=0,
+        le=1_000,
+        description="Synthesized audio leaves this far ahead of its playout time, ms; it absorbs "
+        "network and scheduling jitter at the client.",
+    )
+    tts_threads: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Replies synthesized in parallel across calls; 0 = min(4, CPU cores).",
+    )
 
 
 class ServerConfig(_Frozen):
@@ -147,8 +174,12 @@ class ServerConfig(_Frozen):
 
     host: str = Field("127.0.0.1", description="Address to bind the gRPC port to.")
     port: int = Field(50051, ge=0, le=65535, description="gRPC port; 0 picks a free one.")
-    metrics_port: int = Field(
-        0, ge=0, le=65535, description="Prometheus port; 0 disables the metrics endpoint."
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Prometheus /metrics port on ``host``; 0 picks a free one (as ``port`` "
+        "does); unset (null) serves no metrics. The address is logged at start-up.",
     )
     grace_s: float = Field(
         10.0, ge=0.0, le=600.0, description="SIGTERM drain period for active calls, s."
@@ -179,17 +210,28 @@ class GatewayConfig(BaseSettings):
     vad: VadConfig = Field(default_factory=VadConfig)  # type: ignore[arg-type]
     limits: LimitsConfig = Field(default_factory=LimitsConfig)  # type: ignore[arg-type]
     batcher: BatcherConfig = Field(default_factory=BatcherConfig)  # type: ignore[arg-type]
-    asr: dict[str, Any] = Field(
-        default_factory=dict, description="Whisper engine settings (engines.asr WhisperConfig)."
+    session: SessionConfig = Field(default_factory=SessionConfig)  # type: ignore[arg-type]
+    asr: WhisperConfig = Field(
+        default_factory=WhisperConfig,
+        description="Whisper engine settings (engines.asr.config.WhisperConfig).",
     )
-    tts: dict[str, Any] = Field(
-        default_factory=dict, description="Voice settings (engines.tts TtsConfig)."
+    tts: TtsConfig = Field(
+        default_factory=TtsConfig,
+        description="Voice settings (engines.tts.config.TtsConfig).",
     )
-    engines: str = Field(
-        "asr,tts",
-        pattern="^(none|asr|tts|asr,tts|tts,asr)$",
-        description="Engines to load: 'asr', 'tts', both, or 'none' (VAD-only serving).",
+    engines: Annotated[frozenset[EngineName], NoDecode] = Field(
+        frozenset({"asr", "tts"}),
+        description="Engines to load: 'asr', 'tts', both ('asr,tts'), or 'none' (VAD only).",
     )
+
+    @field_validator("engines", mode="before")
+    @classmethod
+    def _parse_engines(cls, value: Any) -> Any:
+        """Accept the flag and environment form, "asr,tts" / "none", besides a list."""
+        if isinstance(value, str):
+            names = [n.strip() for n in value.split(",") if n.strip()]
+            return frozenset() if names == ["none"] else frozenset(names)
+        return value
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -202,15 +244,50 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class ConfigError(ValueError):
+    """An invalid configuration; the message names every bad field by its path and the fix."""
+
+
+def _describe(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration ({source}):"]
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            fix = "unknown field; remove it or check its spelling (see gateway/config.py)"
+        else:
+            fix = err["msg"]
+            if "input" in err and not isinstance(err["input"], dict | list):
+                fix += f" (got {str(err['input'])[:64]!r})"
+        lines.append(f"  {path}: {fix}")
+    return "\n".join(lines)
+
+
 def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> GatewayConfig:
-    """Build the config: defaults < YAML file < environment < ``overrides`` (from flags)."""
+    """Build the config: defaults < YAML file < environment < ``overrides`` (from flags).
+
+    Raises:
+        ConfigError: the file cannot be read or parsed, or any field at any depth is invalid;
+            the message lists each field by its dotted path with the fix.
+    """
     file_data: dict[str, Any] = {}
     if path is not None:
-        loaded = yaml.safe_load(path.read_text())
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
         if loaded is not None and not isinstance(loaded, dict):
-            raise ValueError(f"config file {path} must hold a mapping, not {type(loaded).__name__}")
+            kind = type(loaded).__name__
+            raise ConfigError(f"config file {path} must hold a mapping, not {kind}")
         file_data = loaded or {}
     # Environment beats the file: read the env-only view, then layer flags on top.
-    env_only = GatewayConfig.model_validate({}).model_dump(exclude_defaults=True)
+    try:
+        env_only = GatewayConfig.model_validate({}).model_dump(exclude_defaults=True)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, "VOXGATE_* environment variables")) from None
     data = _merge(_merge(file_data, env_only), overrides or {})
-    return GatewayConfig.model_validate(data)
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, str(path) if path else "flags and environment")) from None

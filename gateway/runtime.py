@@ -17,14 +17,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from engines.asr.base import AsrEngine, AsrRequest, AsrResult
+from engines.asr.model_files import BUNDLED_MODELS, ModelFilesError, resolve_model_dir
 from engines.tts import (
     SpeakOptions,
     TtsChunk,
-    TtsConfig,
     TtsEngine,
     TtsError,
     TtsInputError,
     VitsStreamer,
+    resolve_voice,
 )
 from gateway import metrics
 from gateway.base import (
@@ -48,11 +49,15 @@ from gateway.config import GatewayConfig
 from gateway.errors import CallError, ErrorKind
 from gateway.events import SpeakIn
 
-__all__ = ["AsrTranscriber", "EngineHubImpl", "TtsSynthesizer", "build_hub"]
+__all__ = ["AsrTranscriber", "EngineHubImpl", "EngineLoadError", "TtsSynthesizer", "build_hub"]
 
 log = logging.getLogger("voxgate.runtime")
 
 _END = object()
+
+
+class EngineLoadError(RuntimeError):
+    """A configured model or voice cannot be loaded; the message names the setting and why."""
 
 
 class TtsSynthesizer:
@@ -186,22 +191,45 @@ class EngineHubImpl:
         self._streamer: TtsEngine | None = None
 
     async def start(self) -> None:
-        """Load and warm both engines in parallel threads, then start the batcher."""
-        names = set(self.config.engines.split(","))
+        """Check the model files, load and warm both engines in parallel, start the batcher.
+
+        Raises:
+            EngineLoadError: a model or voice is missing or unusable (one sentence, no
+                traceback needed); nothing is left loaded.
+        """
+        names = self.config.engines
+        self._check_files(names)
         jobs = []
         if "tts" in names:
             jobs.append(asyncio.to_thread(self._load_tts))
         if "asr" in names:
             jobs.append(asyncio.to_thread(self._load_asr))
-        await asyncio.gather(*jobs)
+        try:
+            await asyncio.gather(*jobs)
+        except (ModelFilesError, TtsError, OSError) as exc:
+            await self.aclose()
+            raise EngineLoadError(f"cannot load the engines: {exc}") from exc
         if self._asr_engines:
             await self._start_batcher()
 
+    def _check_files(self, names: frozenset[str]) -> None:
+        """Find every configured model file before loading anything.
+
+        A wrong ``--model`` used to fail only after the voice had loaded, with a traceback.
+        """
+        try:
+            if "asr" in names and self.config.asr.model not in BUNDLED_MODELS:
+                resolve_model_dir(self.config.asr.model)
+            if "tts" in names:
+                resolve_voice(self.config.tts.voice)
+        except ModelFilesError as exc:
+            raise EngineLoadError(f"asr.model: {exc}") from None
+        except FileNotFoundError as exc:
+            raise EngineLoadError(f"tts.voice: {exc}") from None
+
     def _load_tts(self) -> None:
-        settings = dict(self.config.tts)
-        # `threads` is the gateway's (replies in parallel); the rest is the engine's config.
-        threads = int(settings.pop("threads", 0)) or max(1, min(4, os.cpu_count() or 1))
-        streamer = VitsStreamer.load(TtsConfig.model_validate(settings))
+        threads = self.config.session.tts_threads or max(1, min(4, os.cpu_count() or 1))
+        streamer = VitsStreamer.load(self.config.tts)
         streamer.warmup()
         self._streamer = streamer
         self._tts = TtsSynthesizer(streamer, threads)
@@ -227,13 +255,12 @@ class EngineHubImpl:
         )
 
     def _load_asr(self) -> None:
-        from engines.asr.config import WhisperConfig  # noqa: PLC0415
         from engines.asr.whisper import WhisperEngine  # noqa: PLC0415
 
-        cfg = WhisperConfig.model_validate(self.config.asr)
+        cfg = self.config.asr
         plan = self._asr_plan(cfg.device)
         thread_keys = {"inter_threads", "intra_threads", "cpu_threads"}
-        if cfg.device == "cpu" and not thread_keys & set(self.config.asr):
+        if cfg.device == "cpu" and not thread_keys & cfg.model_fields_set:
             # One CTranslate2 replica per batcher worker, the cores split between them: with a
             # single replica the workers queue behind each other inside CTranslate2. Measured on
             # 2 cores (benchmarks/asr_capacity.py --tune, 8 queued utterances, 2 workers, batch
@@ -299,6 +326,6 @@ class EngineHubImpl:
 
 def build_hub(config: GatewayConfig) -> EngineHubImpl | None:
     """The engines named by ``config.engines``; None for a VAD-only server."""
-    if config.engines == "none":
+    if not config.engines:
         return None
     return EngineHubImpl(config)

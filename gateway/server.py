@@ -22,7 +22,9 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import sys
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -51,6 +53,9 @@ class GatewayServer:
         self.config = config
         self.hub = hub
         self.port = 0
+        #: The bound metrics port (None when metrics are off).
+        self.metrics_port: int | None = None
+        self._metrics_http: Any = None
         self.servicer: VoiceGatewayServicer | None = None
         self._server: grpc.aio.Server | None = None
         self._health = health_aio.HealthServicer()
@@ -66,6 +71,9 @@ class GatewayServer:
         """Load and warm engines, bind the port, then report SERVING."""
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        srv = self.config.server
+        # Fail before minutes of model loading when the port is taken.
+        _check_bindable(srv.host, srv.port)
         if self.hub is not None:
             await self.hub.start()
         self.servicer = VoiceGatewayServicer(
@@ -76,6 +84,9 @@ class GatewayServer:
         )
         server = grpc.aio.server(
             options=[
+                # gRPC sets SO_REUSEPORT by default: a second server on the same port then
+                # "listens" too and the kernel splits calls between two processes.
+                ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", 4 * 1024 * 1024),
                 ("grpc.keepalive_time_ms", 30_000),
                 ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
@@ -91,14 +102,25 @@ class GatewayServer:
             ),
             server,
         )
-        srv = self.config.server
-        self.port = server.add_insecure_port(f"{srv.host}:{srv.port}")
+        try:
+            self.port = server.add_insecure_port(f"{srv.host}:{srv.port}")
+        except RuntimeError:
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"could not bind {srv.host}:{srv.port}")
+            raise OSError(f"cannot listen on {srv.host}:{srv.port}: the address is in use")
         await server.start()
         self._server = server
-        if srv.metrics_port:
-            start_http_server(srv.metrics_port, addr=srv.host)
+        if srv.metrics_port is not None:
+            try:
+                http, _ = start_http_server(srv.metrics_port, addr=srv.host)
+            except OSError as exc:
+                await server.stop(0)
+                raise OSError(
+                    f"cannot serve metrics on {srv.host}:{srv.metrics_port}: {exc.strerror}"
+                ) from None
+            self._metrics_http = http
+            self.metrics_port = int(http.server_port)
+            log.info("metrics on http://%s:%d/metrics", srv.host, self.metrics_port)
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving %s on %s", SERVICE_NAME, self.target)
@@ -122,6 +144,9 @@ class GatewayServer:
                 await self._idle_within(servicer, self.config.server.flush_s)
         # 4. cancel the rest (0.5 s for cancellations to propagate to the tasks)
         await server.stop(0.0 if self._abort.is_set() else 0.5)
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+            self._metrics_http.server_close()
         # 5. + 6. batcher, engines
         if self.hub is not None:
             await self.hub.aclose()
@@ -145,6 +170,19 @@ class GatewayServer:
     async def wait_stopped(self) -> None:
         """Block until :meth:`stop` completes."""
         await self._stopped.wait()
+
+
+def _check_bindable(host: str, port: int) -> None:
+    """Raise OSError naming the address when ``host:port`` cannot be bound exclusively."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
 async def serve(config: GatewayConfig, hub: EngineHub | None = None) -> None:

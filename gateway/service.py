@@ -466,11 +466,12 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             vad=vad,
             asr_options=asr_options,
             interim_results=cfg.interim_results,
-            interim_interval_ms=cfg.interim_interval_ms or self.config.batcher.interim_interval_ms,
+            interim_interval_ms=cfg.interim_interval_ms or self.config.session.interim_interval_ms,
             barge_in=not cfg.barge_in.disabled,
             barge_in_min_speech_ms=cfg.barge_in.min_speech_ms,
             mode=mode,
-            speculative_finals=self.config.batcher.speculative_finals,
+            speculative_finals=self.config.session.speculative_finals,
+            playout_lead_ms=self.config.session.playout_lead_ms,
         )
 
     def _language(self, requested: str) -> str | None:

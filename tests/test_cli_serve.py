@@ -8,6 +8,8 @@ import re
 import signal
 import subprocess
 import sys
+import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
@@ -85,3 +87,95 @@ def test_invalid_configuration_is_refused_with_the_field_name() -> None:
     )
     assert out.returncode == 2
     assert "port" in out.stderr and "65535" in out.stderr
+
+
+def run_serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(  # noqa: PLW1510 - the return code is the assertion
+        [sys.executable, "-m", "cli", "serve", "--host", "127.0.0.1", "--port", "0", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def one_clear_line(out: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+    assert out.returncode == code, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    for needle in needles:
+        assert needle in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "needles"),
+    [
+        ("asr:\n  modle: large\n", ["asr.modle: unknown field"]),
+        ("asr:\n  policy:\n    temperatures: hot\n", ["asr.policy.temperatures:", "'hot'"]),
+        ("tts:\n  window_frames: -3\n", ["tts.window_frames:"]),
+        ("session:\n  interim_interval_ms: 5\n", ["session.interim_interval_ms:"]),
+        ("engines: [asr, stt]\n", ["engines."]),
+        ("vad: [1, 2\n", ["is not valid YAML"]),
+    ],
+    ids=["typo-in-asr", "deep-type", "tts", "session", "engine-name", "yaml-syntax"],
+)
+def test_a_config_error_at_any_depth_exits_2_with_its_path(
+    tmp_path: Path, yaml_text: str, needles: list[str]
+) -> None:
+    """v0.1: `asr:` and `tts:` were untyped dicts; a typo crashed start-up with a traceback."""
+    cfg = tmp_path / "voxgate.yaml"
+    cfg.write_text(yaml_text)
+    flags = [] if yaml_text.startswith("engines") else ["--engines", "none"]
+    one_clear_line(run_serve("--config", str(cfg), *flags), 2, *needles)
+
+
+def test_a_bad_environment_variable_exits_2_with_its_path() -> None:
+    out = run_serve("--engines", "none", env={"VOXGATE_VAD__FRAME_MS": "25"})
+    one_clear_line(out, 2, "VOXGATE_* environment", "vad:", "frame_ms=25")
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--model", "/nonexistent", "--engines", "asr,tts"], "asr.model: model '/nonexistent'"),
+        (["--voice", "/nonexistent.onnx", "--engines", "tts"], "tts.voice: voice file not found"),
+    ],
+    ids=["model", "voice"],
+)
+def test_a_missing_model_or_voice_is_one_line_and_exit_2(flags: list[str], needle: str) -> None:
+    """v0.1: loaded the voice first, then died with a 30-line traceback."""
+    out = run_serve(*flags)
+    one_clear_line(out, 2, needle)
+    assert len(out.stderr.strip().splitlines()) <= 3, out.stderr
+
+
+def test_a_taken_port_fails_with_a_clear_message() -> None:
+    """v0.1: gRPC's SO_REUSEPORT let a second server 'listen' on the same port."""
+    proc, target = start("--host", "127.0.0.1", "--port", "0", "--engines", "none")
+    try:
+        port = target.rsplit(":", 1)[1]
+        out = run_serve("--port", port, "--engines", "none")
+        one_clear_line(out, 1, f"cannot listen on 127.0.0.1:{port}")
+        assert "listening on" not in out.stdout
+    finally:
+        assert stop(proc) == 0
+
+
+def test_metrics_port_0_picks_a_free_port_and_logs_it() -> None:
+    """v0.1: --metrics-port 0 disabled metrics while --port 0 picked a port, and nothing said
+    where metrics were served."""
+    proc, _ = start(
+        "--host", "127.0.0.1", "--port", "0", "--engines", "none", "--metrics-port", "0"
+    )
+    try:
+        assert proc.stderr is not None
+        line = ""
+        for _ in range(50):
+            line = proc.stderr.readline()
+            if "metrics on" in line:
+                break
+        m = re.search(r"metrics on (http://127\.0\.0\.1:(\d+)/metrics)", line)
+        assert m, line
+        body = urllib.request.urlopen(m.group(1), timeout=10).read().decode()
+        assert "voxgate_calls_active" in body
+    finally:
+        assert stop(proc) == 0

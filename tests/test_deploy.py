@@ -324,14 +324,12 @@ def test_mig_values_request_a_mig_slice_and_mount_models(helm: ModuleType) -> No
 def test_configmap_is_a_valid_gateway_config(
     helm: ModuleType, values_file: str, tmp_path: Path
 ) -> None:
-    from engines.asr.config import WhisperConfig
-
     docs = _render(helm, _values(values_file))
     cm = _one(docs, "ConfigMap", "vg-voxgate")
     path = tmp_path / "config.yaml"
     path.write_text(cm["data"]["config.yaml"])
     config = load_config(path)
-    whisper = WhisperConfig(**config.asr)
+    whisper = config.asr  # typed and validated with the rest of the file
     assert whisper.device == ("cuda" if values_file == "values-mig.yaml" else "cpu")
     mount = next(m for m in _container(_gateway(docs))["volumeMounts"] if m["name"] == "config")
     args = _container(_gateway(docs))["args"]

@@ -16,6 +16,7 @@ from engines.tts._graph import CrossingTensor, GraphSplit, split_vits_graph
 from engines.tts._session import select_providers
 from engines.tts._streamer import VitsStreamer, soft_limit
 from engines.tts._text import cardinal, ordinal, year
+from engines.tts._voice import VoiceFiles, resolve_voice
 from engines.tts.base import (
     SpeakOptions,
     TtsChunk,
@@ -38,11 +39,13 @@ __all__ = [
     "TtsError",
     "TtsInputError",
     "VitsStreamer",
+    "VoiceFiles",
     "VoiceGraphError",
     "VoiceInfo",
     "WordSpan",
     "cardinal",
     "ordinal",
+    "resolve_voice",
     "select_providers",
     "soft_limit",
     "split_vits_graph",
