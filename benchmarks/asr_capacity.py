@@ -60,6 +60,7 @@ import numpy as np
 import numpy.typing as npt
 import yaml
 
+from benchmarks._stats import median, percentile
 from benchmarks._wer import corpus_wer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -195,13 +196,6 @@ class StepResult:
     #: Worst lateness of a chunk behind its real-time slot (client overload shows up here).
     client_late_ms: float | None = None
     utterances: list[UttResult] = field(default_factory=list)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return math.nan
-    # "higher": an actual observation, so a missing final (inf) shows up rather than averaging.
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q, method="higher"))
 
 
 def summarise(
@@ -621,9 +615,9 @@ def tune(
                 w,
                 b,
                 min(ws),
-                float(np.median(ws)),
+                median(ws),
                 len(reqs) / min(ws),
-                float(np.median(lone[(inter, intra)])),
+                median(lone[(inter, intra)]),
                 float(np.mean(loads[(inter, intra, w, b)])),
             )
         )

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 import wave
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import soxr
 
+from benchmarks._stats import median
 from benchmarks._wer import corpus_wer, wer
 from engines.asr.base import AsrOptions, AsrRequest
 from engines.asr.config import EncoderWindowConfig, WhisperConfig
@@ -93,12 +93,12 @@ def run(
         name,
         audio_name,
         corpus_wer(refs, hyps),
-        statistics.median(w for w, _ in per),
+        median(w for w, _ in per),
         "{1}={0:.2f}".format(*max(per)),
         c.encoded_frames,
         c.encode_s,
         total,
-        statistics.median(times),
+        median(times),
         c.window_fallbacks,
         c.temperature_fallbacks,
         -1,

@@ -19,19 +19,25 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
-import numpy as np
 import onnxruntime as ort
 from piper import PiperVoice
 from piper.config import PiperConfig, SynthesisConfig
 
-from engines.tts import SpeakOptions, TtsConfig, VitsStreamer
-from engines.tts._session import make_session
-from engines.tts._voice import resolve_voice
+if __package__ in (None, ""):
+    # Run as a script: make the repository root importable (benchmarks._stats).
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._stats import median, percentile  # noqa: E402
+from engines.tts import SpeakOptions, TtsConfig, VitsStreamer  # noqa: E402
+from engines.tts._session import make_session  # noqa: E402
+from engines.tts._voice import resolve_voice  # noqa: E402
 
 TEXTS = {
     "1 sentence": "Sure, I can help you with that right away.",
@@ -95,7 +101,7 @@ def run_concurrent(source: Source, text: str, rate: int, speakers: int) -> list[
 
 
 def p95(xs: list[float]) -> float:
-    return float(np.percentile(xs, 95))
+    return percentile(xs, 95)
 
 
 def main() -> None:
@@ -151,13 +157,13 @@ def main() -> None:
                     runs.extend(run_concurrent(source, text, rate, speakers))
                 first = [1000 * r.first_s for r in runs]
                 rtf = [r.total_s / r.audio_s for r in runs]
-                firsts[name] = statistics.median(first)
+                firsts[name] = median(first)
                 rows.append(
                     (
                         name,
-                        statistics.median(first),
+                        median(first),
                         p95(first),
-                        statistics.median(rtf),
+                        median(rtf),
                         sum(r.late_chunks for r in runs) / len(runs),
                         statistics.mean(r.starve_ms for r in runs),
                     )

@@ -22,7 +22,6 @@ import asyncio
 import os
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -33,8 +32,10 @@ import numpy as np
 import soxr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks._stats as a script
 from conftest import SPEECH_DIR, read_wav_int16  # noqa: E402
 
+from benchmarks._stats import median  # noqa: E402
 from pcmcodec import MULAW_ENCODE, float_to_pcm16, pcm16_to_float  # noqa: E402
 from voxgate.v1 import voxgate_pb2 as pb  # noqa: E402
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc  # noqa: E402
@@ -106,7 +107,7 @@ async def run_n(target: str, pid: int, n: int, audio: bytes, seconds: float) -> 
         "server_cores": cpu / (wall1 - wall0),
         "late_ms": max(r[0] for r in results),
         "lag_ms": max(r[1] for r in results),
-        "median_lag_ms": statistics.median(r[1] for r in results),
+        "median_lag_ms": median(r[1] for r in results),
     }
 
 
