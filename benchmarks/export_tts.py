@@ -45,7 +45,7 @@ voxgate at it::
     voxgate serve --model /models/whisper-large-v3-ct2 --device cuda
     # or: VOXGATE_ASR__MODEL=/models/whisper-large-v3-ct2 VOXGATE_ASR__DEVICE=cuda voxgate serve
 
-See ``deploy/GPU.md``; ``benchmarks/gpu_check.py --model /models/whisper-large-v3-ct2`` measures
+See ``deploy/GPU.md``; ``benchmarks/gpu_check.sh --model /models/whisper-large-v3-ct2`` measures
 it.
 """
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run benchmarks/gpu_check.py from the repository root with the project's venv.
+# Run `python -m benchmarks.gpu_check` from the repository root with the project's venv.
 #
 #   benchmarks/gpu_check.sh                                  # auto device, random large-v3
 #   benchmarks/gpu_check.sh --model /models/whisper-large-v3-ct2
@@ -23,4 +23,4 @@ fi
 
 cd "${root}"
 exec timeout --signal=INT --kill-after=30 "${GPU_CHECK_TIMEOUT_S:-570}" \
-    "${python}" benchmarks/gpu_check.py "$@"
+    "${python}" -m benchmarks.gpu_check "$@"

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py: the tiny CPU run end to end, and the random-model builders.
+"""benchmarks/gpu_check: the tiny CPU run end to end, and the random-model builders.
 
 The tiny run is a subprocess, as a person would run it; its JSON is checked for structure and
 for finite, positive numbers only (no timing thresholds: this machine is shared). The spec
@@ -8,7 +8,6 @@ and transformers are installed (the ``gpucheck`` extra).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -23,16 +22,12 @@ import pytest
 pytestmark = pytest.mark.model
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = REPO_ROOT / "benchmarks" / "gpu_check.py"
 
 
 def load_gpu_check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check_under_test", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    import benchmarks.gpu_check
+
+    return benchmarks.gpu_check
 
 
 def positive(value: Any) -> bool:
@@ -45,7 +40,8 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], 
     done = subprocess.run(
         [
             sys.executable,
-            str(SCRIPT),
+            "-m",
+            "benchmarks.gpu_check",
             "--tiny",
             "--device",
             "cpu",
