@@ -530,13 +530,12 @@ class TuneRow:
 
 
 def _worker_engines(engine: Any, workers: int) -> list[Any]:
-    """One engine object per batcher worker over the shared CTranslate2 model (as the hub)."""
-    from engines.asr.whisper import WhisperEngine
+    """One engine object per batcher worker over the shared CTranslate2 model (as the hub).
 
-    return [engine] + [
-        WhisperEngine(engine._model, engine._hf_tokenizer, engine.config)
-        for _ in range(workers - 1)
-    ]
+    ``sibling()`` carries the warmup's measurements (how CTranslate2 reads ``max_length``) over
+    to the new objects; building them from the constructor would reset that.
+    """
+    return [engine, *(engine.sibling() for _ in range(workers - 1))]
 
 
 def tune(
