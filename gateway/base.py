@@ -14,6 +14,7 @@ from typing import Protocol
 from engines.asr.base import AsrRequest, AsrResult
 from engines.base import FloatArray
 from gateway.events import SpeakIn
+from gateway.metrics import GatewayMetrics
 
 __all__ = [
     "EngineHub",
@@ -100,8 +101,8 @@ class EngineHub(Protocol):
     synthesizer: Synthesizer | None
     info: EngineInfo
 
-    async def start(self) -> None:
-        """Load and warm every engine (in worker threads)."""
+    async def start(self, metrics: GatewayMetrics) -> None:
+        """Load and warm every engine (in worker threads), counting into ``metrics``."""
         ...
 
     async def aclose(self) -> None:

@@ -1,51 +1,85 @@
-"""Prometheus metrics of the gateway (process-wide, in the default registry).
+"""Prometheus metrics of the gateway, in a registry each server owns.
 
 Names follow Prometheus conventions: ``voxgate_`` prefix, base units (seconds), ``_total`` for
-counters. ``voxgate_calls_active`` is the signal for autoscaling (HPA) and admission.
+counters. ``voxgate_calls_active`` is the signal for autoscaling (HPA) and admission. Every
+metric is documented in ``deploy/README.md``; a test keeps the two lists equal.
+
+The registry is injected (one :class:`GatewayMetrics` per server) rather than process-global,
+so that two servers in one process (tests, benchmarks) never count each other's calls.
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = [
-    "ASR_BATCH_SIZE",
-    "ASR_FINAL_LATENCY",
-    "ASR_QUEUE_DEPTH",
-    "ASR_SPECULATIVE",
-    "CALLS_ACTIVE",
-    "CALLS_ENDED",
-    "CALLS_REFUSED",
-    "CALLS_TOTAL",
-    "TTS_FIRST_AUDIO",
-    "UTTERANCES",
-]
+__all__ = ["GatewayMetrics"]
 
-CALLS_ACTIVE = Gauge("voxgate_calls_active", "Calls (Converse/StreamingRecognize) in progress.")
-CALLS_TOTAL = Counter("voxgate_calls_total", "Calls started, by RPC.", ["rpc"])
-CALLS_ENDED = Counter("voxgate_calls_ended_total", "Calls ended, by outcome.", ["outcome"])
-CALLS_REFUSED = Counter(
-    "voxgate_calls_refused_total",
-    "Calls refused at admission (capacity or shutdown), by reason.",
-    ["reason"],
-)
-UTTERANCES = Counter("voxgate_utterances_total", "Utterances recognised, by outcome.", ["outcome"])
-ASR_FINAL_LATENCY = Histogram(
-    "voxgate_asr_final_latency_seconds",
-    "End of speech to final transcript.",
-    buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0),
-)
-ASR_SPECULATIVE = Counter(
-    "voxgate_asr_speculative_finals_total",
-    "Final decodes started before the hangover ended, by outcome (used, discarded, cancelled).",
-    ["outcome"],
-)
-ASR_BATCH_SIZE = Histogram(
-    "voxgate_asr_batch_size", "Items per engine call.", buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
-)
-ASR_QUEUE_DEPTH = Gauge("voxgate_asr_queue_depth", "Utterances waiting for the engine.")
-TTS_FIRST_AUDIO = Histogram(
-    "voxgate_tts_first_audio_seconds",
-    "Speak received to first audio frame ready.",
-    buckets=(0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0),
-)
+
+class GatewayMetrics:
+    """Every metric the gateway exports, registered in ``registry``.
+
+    Args:
+        registry: where to register; a fresh :class:`CollectorRegistry` when omitted.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.calls_active = Gauge(
+            "voxgate_calls_active", "Calls (Converse/StreamingRecognize) in progress.", registry=r
+        )
+        self.calls_total = Counter(
+            "voxgate_calls_total", "Calls started, by RPC.", ["rpc"], registry=r
+        )
+        self.calls_ended = Counter(
+            "voxgate_calls_ended_total", "Calls ended, by outcome.", ["outcome"], registry=r
+        )
+        self.calls_refused = Counter(
+            "voxgate_calls_refused_total",
+            "Calls refused at admission (capacity or shutdown), by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.utterances = Counter(
+            "voxgate_utterances_total",
+            "Utterances whose final decode finished, by outcome (text or why there is none).",
+            ["outcome"],
+            registry=r,
+        )
+        self.asr_final_latency = Histogram(
+            "voxgate_asr_final_latency_seconds",
+            "End of speech to final transcript.",
+            buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0),
+            registry=r,
+        )
+        self.asr_speculative = Counter(
+            "voxgate_asr_speculative_finals_total",
+            "Final decodes started before the hangover ended, by outcome (used, discarded, "
+            "cancelled).",
+            ["outcome"],
+            registry=r,
+        )
+        self.asr_batch_size = Histogram(
+            "voxgate_asr_batch_size",
+            "Items per engine call.",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64),
+            registry=r,
+        )
+        self.asr_queue_depth = Gauge(
+            "voxgate_asr_queue_depth", "Utterances waiting for the engine.", registry=r
+        )
+        self.tts_first_audio = Histogram(
+            "voxgate_tts_first_audio_seconds",
+            "Speak received to first audio frame ready.",
+            buckets=(0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0),
+            registry=r,
+        )
+
+    def value(self, name: str, **labels: str) -> float:
+        """The current value of one sample, 0 if it was never set.
+
+        E.g. ``value("voxgate_calls_ended_total", outcome="ok")``: what tests and health checks
+        read instead of prometheus_client internals.
+        """
+        got = self.registry.get_sample_value(name, labels or None)
+        return 0.0 if got is None else float(got)

@@ -27,7 +27,6 @@ from engines.tts import (
     VitsStreamer,
     resolve_voice,
 )
-from gateway import metrics
 from gateway.base import (
     EngineInfo,
     ModelDescription,
@@ -48,6 +47,7 @@ from gateway.batcher import (
 from gateway.config import GatewayConfig
 from gateway.errors import CallError, ErrorKind
 from gateway.events import SpeakIn
+from gateway.metrics import GatewayMetrics
 
 __all__ = ["AsrTranscriber", "EngineHubImpl", "EngineLoadError", "TtsSynthesizer", "build_hub"]
 
@@ -68,8 +68,9 @@ class TtsSynthesizer:
         threads: replies synthesized in parallel; more queue for a free thread.
     """
 
-    def __init__(self, streamer: TtsEngine, threads: int) -> None:
+    def __init__(self, streamer: TtsEngine, threads: int, metrics: GatewayMetrics) -> None:
         self.streamer = streamer
+        self._metrics = metrics
         self.sample_rate_hz = streamer.sample_rate_hz
         self.max_text_chars = streamer.max_text_chars
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tts")
@@ -99,7 +100,7 @@ class TtsSynthesizer:
                 return
             assert isinstance(chunk, TtsChunk)
             if first:
-                metrics.TTS_FIRST_AUDIO.observe(time.perf_counter() - t0)
+                self._metrics.tts_first_audio.observe(time.perf_counter() - t0)
                 first = False
             yield TtsPiece(
                 samples=chunk.samples,
@@ -115,11 +116,14 @@ class TtsSynthesizer:
 class _MetricsObserver(BatchObserver):
     """Exports the batcher's queue depth and batch sizes to Prometheus."""
 
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self._metrics = metrics
+
     def queue_depth(self, depth: int) -> None:
-        metrics.ASR_QUEUE_DEPTH.set(depth)
+        self._metrics.asr_queue_depth.set(depth)
 
     def batch_started(self, worker: int, size: int, waits_s: Any) -> None:
-        metrics.ASR_BATCH_SIZE.observe(size)
+        self._metrics.asr_batch_size.observe(size)
 
 
 class AsrTranscriber:
@@ -136,9 +140,11 @@ class AsrTranscriber:
         batcher: Batcher[AsrRequest, AsrResult],
         workers: int,
         context_encoder: Callable[[str, Sequence[str]], tuple[int, ...]],
+        metrics: GatewayMetrics,
         deadline_s: float = 1.0,
     ) -> None:
         self.batcher = batcher
+        self._metrics = metrics
         self._encode_context = context_encoder
         self._deadline_s = deadline_s
         self._interim_slots = asyncio.Semaphore(max(1, workers - 1))
@@ -172,7 +178,8 @@ class AsrTranscriber:
         except QueueFullError as exc:
             raise CallError.exhausted(str(exc), quota="batcher.max_queue_size") from None
         result = await fut
-        metrics.UTTERANCES.labels(result.dropped_reason or "text").inc()
+        if request.is_final:  # interim re-decodes are not utterances
+            self._metrics.utterances.labels(result.dropped_reason or "text").inc()
         return result
 
 
@@ -189,14 +196,16 @@ class EngineHubImpl:
         self._asr_engines: list[AsrEngine] = []
         self._asr_plan_used: BatchPlan | None = None
         self._streamer: TtsEngine | None = None
+        self._metrics = GatewayMetrics()  # replaced by the server's in start()
 
-    async def start(self) -> None:
+    async def start(self, metrics: GatewayMetrics) -> None:
         """Check the model files, load and warm both engines in parallel, start the batcher.
 
         Raises:
             EngineLoadError: a model or voice is missing or unusable (one sentence, no
                 traceback needed); nothing is left loaded.
         """
+        self._metrics = metrics
         names = self.config.engines
         self._check_files(names)
         jobs = []
@@ -232,7 +241,7 @@ class EngineHubImpl:
         streamer = VitsStreamer.load(self.config.tts)
         streamer.warmup()
         self._streamer = streamer
-        self._tts = TtsSynthesizer(streamer, threads)
+        self._tts = TtsSynthesizer(streamer, threads, self._metrics)
         self.synthesizer = self._tts
         self.info.voices = [
             VoiceDescription(
@@ -305,11 +314,13 @@ class EngineHubImpl:
             max_batch_size=batch, max_wait_ms=bcfg.max_wait_ms, max_queue_size=bcfg.max_queue_size
         )
         batcher: Batcher[AsrRequest, AsrResult] = Batcher(
-            engines, policy, observer=_MetricsObserver(), name="asr"
+            engines, policy, observer=_MetricsObserver(self._metrics), name="asr"
         )
         await batcher.start()
         self._batcher = batcher
-        self.transcriber = AsrTranscriber(batcher, workers, self._asr_engines[0].encode_context)
+        self.transcriber = AsrTranscriber(
+            batcher, workers, self._asr_engines[0].encode_context, self._metrics
+        )
         log.info("asr batcher: %d worker(s), max batch %d", workers, batch)
 
     async def aclose(self) -> None:

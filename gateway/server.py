@@ -34,6 +34,7 @@ from prometheus_client import start_http_server
 
 from gateway.base import EngineHub
 from gateway.config import GatewayConfig
+from gateway.metrics import GatewayMetrics
 from gateway.service import SERVICE_NAME, VoiceGatewayServicer, add_to_server
 
 __all__ = ["SERVICE_NAME", "GatewayServer", "serve"]
@@ -47,11 +48,18 @@ class GatewayServer:
     Args:
         config: server configuration.
         hub: engines to serve; None serves VAD only (speech events, no transcripts or speech).
+        metrics: the registry to count into and serve on ``metrics_port``; a new one if None.
     """
 
-    def __init__(self, config: GatewayConfig, hub: EngineHub | None = None) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        hub: EngineHub | None = None,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
         self.config = config
         self.hub = hub
+        self.metrics = metrics if metrics is not None else GatewayMetrics()
         self.port = 0
         #: The bound metrics port (None when metrics are off).
         self.metrics_port: int | None = None
@@ -75,12 +83,13 @@ class GatewayServer:
         # Fail before minutes of model loading when the port is taken.
         _check_bindable(srv.host, srv.port)
         if self.hub is not None:
-            await self.hub.start()
+            await self.hub.start(self.metrics)
         self.servicer = VoiceGatewayServicer(
             self.config,
             transcriber=self.hub.transcriber if self.hub else None,
             synthesizer=self.hub.synthesizer if self.hub else None,
             info=self.hub.info if self.hub else None,
+            metrics=self.metrics,
         )
         server = grpc.aio.server(
             options=[
@@ -112,7 +121,9 @@ class GatewayServer:
         self._server = server
         if srv.metrics_port is not None:
             try:
-                http, _ = start_http_server(srv.metrics_port, addr=srv.host)
+                http, _ = start_http_server(
+                    srv.metrics_port, addr=srv.host, registry=self.metrics.registry
+                )
             except OSError as exc:
                 await server.stop(0)
                 raise OSError(

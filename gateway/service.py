@@ -19,7 +19,6 @@ from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from engines.asr.base import AsrOptions
-from gateway import metrics
 from gateway.audio import OutputEncoder
 from gateway.base import EngineInfo, Synthesizer, Transcriber
 from gateway.config import GatewayConfig, VadConfig
@@ -44,6 +43,7 @@ from gateway.events import (
     SpeechOut,
     TranscriptOut,
 )
+from gateway.metrics import GatewayMetrics
 from gateway.session import CallConfig, CallSession
 from pcmcodec import SUPPORTED_RATES_HZ, WireEncoding
 from voxgate.v1 import voxgate_pb2 as pb
@@ -173,6 +173,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         transcriber: shared recogniser, or None for a VAD-only server.
         synthesizer: shared voice, or None for a server without TTS.
         info: models and voices to list.
+        metrics: where to count (the server's registry); a private one when omitted.
     """
 
     def __init__(
@@ -181,8 +182,10 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         transcriber: Transcriber | None = None,
         synthesizer: Synthesizer | None = None,
         info: EngineInfo | None = None,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.config = config
+        self.metrics = metrics if metrics is not None else GatewayMetrics()
         self.transcriber = transcriber
         self.synthesizer = synthesizer
         self.info = info or EngineInfo()
@@ -291,10 +294,10 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
     ) -> None:
         limits = self.config.limits
         if not self.accepting:
-            metrics.CALLS_REFUSED.labels("shutting_down").inc()
+            self.metrics.calls_refused.labels("shutting_down").inc()
             await _abort(context, CallError(ErrorKind.UNAVAILABLE, "server is shutting down"))
         if self.active_calls >= limits.max_concurrent_calls:
-            metrics.CALLS_REFUSED.labels("max_concurrent_calls").inc()
+            self.metrics.calls_refused.labels("max_concurrent_calls").inc()
             await _abort(
                 context,
                 CallError.exhausted(
@@ -305,8 +308,8 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             )
         self.active_calls += 1
         self._idle.clear()
-        metrics.CALLS_ACTIVE.inc()
-        metrics.CALLS_TOTAL.labels(mode).inc()
+        self.metrics.calls_active.inc()
+        self.metrics.calls_total.labels(mode).inc()
         session_id = uuid.uuid4().hex[:16]
         loop = asyncio.get_running_loop()
         began = loop.time()
@@ -337,9 +340,9 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
                 log.exception("call %s failed", session_id)
                 await _abort(context, _internal(session_id))
         finally:
-            metrics.CALLS_ENDED.labels(outcome).inc()
+            self.metrics.calls_ended.labels(outcome).inc()
             self.outcomes[outcome] += 1
-            metrics.CALLS_ACTIVE.dec()
+            self.metrics.calls_active.dec()
             self.active_calls -= 1
             self._sessions.pop(session_id, None)
             if self.active_calls == 0:
@@ -369,6 +372,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             self.transcriber,
             self.synthesizer if mode == "converse" else None,
             log_id=session_id,
+            metrics=self.metrics,
         )
         self._sessions[session_id] = session
         if self._ending:

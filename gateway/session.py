@@ -28,7 +28,6 @@ from typing import Any, Literal
 import numpy as np
 
 from engines.asr.base import AsrOptions, AsrRequest, AsrResult
-from gateway import metrics
 from gateway.audio import AudioFormatError, InputDecoder, OutputEncoder
 from gateway.base import Synthesizer, Transcriber, TtsPiece
 from gateway.config import LimitsConfig, VadConfig
@@ -53,6 +52,7 @@ from gateway.events import (
     SpeechOut,
     TranscriptOut,
 )
+from gateway.metrics import GatewayMetrics
 from gateway.segmenter import Segmenter, SegmenterState, SpeechBegin, SpeechEnd, Utterance
 from pcmcodec import WireEncoding, bytes_per_ms
 
@@ -149,6 +149,7 @@ class CallSession:
         synthesizer: shared voice, or None when the server runs without TTS.
         on_event: optional hook for metrics (called with every outbound event).
         log_id: the call's id in log lines (the server's session id).
+        metrics: where to count speculation and final latency (a private registry if None).
     """
 
     def __init__(
@@ -160,9 +161,11 @@ class CallSession:
         *,
         on_event: Callable[[OutboundEvent], None] | None = None,
         log_id: str = "-",
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.config = config
         self.log_id = log_id
+        self._metrics = metrics if metrics is not None else GatewayMetrics()
         self.limits = limits
         self._transcriber = transcriber
         self._synth = synthesizer
@@ -388,7 +391,7 @@ class CallSession:
             stale = self._specs.pop(index, None)
             if stale is not None:
                 stale.task.cancel()
-                metrics.ASR_SPECULATIVE.labels("cancelled").inc()
+                self._metrics.asr_speculative.labels("cancelled").inc()
             return
         if index in self._specs or seg.trailing_silence_ms < seg.settled_after_ms:
             return
@@ -421,13 +424,13 @@ class CallSession:
             utt.speech_end_ms,
         ):
             spec.task.cancel()
-            metrics.ASR_SPECULATIVE.labels("discarded").inc()
+            self._metrics.asr_speculative.labels("discarded").inc()
             spec = None
         req = AsrRequest(utt.audio, utt.stats, self.config.asr_options, is_final=True)
         try:
             if spec is not None:
                 result = await spec.task
-                metrics.ASR_SPECULATIVE.labels("used").inc()
+                self._metrics.asr_speculative.labels("used").inc()
             else:
                 result = await self._transcriber.transcribe(req)
         except CallError as exc:
@@ -442,7 +445,7 @@ class CallSession:
         ended = self._speech_end_at.pop(utt.index, None)
         latency = int((time.monotonic() - ended) * 1000) if ended is not None else 0
         if ended is not None:
-            metrics.ASR_FINAL_LATENCY.observe(latency / 1000.0)
+            self._metrics.asr_final_latency.observe(latency / 1000.0)
         await self._emit(
             TranscriptOut(result, True, utt.start_ms, utt.end_ms, utt.index, latency_ms=latency)
         )

@@ -16,7 +16,6 @@ from calls import chunks, config, encode_wav, requests
 
 from benchmarks import _wer
 from engines.asr.base import AsrRequest, AsrResult
-from gateway import metrics
 from gateway.config import load_config
 from gateway.runtime import build_hub
 from gateway.server import GatewayServer
@@ -224,20 +223,23 @@ async def test_an_engine_fault_fails_one_utterance_and_the_call_goes_on(
 
 
 async def test_finals_start_decoding_before_the_hangover_ends(
-    stub: pb_grpc.VoiceGatewayStub, speech_dir: Path
+    server: GatewayServer, stub: pb_grpc.VoiceGatewayStub, speech_dir: Path
 ) -> None:
     """Speculative finals: decoded from the settled preview, same text as a normal final."""
     wav = sorted((speech_dir / "calls").glob("call_02*.wav"))[0]
     truth = json.loads(wav.with_suffix(".json").read_text())["segments"]
-    used = metrics.ASR_SPECULATIVE.labels("used")
-    before = used._value.get()
+
+    def used() -> float:
+        return server.metrics.value("voxgate_asr_speculative_finals_total", outcome="used")
+
+    before = used()
     # 100 ms chunks at 4x real time: the recogniser is idle when each hangover settles.
     resp = await run_call(
         stub.Converse, config(), encode_wav(wav, pb.LINEAR16, 16000), 3200, pace_s=0.025
     )
     got = finals(resp)
     assert len(got) == len(truth)
-    assert used._value.get() - before >= len(truth) - 1
+    assert used() - before >= len(truth) - 1
     refs = [_wer.normalize(t["text"]) for t in truth]
     assert _wer.corpus_wer(refs, [_wer.normalize(t.text) for t in got]) <= 0.15
 
@@ -342,3 +344,26 @@ async def test_the_prompt_is_tokenised_once_per_call(
     assert rec.encodes == 1
     expected = tuple(real.encode_context("Sense and sensibility.", ("Norland", "Dashwood")))
     assert expected and all(r.options.context_tokens == expected for r in rec.requests)
+
+
+async def test_utterances_total_counts_finals_not_interim_decodes(
+    server: GatewayServer, stub: pb_grpc.VoiceGatewayStub, speech_dir: Path
+) -> None:
+    """v0.1 counted every interim re-decode as an utterance."""
+    wav = sorted((speech_dir / "calls").glob("call_02*.wav"))[0]
+
+    def counted() -> float:
+        return sum(
+            server.metrics.value("voxgate_utterances_total", outcome=o)
+            for o in ("text", "too_short", "too_quiet", "no_speech", "low_logprob", "repetition")
+        )
+
+    before = counted()
+    cfg = config(interim_results=True, interim_interval_ms=300)
+    # Real time, so that interims are decoded while each utterance grows.
+    resp = await run_call(stub.Converse, cfg, encode_wav(wav, pb.LINEAR16, 16000), 3200, pace_s=0.1)
+    interims = [
+        r for r in resp if r.WhichOneof("event") == "transcript" and not r.transcript.is_final
+    ]
+    assert interims, "the call produced no interim transcript to tell apart"
+    assert counted() - before == len(finals(resp)) == 4

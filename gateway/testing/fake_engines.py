@@ -17,6 +17,7 @@ import numpy as np
 
 from gateway.base import EngineInfo, Synthesizer, Transcriber, TtsPiece, VoiceDescription
 from gateway.events import SpeakIn
+from gateway.metrics import GatewayMetrics
 
 __all__ = ["FakeBatchEngine", "FakeEngineError", "FakeToneHub", "FakeToneSynthesizer"]
 
@@ -195,7 +196,7 @@ class FakeToneHub:
             voices=[VoiceDescription(name="tone", language="", sample_rate_hz=16000)]
         )
 
-    async def start(self) -> None:
+    async def start(self, metrics: GatewayMetrics) -> None:
         """Nothing to load."""
 
     async def aclose(self) -> None:
