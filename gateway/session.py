@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -53,7 +52,14 @@ from gateway.events import (
     TranscriptOut,
 )
 from gateway.metrics import GatewayMetrics
-from gateway.segmenter import Segmenter, SegmenterState, SpeechBegin, SpeechEnd, Utterance
+from gateway.segmenter import (
+    Segmenter,
+    SegmenterState,
+    SpeechBegin,
+    SpeechEnd,
+    Utterance,
+    VoiceDetector,
+)
 from pcmcodec import WireEncoding, bytes_per_ms
 
 __all__ = ["CallConfig", "CallSession", "cancel_and_wait"]
@@ -150,6 +156,7 @@ class CallSession:
         on_event: optional hook for metrics (called with every outbound event).
         log_id: the call's id in log lines (the server's session id).
         metrics: where to count speculation and final latency (a private registry if None).
+        detector: the voice model behind the segmenter (default: the configured one).
     """
 
     def __init__(
@@ -162,6 +169,7 @@ class CallSession:
         on_event: Callable[[OutboundEvent], None] | None = None,
         log_id: str = "-",
         metrics: GatewayMetrics | None = None,
+        detector: VoiceDetector | None = None,
     ) -> None:
         self.config = config
         self.log_id = log_id
@@ -171,7 +179,7 @@ class CallSession:
         self._synth = synthesizer
         self._on_event = on_event
         self._decoder = InputDecoder(config.input_encoding, config.input_rate_hz)
-        self._segmenter = Segmenter(config.vad)
+        self._segmenter = Segmenter(config.vad, detector)
         self._bytes_per_ms = bytes_per_ms(config.input_encoding, config.input_rate_hz)
         self._out: asyncio.Queue[OutboundEvent | _End] = asyncio.Queue(maxsize=256)
         self._utts: asyncio.Queue[Utterance | _End] = asyncio.Queue(maxsize=64)
@@ -348,7 +356,7 @@ class CallSession:
                 self._barge_pending_from = ev.offset_ms
             elif isinstance(ev, SpeechEnd):
                 self._pending_emits.append(SpeechOut(False, ev.offset_ms, ev.utterance_index))
-                self._speech_end_at[ev.utterance_index] = time.monotonic()
+                self._speech_end_at[ev.utterance_index] = asyncio.get_running_loop().time()
                 self._barge_pending_from = None
             elif not ev.dropped and self._transcriber is not None:
                 self._pending_utts.append(ev)
@@ -366,9 +374,15 @@ class CallSession:
         pb = self._playback
         if start is None or pb is None or not self.config.barge_in or pb.speak.uninterruptible:
             return
-        if self._segmenter.state not in (SegmenterState.SPEAKING, SegmenterState.STOPPING):
+        state = self._segmenter.state
+        if state not in (SegmenterState.SPEAKING, SegmenterState.STOPPING):
             return
-        if self._segmenter.offset_ms - start < self.config.barge_in_min_speech_ms:
+        min_ms = self.config.barge_in_min_speech_ms
+        # The minimum counts while the caller is still talking: in STOPPING the clock runs on
+        # trailing silence, and a 400 ms "mm" used to interrupt a 600 ms minimum that way.
+        if min_ms and (
+            state is not SegmenterState.SPEAKING or self._segmenter.offset_ms - start < min_ms
+        ):
             return
         self._barge_pending_from = None
         await self._stop_playback(reason_offset_ms=start, clear_queue=True)
@@ -443,7 +457,8 @@ class CallSession:
             return
         self._final_done.add(utt.index)
         ended = self._speech_end_at.pop(utt.index, None)
-        latency = int((time.monotonic() - ended) * 1000) if ended is not None else 0
+        now = asyncio.get_running_loop().time()
+        latency = int((now - ended) * 1000) if ended is not None else 0
         if ended is not None:
             self._metrics.asr_final_latency.observe(latency / 1000.0)
         await self._emit(

@@ -222,24 +222,20 @@ async def test_an_engine_fault_fails_one_utterance_and_the_call_goes_on(
     assert [t.utterance_index for t in finals(resp)] == [1, 2, 3]
 
 
-async def test_finals_start_decoding_before_the_hangover_ends(
-    server: GatewayServer, stub: pb_grpc.VoiceGatewayStub, speech_dir: Path
+async def test_finals_are_accurate_with_speculation_at_4x_real_time(
+    stub: pb_grpc.VoiceGatewayStub, speech_dir: Path
 ) -> None:
-    """Speculative finals: decoded from the settled preview, same text as a normal final."""
+    """Finals at 4x real time, with speculation on, are accurate. (How much speculation hides
+    is timing: exact on the virtual clock in test_session.py, measured in asr_capacity.)"""
     wav = sorted((speech_dir / "calls").glob("call_02*.wav"))[0]
     truth = json.loads(wav.with_suffix(".json").read_text())["segments"]
 
-    def used() -> float:
-        return server.metrics.value("voxgate_asr_speculative_finals_total", outcome="used")
-
-    before = used()
     # 100 ms chunks at 4x real time: the recogniser is idle when each hangover settles.
     resp = await run_call(
         stub.Converse, config(), encode_wav(wav, pb.LINEAR16, 16000), 3200, pace_s=0.025
     )
     got = finals(resp)
     assert len(got) == len(truth)
-    assert used() - before >= len(truth) - 1
     refs = [_wer.normalize(t["text"]) for t in truth]
     assert _wer.corpus_wer(refs, [_wer.normalize(t.text) for t in got]) <= 0.15
 

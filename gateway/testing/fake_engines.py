@@ -1,4 +1,4 @@
-"""Fake engines for scheduler and transport tests: never evidence that a model feature works.
+"""Fake engines for scheduler, session and transport tests: never evidence that a model works.
 
 :class:`FakeBatchEngine` stands in for any engine with ``infer_batch`` so that the batcher can be
 tested without a model: it can be slowed, held at a gate until the test releases it, made to
@@ -14,12 +14,21 @@ from collections.abc import AsyncIterator, Callable, Container, Mapping, Sequenc
 from typing import Generic, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
+from engines.asr.base import AsrRequest, AsrResult
 from gateway.base import EngineInfo, Synthesizer, Transcriber, TtsPiece, VoiceDescription
 from gateway.events import SpeakIn
 from gateway.metrics import GatewayMetrics
 
-__all__ = ["FakeBatchEngine", "FakeEngineError", "FakeToneHub", "FakeToneSynthesizer"]
+__all__ = [
+    "EnergyVoiceDetector",
+    "FakeBatchEngine",
+    "FakeEngineError",
+    "FakeToneHub",
+    "FakeToneSynthesizer",
+    "FakeTranscriber",
+]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -153,8 +162,10 @@ class FakeBatchEngine(Generic[T, R]):
 class FakeToneSynthesizer:
     """A FAKE voice for transport tests (SIP/RTP pacing, barge-in plumbing): no model.
 
-    100 ms of a 440 Hz tone per character of text, in 200 ms pieces at 16 kHz. Never evidence
-    that speech synthesis works.
+    100 ms of a 440 Hz tone per character of text (at most 100 characters), in 200 ms pieces
+    at 16 kHz; each space-separated word ends where its last character's tone ends, so playback
+    accounting ("which words were heard") can be checked exactly. Never evidence that speech
+    synthesis works.
 
     Args:
         first_piece_delay_s: wait this long before the first piece (a reply still being
@@ -176,13 +187,102 @@ class FakeToneSynthesizer:
         """Yield the tone for ``speak.text``."""
         if self._first_delay_s:
             await asyncio.sleep(self._first_delay_s)
-        n = min(len(speak.text), 100) * 1600
+        text = speak.text[:100]
+        n = len(text) * 1600
         t = np.arange(n, dtype=np.float32) / self.sample_rate_hz
         audio = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+        ends: list[tuple[str, int]] = []
+        pos = 0
+        for word in text.split(" "):
+            pos += len(word)
+            if word:
+                ends.append((word, pos * 100))
+            pos += 1
         for k, i in enumerate(range(0, n, 3200)):
             if self._fail_after is not None and k >= self._fail_after:
                 raise FakeEngineError("fake voice fault (scripted)")
-            yield TtsPiece(audio[i : i + 3200], (), i + 3200 >= n)
+            lo_ms, hi_ms = i // 16, (i + 3200) // 16
+            words = tuple(w for w in ends if lo_ms < w[1] <= hi_ms)
+            yield TtsPiece(audio[i : i + 3200], words, i + 3200 >= n)
+
+
+class FakeTranscriber:
+    """A FAKE recogniser with knobs, for component tests of the session: no model.
+
+    Args:
+        texts: what each request (numbered from 0 in arrival order) returns; a callable gets
+            the request; past the end of a list, ``"utterance N"``.
+        delay_s: ``asyncio.sleep`` per request (virtual time under ``run_virtual``).
+        fail: request numbers that raise :class:`FakeEngineError` (an engine fault).
+        hang: request numbers that never finish until cancelled (a hung engine).
+        speculate: what :meth:`can_speculate` answers.
+
+    Attributes:
+        requests: every request, in arrival order (the observation channel).
+        cancelled: numbers of requests cancelled while running.
+    """
+
+    def __init__(
+        self,
+        texts: Sequence[str] | Callable[[AsrRequest], str] = (),
+        *,
+        delay_s: float = 0.0,
+        fail: Container[int] = (),
+        hang: Container[int] = (),
+        speculate: bool = True,
+    ) -> None:
+        self._texts = texts
+        self._delay_s = delay_s
+        self._fail = fail
+        self._hang = hang
+        self._speculate = speculate
+        self.requests: list[AsrRequest] = []
+        self.cancelled: list[int] = []
+
+    def can_speculate(self) -> bool:
+        """The scripted answer."""
+        return self._speculate
+
+    def encode_context(self, initial_prompt: str, hotwords: Sequence[str]) -> tuple[int, ...]:
+        """One fake token per word."""
+        return tuple(range(len(f"{initial_prompt} {' '.join(hotwords)}".split())))
+
+    async def transcribe(self, request: AsrRequest) -> AsrResult:
+        """Record the request, apply its knobs, return its scripted text."""
+        index = len(self.requests)
+        self.requests.append(request)
+        try:
+            if index in self._hang:
+                await asyncio.Event().wait()
+            if self._delay_s:
+                await asyncio.sleep(self._delay_s)
+        except asyncio.CancelledError:
+            self.cancelled.append(index)
+            raise
+        if index in self._fail:
+            raise FakeEngineError(f"fake recogniser fault on request {index} (scripted)")
+        if callable(self._texts):
+            text = self._texts(request)
+        elif index < len(self._texts):
+            text = self._texts[index]
+        else:
+            text = f"utterance {index}"
+        return AsrResult(text=text, confidence=0.9, language="en")
+
+
+class EnergyVoiceDetector:
+    """A FAKE voice model for component tests: voiced when the level is above a threshold.
+
+    Lets a test write "speech" as a loud tone and silence as zeros.
+    """
+
+    def __init__(self, threshold_dbfs: float = -40.0) -> None:
+        self._threshold = 32768.0 * 10.0 ** (threshold_dbfs / 20.0)
+
+    def voice_confidence(self, frame: npt.NDArray[np.int16]) -> float:
+        """1.0 above the threshold, else 0.0."""
+        rms = float(np.sqrt(np.mean(frame.astype(np.float64) ** 2))) if len(frame) else 0.0
+        return 1.0 if rms > self._threshold else 0.0
 
 
 class FakeToneHub:

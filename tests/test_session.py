@@ -1,0 +1,324 @@
+"""CallSession's logic on a virtual clock, with FAKE engines (gateway.testing): no model, no server.
+
+Pacing, barge-in, marks, clear, interims, speculative finals, playback accounting, faults and
+shutdown. Every timestamp is exact (virtual time), so these assertions cannot be flaky; the same
+behaviour through a real server with real models is covered by the e2e tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gateway.config import LimitsConfig, VadConfig
+from gateway.errors import CallError, ErrorKind
+from gateway.events import (
+    AudioIn,
+    AudioOutEvent,
+    ClearIn,
+    ErrorOut,
+    HangupIn,
+    InboundEvent,
+    InterruptedOut,
+    MarkIn,
+    MarkReachedOut,
+    OutboundEvent,
+    PlaybackFinishedOut,
+    SpeakIn,
+    SpeechOut,
+    TranscriptOut,
+)
+from gateway.metrics import GatewayMetrics
+from gateway.session import CallConfig, CallSession
+from gateway.testing.fake_engines import EnergyVoiceDetector, FakeToneSynthesizer, FakeTranscriber
+from gateway.testing.virtual_time import run_virtual
+from pcmcodec import WireEncoding
+
+pytestmark = pytest.mark.component
+
+FRAME_S = 0.02
+LEAD_S = 0.06
+
+
+def tone(ms: int) -> bytes:
+    """A loud tone: "speech" to the fake energy detector."""
+    t = np.arange(16 * ms) / 16000.0
+    return (0.3 * 32767 * np.sin(2 * np.pi * 300 * t)).astype("<i2").tobytes()
+
+
+def silence(ms: int) -> bytes:
+    return bytes(32 * ms)
+
+
+@dataclass
+class Call:
+    """One session driven from a test: ``inbox`` feeds it, ``out`` records (time, event)."""
+
+    transcriber: FakeTranscriber | None = None
+    synth: FakeToneSynthesizer | None = field(default_factory=FakeToneSynthesizer)
+    options: dict[str, Any] = field(default_factory=dict)
+    out: list[tuple[float, OutboundEvent]] = field(default_factory=list)
+    metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+
+    def __post_init__(self) -> None:
+        cfg = CallConfig(
+            input_encoding=WireEncoding.LINEAR16,
+            input_rate_hz=16000,
+            output_encoding=WireEncoding.LINEAR16,
+            output_rate_hz=16000,
+            vad=VadConfig(),
+            **self.options,
+        )
+        self.inbox: asyncio.Queue[InboundEvent | None] = asyncio.Queue()
+        self.session = CallSession(
+            cfg,
+            LimitsConfig(),
+            self.transcriber,
+            self.synth,
+            metrics=self.metrics,
+            detector=EnergyVoiceDetector(),
+        )
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+
+        async def sink(event: OutboundEvent) -> None:
+            self.out.append((loop.time(), event))
+
+        await self.session.run(self.inbox.get, sink)
+
+    async def say(self, pcm: bytes) -> None:
+        """Send caller audio in real time, 20 ms a message."""
+        for i in range(0, len(pcm), 640):
+            await self.inbox.put(AudioIn(pcm[i : i + 640]))
+            await asyncio.sleep(FRAME_S)
+
+    def of(self, kind: type[Any]) -> list[tuple[float, Any]]:
+        return [(t, e) for t, e in self.out if isinstance(e, kind)]
+
+
+def drive(call: Call, script: Any) -> None:
+    """Run the session and ``script(call)`` together on the virtual clock; the script ends the
+    call (None = end of stream) and the session must then end by itself."""
+
+    async def main() -> None:
+        runner = asyncio.create_task(call.run())
+        await script(call)
+        await asyncio.wait_for(runner, 600)  # virtual seconds: a hang guard
+
+    run_virtual(main())
+
+
+# --- pacing and playback accounting ------------------------------------------------------------
+
+
+def test_reply_frames_leave_on_an_absolute_clock_with_no_drift() -> None:
+    """Replaces the wall-clock pacing-drift check: 10 s of reply, every frame exactly on time."""
+    call = Call()
+
+    async def script(c: Call) -> None:
+        await c.inbox.put(SpeakIn("x" * 100, "s1"))
+        await c.inbox.put(MarkIn("after"))
+        await asyncio.sleep(11)
+        await c.inbox.put(None)
+
+    drive(call, script)
+    frames = call.of(AudioOutEvent)
+    assert len(frames) == 500 and frames[-1][1].is_last
+    t0 = frames[0][0]
+    for k, (t, ev) in enumerate(frames):
+        assert ev.offset_ms == 20 * k and ev.sequence_number == k + 1
+        # Frame k leaves `lead` before it is due; the first is due lead after it leaves.
+        assert t == pytest.approx(t0 + k * FRAME_S, abs=1e-9), k
+    ((t_fin, fin),) = call.of(PlaybackFinishedOut)
+    assert fin.duration_ms == 10_000
+    assert t_fin == pytest.approx(t0 + LEAD_S + 10.0, abs=1e-9)  # when the tail was heard
+    ((t_mark, mark),) = call.of(MarkReachedOut)
+    assert mark.name == "after" and t_mark >= t_fin
+
+
+def test_barge_in_stops_playback_and_reports_exactly_what_was_heard() -> None:
+    call = Call()
+
+    async def script(c: Call) -> None:
+        await c.inbox.put(SpeakIn("one two three four five six seven eight nine", "s1"))
+        await asyncio.sleep(2.0)
+        await c.say(tone(400) + silence(800))
+        await c.inbox.put(None)
+
+    drive(call, script)
+    ((t_begin, begin),) = [(t, e) for t, e in call.of(SpeechOut) if e.begin]
+    ((t_int, intr),) = call.of(InterruptedOut)
+    assert t_int == t_begin  # barge-in right behind SPEECH_BEGIN, same loop turn
+    frames = call.of(AudioOutEvent)
+    assert all(t <= t_int for t, _ in frames)  # nothing sent after the interruption
+    started = frames[0][0] + LEAD_S
+    heard_ms = int((t_int - started) * 1000)
+    assert intr.played_ms == heard_ms
+    words = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    ends = np.cumsum([len(w) + 1 for w in words]) * 100 - 100
+    assert list(intr.words_played) == [w for w, e in zip(words, ends, strict=True) if e <= heard_ms]
+    assert intr.at_offset_ms == begin.offset_ms
+    assert not call.of(PlaybackFinishedOut)
+
+
+@pytest.mark.parametrize(
+    ("speak", "options", "interrupted"),
+    [
+        (SpeakIn("x" * 50, "s1"), {"barge_in_min_speech_ms": 600}, False),  # 400 ms < 600
+        (SpeakIn("x" * 50, "s1"), {"barge_in_min_speech_ms": 200}, True),
+        (SpeakIn("x" * 50, "s1", uninterruptible=True), {}, False),
+        (SpeakIn("x" * 50, "s1"), {"barge_in": False}, False),
+    ],
+    ids=["too-short", "long-enough", "uninterruptible", "disabled"],
+)
+def test_barge_in_options(speak: SpeakIn, options: dict[str, Any], interrupted: bool) -> None:
+    call = Call(options=options)
+
+    async def script(c: Call) -> None:
+        await c.inbox.put(speak)
+        await asyncio.sleep(1.0)
+        await c.say(tone(400) + silence(800))
+        await asyncio.sleep(5.0)
+        await c.inbox.put(None)
+
+    drive(call, script)
+    assert bool(call.of(InterruptedOut)) is interrupted
+    assert bool(call.of(PlaybackFinishedOut)) is not interrupted
+
+
+def test_clear_drops_the_queue_and_interrupts_the_current_reply() -> None:
+    call = Call()
+
+    async def script(c: Call) -> None:
+        for i in range(3):
+            await c.inbox.put(SpeakIn("x" * 20, f"s{i}"))
+        await asyncio.sleep(0.5)
+        await c.inbox.put(ClearIn())
+        await asyncio.sleep(3.0)
+        await c.inbox.put(None)
+
+    drive(call, script)
+    assert {e.speak_id for _, e in call.of(AudioOutEvent)} == {"s0"}
+    ((_, intr),) = call.of(InterruptedOut)
+    assert intr.speak_id == "s0" and intr.at_offset_ms == -1
+
+
+# --- recognition: finals, speculation, interims, faults -----------------------------------------
+
+
+def test_a_speculative_final_hides_the_decode_behind_the_hangover() -> None:
+    """Replaces the e2e speculation count: exact latency with and without speculation."""
+
+    def latency(speculative: bool) -> tuple[int, int]:
+        asr = FakeTranscriber(["hello there"], delay_s=0.1)
+        call = Call(transcriber=asr, synth=None, options={"speculative_finals": speculative})
+
+        async def script(c: Call) -> None:
+            await c.say(silence(200) + tone(1000) + silence(1500))
+            await c.inbox.put(None)
+
+        drive(call, script)
+        ((_, final),) = call.of(TranscriptOut)
+        assert final.is_final and final.result.text == "hello there"
+        return final.latency_ms, len(asr.requests)
+
+    assert latency(speculative=True) == (0, 1)
+    assert latency(speculative=False) == (100, 1)
+
+
+def test_speech_resuming_cancels_the_speculation() -> None:
+    asr = FakeTranscriber(delay_s=0.5)
+    call = Call(transcriber=asr, synth=None)
+
+    async def script(c: Call) -> None:
+        # 400 ms of silence: past the 320 ms settle point, short of the 600 ms hangover.
+        await c.say(tone(800) + silence(400) + tone(800) + silence(1500))
+        await c.inbox.put(None)
+
+    drive(call, script)
+    finals = [e for _, e in call.of(TranscriptOut) if e.is_final]
+    assert len(finals) == 1 and finals[0].utterance_index == 0
+    assert asr.cancelled == [0]  # the speculation on the first part
+    assert call.metrics.value("voxgate_asr_speculative_finals_total", outcome="cancelled") == 1
+
+
+def test_interims_come_at_the_interval_and_never_after_speech_end() -> None:
+    asr = FakeTranscriber(lambda r: "final" if r.is_final else "partial", delay_s=0.05)
+    call = Call(transcriber=asr, synth=None, options={"interim_results": True})
+
+    async def script(c: Call) -> None:
+        await c.say(tone(3500) + silence(1500))
+        await c.inbox.put(None)
+
+    drive(call, script)
+    interims = [(t, e) for t, e in call.of(TranscriptOut) if not e.is_final]
+    ((t_end, _),) = [(t, e) for t, e in call.of(SpeechOut) if not e.begin]
+    assert len(interims) >= 2 and all(e.result.text == "partial" for _, e in interims)
+    assert all(t < t_end for t, _ in interims)
+    gaps = np.diff([t for t, _ in interims])
+    assert all(g >= 1.0 - 1e-9 for g in gaps)  # interim_interval_ms = 1000
+    assert [e.result.text for _, e in call.of(TranscriptOut) if e.is_final] == ["final"]
+
+
+def test_an_engine_fault_fails_one_utterance_and_the_next_is_transcribed() -> None:
+    asr = FakeTranscriber(["", "second"], fail={0}, speculate=False)
+    call = Call(transcriber=asr, synth=None)
+
+    async def script(c: Call) -> None:
+        await c.say(tone(600) + silence(1000) + tone(600) + silence(1000))
+        await c.inbox.put(None)
+
+    drive(call, script)
+    ((_, err),) = call.of(ErrorOut)
+    assert err.scope == "utterance" and err.utterance_index == 0
+    assert err.kind is ErrorKind.INTERNAL and "scripted" not in err.message
+    assert [(e.utterance_index, e.result.text) for _, e in call.of(TranscriptOut)] == [
+        (1, "second")
+    ]
+
+
+def test_hangup_mid_utterance_stops_playback_and_still_delivers_the_final() -> None:
+    asr = FakeTranscriber(["bye"], speculate=False)
+    call = Call(transcriber=asr)
+
+    async def script(c: Call) -> None:
+        await c.inbox.put(SpeakIn("x" * 100, "s1", uninterruptible=True))
+        await c.say(tone(700))
+        await c.inbox.put(HangupIn())
+
+    drive(call, script)
+    ((t_int, _),) = call.of(InterruptedOut)
+    assert all(t <= t_int for t, _ in call.of(AudioOutEvent))
+    assert [e.begin for _, e in call.of(SpeechOut)] == [True, False]
+    ((_, final),) = call.of(TranscriptOut)
+    assert final.result.text == "bye"
+
+
+def test_shutdown_flushes_the_open_utterance_then_ends_with_unavailable() -> None:
+    asr = FakeTranscriber(["half a sentence"], speculate=False)
+    call = Call(transcriber=asr)
+    ended: list[BaseException] = []
+
+    async def main() -> None:
+        runner = asyncio.create_task(call.run())
+        await call.inbox.put(SpeakIn("x" * 100, "s1", uninterruptible=True))
+        await call.say(tone(700))
+        call.session.shutdown()
+        try:
+            await asyncio.wait_for(runner, 600)
+        except CallError as exc:
+            ended.append(exc)
+
+    run_virtual(main())
+    assert ended and isinstance(ended[0], CallError)
+    assert ended[0].kind is ErrorKind.UNAVAILABLE
+    speech = [e.begin for _, e in call.of(SpeechOut)]
+    assert speech == [True, False]
+    ((_, final),) = call.of(TranscriptOut)
+    assert final.result.text == "half a sentence"
+    assert call.of(InterruptedOut)  # the reply was stopped, not left playing
