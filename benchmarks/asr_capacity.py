@@ -3,8 +3,9 @@
 K simulated callers on loopback each stream real clips from the shared speech set
 (../shared/data/speech, 40 clips of 2.7-16 s) in real time, as 16 kHz LINEAR16 in 20 ms chunks
 on an absolute clock, with a seeded random pause of 1-3 s (digital silence) between clips. The
-gateway runs in its own process (``python -m cli serve --engines asr``); the callers run
-here, one Converse stream each over one loopback channel.
+gateway runs in its own process (``python -m cli serve --engines asr``, its default config: on
+2 cores 2 batcher workers over one CTranslate2 model, inter_threads 2 x intra_threads 1); the
+callers run here, one Converse stream each over one loopback channel.
 
 Latency, per clip: the wall time at which the final transcript (the last final overlapping the
 clip, when the VAD split it) was received, minus the wall time at which the chunk holding the
@@ -13,26 +14,45 @@ by default): an endpointer is part of what a caller waits for. The server's own 
 (server end-of-speech detection -> final) is reported beside it.
 
 Side by side, the baseline a user would write: a thread per call over one shared faster-whisper
-``WhisperModel`` (bundled base, CPU, int8), one ``model.transcribe(audio, language="en")`` per
-utterance with its default options (beam 5, no VAD filter), given the same clips on the same
-schedule. A baseline caller "receives" an utterance in real time (it waits until the clip would
-have ended) and transcribes it as soon as its thread is free; latency = transcription end - clip
-end. The baseline gets a perfect endpointer for free (no hangover).
+``WhisperModel`` (bundled base, CPU, int8), one ``model.transcribe(audio, language="en",
+beam_size=B)`` per utterance, its other options at their defaults (no VAD filter), given the
+same clips on the same schedule. A baseline caller "receives" an utterance in real time (it
+waits until the clip would have ended) and transcribes it as soon as its thread is free;
+latency = transcription end - clip end. The baseline gets a perfect endpointer for free (no
+hangover).
 
-For K = 1, 2, 4, 8, ... (each side stops once it saturates) the table shows
-p50/p95 latency, utterances done, corpus WER (benchmarks/_wer.py normalisation) and throughput;
-then the largest K with p95 <= budget for each, and the capacity ratio. A missing final counts as
-an infinite latency.
+Fair by construction: both sides decode at the same beam (``--beam``, default 1: the gateway's
+default greedy decoding) with the same model and compute type, and the baseline gets the same
+cores in its best ``WhisperModel(num_workers, cpu_threads)`` split: each candidate of
+``--baseline-threads`` (default ``2x1,1x2``, num_workers x cpu_threads = the 2 cores) is first
+measured on a fixed burst (8 clips transcribed at once from 8 threads, and 4 of them alone, 2
+interleaved rounds) and the one with the higher burst throughput is used (within 5 %: the lower
+lone-clip latency).
+
+Capacity: for each side, a search for the largest K whose p95 latency is within ``--budget``
+(1 s): K doubles from ``--gateway-start`` / ``--baseline-start`` while probes pass, then bisects
+between the largest passing and the smallest failing K down to a gap of one (it assumes p95
+grows with K). Gateway and baseline probes alternate in one run, so that load from other users
+of the machine hits both, and the gateway server is idle before every baseline probe. A missing
+final counts as an infinite latency. When the baseline holds no call at the budget, the search
+is repeated for both sides at each of ``--loose-budgets`` (2 s, then 3 s) in turn, reusing every
+probe already made, until the baseline holds one. ``--max-minutes`` bounds the run; a cut search
+is reported as a range. Percentiles are nearest rank (``benchmarks/_stats.py``).
+
+It prints the exact command line, then one line per probe as it ends, then a table with one row
+per probed K: per side p50/p95 latency, utterances done, corpus WER (benchmarks/_wer.py
+normalisation), which budgets its p95 met, probe number and load average; then the largest K
+held per side and budget and their ratio.
 
 ``--tune`` first measures the CPU plan in-process on a fixed workload (8 utterances queued at
 once into a :class:`~gateway.batcher.Batcher`, real Whisper engine): workers x max_batch_size x
 CTranslate2 (inter_threads, intra_threads), through :func:`gateway.batcher.choose_plan`.
 
-    .venv/bin/python -m benchmarks.asr_capacity --quick --tune --out capacity.json
-    .venv/bin/python -m benchmarks.asr_capacity --duration 60
+    .venv/bin/python -m benchmarks.asr_capacity --out capacity.json
+    .venv/bin/python -m benchmarks.asr_capacity --duration 30 --gateway-start 4 --max-minutes 20
     .venv/bin/python -m benchmarks.asr_capacity --tune-only
 
-Other work on the machine skews every number here; the load average is recorded per step.
+Other work on the machine skews every number here; the load average is recorded per probe.
 """
 
 from __future__ import annotations
@@ -44,6 +64,8 @@ import json
 import math
 import os
 import re
+import resource
+import shlex
 import signal
 import subprocess
 import sys
@@ -64,6 +86,7 @@ from benchmarks._stats import median, percentile
 from benchmarks._wer import corpus_wer
 
 REPO = Path(__file__).resolve().parents[1]
+#: Default speech set: ../shared/data/speech beside the checkout (``--speech-dir`` overrides).
 SPEECH = REPO.parent / "shared" / "data" / "speech"
 
 RATE_HZ = 16_000
@@ -95,14 +118,14 @@ class Clip:
         return (self.pcm.astype(np.float32) / 32768.0).astype(np.float32)
 
 
-def load_clips() -> list[Clip]:
-    manifest = SPEECH / "manifest.jsonl"
+def load_clips(speech_dir: Path = SPEECH) -> list[Clip]:
+    manifest = speech_dir / "manifest.jsonl"
     if not manifest.is_file():
-        sys.exit(f"shared speech data not found at ../shared/data/speech (looked in {SPEECH})")
+        sys.exit(f"shared speech data not found (looked for {manifest})")
     rows = [json.loads(x) for x in manifest.read_text().splitlines() if x.strip()]
     clips = []
     for r in rows:
-        with wave.open(str(SPEECH / r["file"]), "rb") as w:
+        with wave.open(str(speech_dir / r["file"]), "rb") as w:
             if w.getframerate() != RATE_HZ or w.getnchannels() != 1 or w.getsampwidth() != 2:
                 raise ValueError(f"{r['file']}: expected mono 16-bit 16 kHz")
             pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.int16)
@@ -195,6 +218,11 @@ class StepResult:
     server_cpu_cores: float | None = None
     #: Worst lateness of a chunk behind its real-time slot (client overload shows up here).
     client_late_ms: float | None = None
+    #: CPU cores this process (the callers' side) used during a gateway probe.
+    client_cpu_cores: float | None = None
+    #: Position in the run (1 = first probe) and wall seconds the probe took, drain included.
+    probe: int = 0
+    wall_s: float = 0.0
     utterances: list[UttResult] = field(default_factory=list)
 
 
@@ -211,6 +239,7 @@ def summarise(
     errors: int = 0,
     server_cpu: float | None = None,
     client_late_ms: float | None = None,
+    client_cpu_cores: float | None = None,
 ) -> StepResult:
     lat = [u.latency_s for u in utts]
     done = [u for u in utts if math.isfinite(u.latency_s)]
@@ -242,6 +271,7 @@ def summarise(
         loadavg_after=os.getloadavg(),
         server_cpu_cores=server_cpu,
         client_late_ms=client_late_ms,
+        client_cpu_cores=client_cpu_cores,
         utterances=utts,
     )
 
@@ -287,6 +317,16 @@ class ServerProcess:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def wait_idle(self, quiet_cores: float = 0.05, timeout_s: float = 90.0) -> float:
+        """Wait until the server is idle (a backlog of closed calls can outlive a probe)."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout_s:
+            c0 = self.cpu_seconds()
+            time.sleep(0.5)
+            if (self.cpu_seconds() - c0) / 0.5 < quiet_cores:
+                break
+        return time.monotonic() - t0
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -316,6 +356,7 @@ async def _gateway_caller(
     t0: float,
     end_silence_ms: int,
     drain_deadline: float,
+    beam_size: int,
 ) -> tuple[list[UttResult], int, int, float]:
     from clients.voxgate_client import CallConfig, ErrorEvent, Transcript, VadOptions
 
@@ -334,6 +375,7 @@ async def _gateway_caller(
         language="en",
         barge_in=False,
         call_id=f"capacity-{caller}",
+        beam_size=beam_size,
         vad=VadOptions(end_silence_ms=end_silence_ms),
     )
     call = await client.converse(cfg)
@@ -422,10 +464,12 @@ async def _gateway_step(
     seed: int,
     end_silence_ms: int,
     drain_s: float,
+    beam_size: int,
 ) -> StepResult:
     from clients.voxgate_client import VoxgateClient
 
     load0 = os.getloadavg()
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
     loop = asyncio.get_running_loop()
     slots = [schedule(clips, c, duration_s, seed) for c in range(k)]
     async with VoxgateClient(server.target) as client:
@@ -434,12 +478,16 @@ async def _gateway_step(
         cpu0 = server.cpu_seconds()
         results = await asyncio.gather(
             *(
-                _gateway_caller(client, clips, slots[c], c, t0, end_silence_ms, drain_deadline)
+                _gateway_caller(
+                    client, clips, slots[c], c, t0, end_silence_ms, drain_deadline, beam_size
+                )
                 for c in range(k)
             )
         )
         cpu = server.cpu_seconds() - cpu0
         wall = loop.time() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    client_cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     utts = [u for r in results for u in r[0]]
     return summarise(
         "gateway",
@@ -453,6 +501,7 @@ async def _gateway_step(
         errors=sum(r[2] for r in results),
         server_cpu=cpu / max(1e-9, wall),
         client_late_ms=max(r[3] for r in results),
+        client_cpu_cores=client_cpu / max(1e-9, wall),
     )
 
 
@@ -461,14 +510,100 @@ async def _gateway_step(
 # ------------------------------------------------------------------------------------------------
 
 
-def _baseline_model(cpu_threads: int) -> Any:
+def _baseline_model(num_workers: int, cpu_threads: int) -> Any:
+    """faster-whisper on the bundled base model: ``num_workers`` CTranslate2 replicas (parallel
+    ``transcribe`` calls from several threads), ``cpu_threads`` threads each."""
     from faster_whisper import WhisperModel
 
     from engines.asr.model_files import resolve_model_dir
 
     return WhisperModel(
-        str(resolve_model_dir("base")), device="cpu", compute_type="int8", cpu_threads=cpu_threads
+        str(resolve_model_dir("base")),
+        device="cpu",
+        compute_type="int8",
+        num_workers=num_workers,
+        cpu_threads=cpu_threads,
     )
+
+
+@dataclass
+class BaselineTrial:
+    num_workers: int
+    cpu_threads: int
+    burst_wall_s: float  # best of the rounds: the clips transcribed at once, a thread each
+    burst_ups: float
+    lone_p50_s: float  # each clip transcribed alone
+    lone_p95_s: float
+    loadavg: float
+
+
+def _transcribe(model: Any, audio: FloatArray, beam_size: int) -> str:
+    segments, _info = model.transcribe(audio, language="en", beam_size=beam_size)
+    return " ".join(seg.text.strip() for seg in segments)  # segments are lazy: this decodes
+
+
+def pick_baseline(
+    clips: Sequence[Clip],
+    settings: Sequence[tuple[int, int]],
+    beam_size: int,
+    n_items: int = 8,
+    n_lone: int = 4,
+    rounds: int = 2,
+) -> tuple[Any, tuple[int, int], list[BaselineTrial]]:
+    """Measure each (num_workers, cpu_threads) on one burst and alone; keep the best model.
+
+    A burst is ``n_items`` clips transcribed at once, a thread each; "alone" is the first
+    ``n_lone`` of them one after the other. Best = the higher burst throughput (what a loaded
+    baseline is limited by); within 5 %, the lower lone-clip p50 latency. Rounds are
+    interleaved across the settings (one round when there is only one candidate).
+    """
+    if len(settings) == 1:
+        rounds = 1
+    step = max(1, len(clips) // n_items)
+    picked = [clips[i] for i in range(0, len(clips), step)][:n_items]
+    models = {s: _baseline_model(*s) for s in settings}
+    for m in models.values():
+        _transcribe(m, clips[0].audio, beam_size)  # warm-up
+    bursts: dict[tuple[int, int], list[float]] = {s: [] for s in settings}
+    lone: dict[tuple[int, int], list[float]] = {s: [] for s in settings}
+    loads: dict[tuple[int, int], list[float]] = {s: [] for s in settings}
+    for _ in range(rounds):
+        for setting, model in models.items():
+            loads[setting].append(os.getloadavg()[0])
+            for c in picked[:n_lone]:
+                t = time.perf_counter()
+                _transcribe(model, c.audio, beam_size)
+                lone[setting].append(time.perf_counter() - t)
+            threads = [
+                threading.Thread(target=_transcribe, args=(model, c.audio, beam_size))
+                for c in picked
+            ]
+            t = time.perf_counter()
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            bursts[setting].append(time.perf_counter() - t)
+    trials = [
+        BaselineTrial(
+            s[0],
+            s[1],
+            min(bursts[s]),
+            len(picked) / min(bursts[s]),
+            median(lone[s]),
+            percentile(lone[s], 95),
+            float(np.mean(loads[s])),
+        )
+        for s in settings
+    ]
+    top = max(t.burst_ups for t in trials)
+    best = min(
+        (t for t in trials if t.burst_ups >= 0.95 * top), key=lambda t: round(t.lone_p50_s, 2)
+    )
+    chosen = (best.num_workers, best.cpu_threads)
+    model = models[chosen]
+    models.clear()  # the other candidates' weights are freed
+    return model, chosen, trials
 
 
 def _baseline_step(
@@ -497,8 +632,7 @@ def _baseline_step(
             time.sleep(max(0.0, u.end_at - time.monotonic()))
             if time.monotonic() > drain_deadline:
                 continue
-            segments, _info = model.transcribe(audios[s.clip], language="en", beam_size=beam_size)
-            u.hypothesis = " ".join(seg.text.strip() for seg in segments)
+            u.hypothesis = _transcribe(model, audios[s.clip], beam_size)
             u.done_at = time.monotonic()
             u.latency_s = u.done_at - u.end_at
 
@@ -665,8 +799,11 @@ def print_tune(rows: Sequence[TuneRow], chosen: dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# Driver
+# Capacity search: doubling then bisection per side and budget, probes interleaved
 # ------------------------------------------------------------------------------------------------
+
+#: Every probe made, per (side, K); repeated probes of one K are pooled (see :func:`pool`).
+Cache = dict[tuple[str, int], list[StepResult]]
 
 
 def _fmt_s(x: float | None) -> str:
@@ -675,119 +812,339 @@ def _fmt_s(x: float | None) -> str:
     return "inf" if math.isinf(x) else f"{x:.2f}"
 
 
-def ladder(run_k: Any, ks: Sequence[int], label: str) -> list[StepResult]:
-    """Run K up the ladder until the side saturates (its throughput is then its capacity)."""
-    out: list[StepResult] = []
-    for k in ks:
-        r: StepResult = run_k(k)
-        out.append(r)
-        print(
-            f"  {label} K={k:3d}: p50 {_fmt_s(r.p50_s)} s  p95 {_fmt_s(r.p95_s)} s  "
-            f"done {r.done}/{r.offered}  WER {100 * r.wer:5.2f}%  {r.throughput_ups:.3f} utt/s  "
-            f"{'saturated ' if r.saturated else ''}load {r.loadavg_before[0]:.2f}->"
-            f"{r.loadavg_after[0]:.2f}"
-            + (f"  server {r.server_cpu_cores:.2f} cores" if r.server_cpu_cores is not None else "")
-            + (f"  send late <= {r.client_late_ms:.0f} ms" if r.client_late_ms is not None else ""),
-            flush=True,
-        )
-        if r.saturated:
-            break
-    return out
+def _fmt_budget(b: float) -> str:
+    return f"{b:g} s"
 
 
-def capacity(rows: Sequence[StepResult], budget_s: float) -> int:
-    """Largest K of the unbroken run of passes from the bottom of the ladder (0: K=1 fails)."""
-    best = 0
-    for r in sorted(rows, key=lambda r: r.k):
-        if r.p95_s > budget_s:
-            break
-        best = r.k
-    return best
+@dataclass
+class Pooled:
+    """Every utterance of every probe of one (side, K), as one sample."""
+
+    side: str
+    k: int
+    probes: list[int]
+    offered: int
+    done: int
+    p50_s: float
+    p95_s: float
+    wer: float
+    server_p50_ms: float | None
+    server_p95_ms: float | None
+    loadavg: float  # mean 1-min load average at the probes' starts
 
 
-def print_table(gw: Sequence[StepResult], bl: Sequence[StepResult], budget_s: float) -> None:
-    print()
-    print(
-        "| K | gateway p50 s | gateway p95 s | server p50/p95 ms | gw done | gw WER % | gw utt/s "
-        "| baseline p50 s | baseline p95 s | bl done | bl WER % | bl utt/s | load1 gw/bl |"
+def pool(results: Sequence[StepResult]) -> Pooled:
+    utts = [u for r in results for u in r.utterances]
+    lat = [u.latency_s for u in utts]
+    srv = [
+        float(u.server_latency_ms)
+        for u in utts
+        if u.server_latency_ms is not None and math.isfinite(u.latency_s)
+    ]
+    return Pooled(
+        side=results[0].side,
+        k=results[0].k,
+        probes=[r.probe for r in results],
+        offered=len(utts),
+        done=sum(math.isfinite(x) for x in lat),
+        p50_s=percentile(lat, 50),
+        p95_s=percentile(lat, 95),
+        wer=corpus_wer([u.reference for u in utts], [u.hypothesis for u in utts]),
+        server_p50_ms=percentile(srv, 50) if srv else None,
+        server_p95_ms=percentile(srv, 95) if srv else None,
+        loadavg=float(np.mean([r.loadavg_before[0] for r in results])),
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    by_k_g = {r.k: r for r in gw}
-    by_k_b = {r.k: r for r in bl}
-    for k in sorted(set(by_k_g) | set(by_k_b)):
-        g, b = by_k_g.get(k), by_k_b.get(k)
+
+
+@dataclass
+class Search:
+    """Largest K with p95 <= ``budget_s`` for one side.
+
+    K doubles from ``start`` while probes pass, then bisects between the largest passing K
+    (``good``; 0 = none yet) and the smallest failing K (``bad``) until they are adjacent.
+    The state is always rebuilt from the probes made so far (:func:`resolve`), so a search at
+    a looser budget replays the probes a stricter one made, and a repeated probe that changes
+    a pooled p95 steers the search from then on.
+    """
+
+    side: str
+    budget_s: float
+    start: int
+    max_k: int
+    good: int = 0
+    bad: int | None = None
+
+    def next_k(self) -> int | None:
+        """The next K to probe, or None when the search is over."""
+        if self.bad is None:
+            if self.good >= self.max_k:
+                return None
+            return min(self.max_k, self.start if self.good == 0 else 2 * self.good)
+        if self.bad - self.good <= 1:
+            return None
+        return (self.good + self.bad) // 2
+
+    def record(self, k: int, p95_s: float) -> bool:
+        ok = p95_s <= self.budget_s
+        if ok:
+            self.good = max(self.good, k)
+        else:
+            self.bad = k if self.bad is None else min(self.bad, k)
+        return ok
+
+    @property
+    def done(self) -> bool:
+        return self.next_k() is None
+
+    def describe(self) -> str:
+        if self.done:
+            return str(self.good)
+        upper = f"< {self.bad}" if self.bad is not None else "(not bounded yet)"
+        return f"{self.good} (search cut: {self.good} <= K {upper})"
+
+
+def resolve(spec: Search, cache: Cache) -> tuple[Search, int | None]:
+    """``spec``'s search replayed over the pooled probes; and the K it needs next, if any."""
+    s = Search(spec.side, spec.budget_s, spec.start, spec.max_k)
+    k = s.next_k()
+    while k is not None and (s.side, k) in cache:
+        s.record(k, pool(cache[(s.side, k)]).p95_s)
+        k = s.next_k()
+    return s, k
+
+
+def _filler_k(specs: Sequence[Search], cache: Cache) -> int | None:
+    """A repeat for a side whose searches are over: its boundary K with the fewest probes."""
+    s, _ = resolve(specs[-1], cache)
+    candidates = [k for k in (s.good, s.bad) if k]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda k: (len(cache.get((s.side, k), [])), k))
+
+
+def interleave(
+    searches: dict[str, list[Search]],
+    probe: Any,
+    cache: Cache,
+    *,
+    deadline: float,
+    on_round: Any = None,
+    fill: bool = True,
+) -> bool:
+    """Alternate probes between the sides until every search is over; False if cut by time.
+
+    On each side's turn its first unfinished search probes one K. A side whose searches are
+    over, while the other's are not, repeats a probe at its own boundary instead (``fill``), so
+    that the two sides keep alternating under the same machine load and its boundary K gets
+    more samples. ``on_round(searches)`` runs before every round and may append searches (the
+    looser budgets).
+    """
+    walls: dict[str, list[float]] = {side: [] for side in searches}
+    while True:
+        before = sum(len(v) for v in searches.values())
+        if on_round is not None:
+            on_round(searches)
+        wants = {
+            side: next((k for s in specs if (k := resolve(s, cache)[1]) is not None), None)
+            for side, specs in searches.items()
+        }
+        if all(k is None for k in wants.values()):
+            if sum(len(v) for v in searches.values()) == before:
+                return True
+            continue
+        for side, wanted in wants.items():
+            k = wanted
+            if k is None:
+                others = [v for other, v in wants.items() if other != side]
+                if not (fill and any(v is not None for v in others)):
+                    continue
+                k = _filler_k(searches[side], cache)
+                if k is None:
+                    continue
+            expected = median(walls[side]) if walls[side] else 0.0
+            if time.monotonic() + expected > deadline:
+                return False
+            result: StepResult = probe(side, k)
+            walls[side].append(result.wall_s)
+            cache.setdefault((side, k), []).append(result)
+
+
+def widen(
+    searches: dict[str, list[Search]],
+    cache: Cache,
+    budgets: list[float],
+    loose: Sequence[float],
+    starts: dict[str, int],
+    max_k: int,
+) -> bool:
+    """If the baseline's last search ended holding no call, add the next looser budget.
+
+    Appends that budget to ``budgets`` and one search at it per side; True if it did.
+    """
+    if "baseline" not in searches or len(budgets) > len(loose):
+        return False
+    last, _ = resolve(searches["baseline"][-1], cache)
+    if not (last.done and last.good == 0):
+        return False
+    b = loose[len(budgets) - 1]
+    budgets.append(b)
+    print(
+        f"  baseline holds no call at {_fmt_budget(last.budget_s)}: searching {_fmt_budget(b)} too",
+        flush=True,
+    )
+    for side, side_searches in searches.items():
+        side_searches.append(Search(side, b, starts[side], max_k))
+    return True
+
+
+def _probe_line(r: StepResult) -> str:
+    return (
+        f"  #{r.probe:<2d} {r.side:8s} K={r.k:3d}: p50 {_fmt_s(r.p50_s)} s  "
+        f"p95 {_fmt_s(r.p95_s)} s  done {r.done}/{r.offered}  WER {100 * r.wer:5.2f}%  "
+        f"{r.throughput_ups:.3f} utt/s  load {r.loadavg_before[0]:.2f}->{r.loadavg_after[0]:.2f}"
+        + (f"  server {r.server_cpu_cores:.2f} cores" if r.server_cpu_cores is not None else "")
+        + (f"  callers {r.client_cpu_cores:.2f} cores" if r.client_cpu_cores is not None else "")
+        + (f"  send late <= {r.client_late_ms:.0f} ms" if r.client_late_ms is not None else "")
+        + f"  ({r.wall_s:.0f} s)"
+    )
+
+
+def print_table(cache: Cache, budgets: Sequence[float], sides: Sequence[str]) -> None:
+    """One row per probed K: both sides' pooled p50/p95/done/WER and the budgets p95 met."""
+    print()
+    ok_head = "/".join(f"<={b:g}s" for b in budgets)
+    head = ["K"]
+    for side in sides:
+        head += [f"{side} p50 s", f"{side} p95 s", "done", "WER %", f"p95 {ok_head}"]
+        if side == "gateway":
+            head.append("server p50/p95 ms")
+        head += ["probes", "load1"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---:|" * len(head))
+    for k in sorted({k for _, k in cache}):
         cells = [str(k)]
-        if g:
-            srv = (
-                f"{g.server_p50_ms:.0f}/{g.server_p95_ms:.0f}"
-                if g.server_p50_ms is not None and g.server_p95_ms is not None
-                else "-"
-            )
+        for side in sides:
+            if (side, k) not in cache:
+                cells += ["-"] * (8 if side == "gateway" else 7)
+                continue
+            p = pool(cache[(side, k)])
             cells += [
-                _fmt_s(g.p50_s),
-                _fmt_s(g.p95_s),
-                srv,
-                f"{g.done}/{g.offered}",
-                f"{100 * g.wer:.2f}",
-                f"{g.throughput_ups:.3f}" + ("*" if g.saturated else ""),
+                _fmt_s(p.p50_s),
+                _fmt_s(p.p95_s),
+                f"{p.done}/{p.offered}",
+                f"{100 * p.wer:.2f}",
+                "/".join("yes" if p.p95_s <= b else "no" for b in budgets),
             ]
-        else:
-            cells += ["-"] * 6
-        if b:
-            cells += [
-                _fmt_s(b.p50_s),
-                _fmt_s(b.p95_s),
-                f"{b.done}/{b.offered}",
-                f"{100 * b.wer:.2f}",
-                f"{b.throughput_ups:.3f}" + ("*" if b.saturated else ""),
-            ]
-        else:
-            cells += ["-"] * 5
-        cells.append(f"{g.loadavg_before[0]:.1f}" if g else "-")
-        cells[-1] += "/" + (f"{b.loadavg_before[0]:.1f}" if b else "-")
+            if side == "gateway":
+                cells.append(
+                    f"{p.server_p50_ms:.0f}/{p.server_p95_ms:.0f}"
+                    if p.server_p50_ms is not None and p.server_p95_ms is not None
+                    else "-"
+                )
+            cells += ["+".join(f"#{n}" for n in p.probes), f"{p.loadavg:.1f}"]
         print("| " + " | ".join(cells) + " |")
-    print("(* = saturated: backlog outlived the offered load or finals were missing)")
+    print(
+        "(latency: final received - clip's last sample sent (gateway, VAD hangover included) or "
+        "transcribe end - clip end (baseline); a missing final is inf; repeated probes of one K "
+        "are pooled; nearest-rank percentiles)"
+    )
+
+
+def _git_head() -> str:
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    return head + (" (working tree has uncommitted changes)" if dirty else "")
+
+
+def _parse_threads(text: str) -> list[tuple[int, int]]:
+    out = []
+    for part in text.split(","):
+        workers, threads = part.lower().split("x")
+        out.append((int(workers), int(threads)))
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="30 s per K, tuning without repeats")
-    ap.add_argument("--duration", type=float, default=60.0, help="seconds of offered load per K")
-    ap.add_argument("--ks", default="1,2,4,8,16,32", help="caller counts to try, ascending")
+    ap.add_argument("--duration", type=float, default=40.0, help="seconds of offered load per K")
     ap.add_argument("--budget", type=float, default=1.0, help="p95 latency budget, s")
-    ap.add_argument("--drain", type=float, default=30.0, help="extra time for a backlog, s")
+    ap.add_argument(
+        "--loose-budgets",
+        default="2,3",
+        help="budgets (s) searched in turn while the baseline holds no call ('' = none)",
+    )
+    ap.add_argument("--beam", type=int, default=1, help="beam size of both sides (gateway: 1)")
+    ap.add_argument("--gateway-start", type=int, default=1, help="first K probed (gateway)")
+    ap.add_argument("--baseline-start", type=int, default=1, help="first K probed (baseline)")
+    ap.add_argument("--max-k", type=int, default=64, help="largest K ever probed")
+    ap.add_argument("--max-minutes", type=float, default=25.0, help="stop searching after this")
+    ap.add_argument("--drain", type=float, default=10.0, help="extra time for a backlog, s")
+    ap.add_argument(
+        "--no-fill",
+        dest="fill",
+        action="store_false",
+        help="no repeat probes for a side whose search is over while the other's runs",
+    )
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument(
         "--end-silence-ms", type=int, default=600, help="VAD hangover the callers ask for"
     )
+    ap.add_argument(
+        "--baseline-threads",
+        default="2x1,1x2",
+        help="WhisperModel num_workers x cpu_threads candidates; the best is used",
+    )
+    ap.add_argument("--speech-dir", type=Path, default=SPEECH, help="clips + manifest.jsonl")
     ap.add_argument("--tune", action="store_true", help="measure the CPU plan first")
     ap.add_argument("--tune-only", action="store_true", help="only measure the CPU plan")
     ap.add_argument("--tune-rounds", type=int, default=3, help="interleaved tuning rounds")
+    ap.add_argument("--quick", action="store_true", help="30 s per K, tuning in 2 rounds")
     ap.add_argument("--skip-gateway", action="store_true")
     ap.add_argument("--skip-baseline", action="store_true")
-    ap.add_argument("--baseline-beam", type=int, default=5, help="faster-whisper default is 5")
-    ap.add_argument(
-        "--baseline-cpu-threads", type=int, default=0, help="WhisperModel cpu_threads (0=default)"
-    )
     ap.add_argument("--workers", type=int, help="server batcher.workers (default: server's)")
     ap.add_argument("--max-batch", type=int, help="server batcher.max_batch_size")
     ap.add_argument("--inter-threads", type=int, help="server asr.inter_threads")
     ap.add_argument("--intra-threads", type=int, help="server asr.intra_threads")
     ap.add_argument("--out", type=Path, help="write every number as JSON here")
     args = ap.parse_args()
-    if args.quick and args.duration == 60.0:
+    if args.quick and args.duration == 40.0:
         args.duration = 30.0
     rounds = 2 if args.quick else args.tune_rounds
-    ks = [int(x) for x in args.ks.split(",")]
+    loose = [float(x) for x in args.loose_budgets.split(",") if x.strip()]
+    started = time.monotonic()
+    deadline = started + 60 * args.max_minutes
 
-    clips = load_clips()
+    command = shlex.join([sys.executable, "-m", "benchmarks.asr_capacity", *sys.argv[1:]])
+    print(f"command: {command}", flush=True)
+    print(f"commit: {_git_head()}", flush=True)
+    clips = load_clips(args.speech_dir)
     print(
         f"{len(clips)} clips, {sum(c.duration_s for c in clips):.0f} s; 16 kHz LINEAR16, "
-        f"{CHUNK_MS} ms chunks, real time; {args.duration:.0f} s per K; "
+        f"{CHUNK_MS} ms chunks, real time; {args.duration:.0f} s per probe; beam {args.beam} on "
+        f"both sides; budget {args.budget:g} s (loose: {loose}); "
         f"{os.cpu_count()} CPUs, load {os.getloadavg()}",
         flush=True,
     )
     report: dict[str, Any] = {
+        "command": command,
+        "commit": _git_head(),
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "cpu_count": os.cpu_count(),
         "loadavg_start": os.getloadavg(),
@@ -808,100 +1165,158 @@ def main() -> None:
             _write(args.out, report)
             return
 
-    gw: list[StepResult] = []
-    if not args.skip_gateway:
-        overrides: dict[str, Any] = {}
-        batcher = {
-            k: v
-            for k, v in (("workers", args.workers), ("max_batch_size", args.max_batch))
-            if v is not None
-        }
-        asr = {
-            k: v
-            for k, v in (
-                ("inter_threads", args.inter_threads),
-                ("intra_threads", args.intra_threads),
+    sides = [
+        side
+        for side, skip in (("gateway", args.skip_gateway), ("baseline", args.skip_baseline))
+        if not skip
+    ]
+    server: ServerProcess | None = None
+    model: Any = None
+    cache: Cache = {}
+    searches: dict[str, list[Search]] = {}
+    budgets = [args.budget]
+    complete = False
+    try:
+        if "baseline" in sides:
+            candidates = _parse_threads(args.baseline_threads)
+            print(
+                f"baseline settings (num_workers x cpu_threads): {candidates}; "
+                "8 clips at once from 8 threads and 4 of them alone, 2 interleaved rounds",
+                flush=True,
             )
-            if v is not None
-        }
-        if batcher:
-            overrides["batcher"] = batcher
-        if asr:
-            overrides["asr"] = asr
-        log_path = Path(tempfile.gettempdir()) / f"voxgate-capacity-server-{os.getpid()}.log"
-        server = ServerProcess(overrides, log_path)
-        try:
+            model, chosen_threads, trials = pick_baseline(clips, candidates, args.beam)
+            print(
+                "| num_workers | cpu_threads | burst wall s | burst utt/s | lone p50 s "
+                "| lone p95 s | load1 |"
+            )
+            print("|---:|---:|---:|---:|---:|---:|---:|")
+            for t in trials:
+                print(
+                    f"| {t.num_workers} | {t.cpu_threads} | {t.burst_wall_s:.2f} | "
+                    f"{t.burst_ups:.3f} | {t.lone_p50_s:.2f} | {t.lone_p95_s:.2f} | "
+                    f"{t.loadavg:.2f} |"
+                )
+            print(
+                f"baseline: faster-whisper WhisperModel(base, cpu, int8, num_workers="
+                f"{chosen_threads[0]}, cpu_threads={chosen_threads[1]}), thread per call, "
+                f"transcribe(language='en', beam_size={args.beam})",
+                flush=True,
+            )
+            report["baseline_settings"] = [asdict(t) for t in trials]
+            report["baseline_chosen"] = {
+                "num_workers": chosen_threads[0],
+                "cpu_threads": chosen_threads[1],
+            }
+        if "gateway" in sides:
+            overrides: dict[str, Any] = {}
+            batcher = {
+                k: v
+                for k, v in (("workers", args.workers), ("max_batch_size", args.max_batch))
+                if v is not None
+            }
+            asr = {
+                k: v
+                for k, v in (
+                    ("inter_threads", args.inter_threads),
+                    ("intra_threads", args.intra_threads),
+                )
+                if v is not None
+            }
+            if batcher:
+                overrides["batcher"] = batcher
+            if asr:
+                overrides["asr"] = asr
+            log_path = Path(tempfile.gettempdir()) / f"voxgate-capacity-server-{os.getpid()}.log"
+            server = ServerProcess(overrides, log_path)
             asyncio.run(_warm_gateway(server.target, clips[0]))
             plan = server.plan_line()
             print(f"gateway: {server.target}, {plan}, overrides {overrides}", flush=True)
             report["gateway_plan"] = plan
-            gw = ladder(
-                lambda k: asyncio.run(
+
+        count = 0
+
+        def probe(side: str, k: int) -> StepResult:
+            nonlocal count
+            count += 1
+            t = time.monotonic()
+            if side == "gateway":
+                assert server is not None
+                r = asyncio.run(
                     _gateway_step(
-                        server, clips, k, args.duration, args.seed, args.end_silence_ms, args.drain
+                        server,
+                        clips,
+                        k,
+                        args.duration,
+                        args.seed,
+                        args.end_silence_ms,
+                        args.drain,
+                        args.beam,
                     )
-                ),
-                ks,
-                "gateway ",
-            )
-        finally:
+                )
+                server.wait_idle()  # its backlog must not load the next (baseline) probe
+            else:
+                r = _baseline_step(model, clips, k, args.duration, args.seed, args.drain, args.beam)
+            if r.offered == 0:
+                sys.exit(f"--duration {args.duration:g} s is too short for any clip to fit")
+            r.probe = count
+            r.wall_s = time.monotonic() - t
+            print(_probe_line(r), flush=True)
+            return r
+
+        starts = {"gateway": args.gateway_start, "baseline": args.baseline_start}
+        searches.update(
+            {side: [Search(side, args.budget, starts[side], args.max_k)] for side in sides}
+        )
+        print(
+            "probes (gateway and baseline alternate; each K: doubling, then bisection; a side "
+            + ("whose search is over repeats its boundary K meanwhile):" if args.fill else "):"),
+            flush=True,
+        )
+        complete = interleave(
+            searches,
+            probe,
+            cache,
+            deadline=deadline,
+            on_round=lambda current: widen(current, cache, budgets, loose, starts, args.max_k),
+            fill=args.fill,
+        )
+    finally:
+        if server is not None:
             server.stop()
 
-    bl: list[StepResult] = []
-    if not args.skip_baseline:
-        model = _baseline_model(args.baseline_cpu_threads)
-        list(model.transcribe(clips[0].audio, language="en")[0])  # warm-up; segments are lazy
-        print("baseline: faster-whisper WhisperModel(base, cpu, int8), thread per call", flush=True)
-        bl = ladder(
-            lambda k: _baseline_step(
-                model, clips, k, args.duration, args.seed, args.drain, args.baseline_beam
-            ),
-            ks,
-            "baseline",
-        )
-
-    print_table(gw, bl, args.budget)
-    k_g = capacity(gw, args.budget) if gw else None
-    k_b = capacity(bl, args.budget) if bl else None
-    summary: dict[str, Any] = {"budget_s": args.budget, "k_gateway": k_g, "k_baseline": k_b}
-    print(f"\nlargest K with p95 <= {args.budget:.1f} s: gateway {k_g}, baseline {k_b}")
-    if k_g is not None and k_b is not None:
-        peak_g = max(r.throughput_ups for r in gw)
-        peak_b = max(r.throughput_ups for r in bl)
-        thr_ratio = peak_g / peak_b if peak_b > 0 else math.inf
-        summary["peak_throughput_ups"] = {"gateway": peak_g, "baseline": peak_b}
-        summary["throughput_ratio"] = thr_ratio
-        if k_b == 0 and k_g > 0:
-            ratio = "inf (baseline fails at K=1)"
-        elif k_b == 0:
-            ratio = "undefined (both fail at K=1)"
-        else:
-            ratio = f"{k_g / k_b:.2f}x"
-        summary["capacity_ratio"] = ratio
-        print(f"capacity ratio: {ratio}")
-        lower = "" if gw[-1].saturated else ">= "
-        summary["gateway_saturated"] = gw[-1].saturated
-        print(
-            f"throughput at saturation (peak utt/s): gateway {lower}{peak_g:.3f}, baseline "
-            f"{peak_b:.3f} -> {lower}{thr_ratio:.2f}x"
-            + ("" if gw[-1].saturated else " (gateway never saturated: a lower bound)")
-        )
-    # The same capacity on the server's own latency (VAD detection -> final), for reference.
-    if gw:
-        srv_ok = [
-            r.k
-            for r in gw
-            if r.server_p95_ms is not None
-            and r.done == r.offered
-            and r.server_p95_ms <= 1000 * args.budget
-        ]
-        summary["k_gateway_server_latency"] = max(srv_ok, default=0)
-        print(
-            f"gateway K with server-reported p95 <= {args.budget:.1f} s (excludes the "
-            f"{args.end_silence_ms} ms hangover): {summary['k_gateway_server_latency']}"
-        )
-    report["gateway"] = [asdict(r) for r in gw]
-    report["baseline"] = [asdict(r) for r in bl]
+    print_table(cache, budgets, sides)
+    elapsed_min = (time.monotonic() - started) / 60
+    n_probes = sum(len(v) for v in cache.values())
+    print(
+        f"\n{n_probes} probes in {elapsed_min:.1f} min"
+        + ("" if complete else f" (cut at --max-minutes {args.max_minutes:g})")
+    )
+    summary: dict[str, Any] = {"complete": complete, "budgets": {}}
+    for i, b in enumerate(budgets):
+        held = {side: resolve(searches[side][i], cache)[0] for side in sides}
+        line = ", ".join(f"{side} {s.describe()}" for side, s in held.items())
+        entry: dict[str, Any] = {
+            side: {"k": s.good, "first_failing_k": s.bad, "done": s.done}
+            for side, s in held.items()
+        }
+        print(f"largest K with p95 <= {_fmt_budget(b)}: {line}")
+        if len(held) == 2:
+            g, bl = held["gateway"], held["baseline"]
+            if bl.good == 0:
+                bl_p95 = pool(cache[("baseline", bl.bad)]).p95_s if bl.bad is not None else math.nan
+                ratio = (
+                    f"undefined: the baseline holds 0 calls (its p95 at K={bl.bad} is "
+                    f"{_fmt_s(bl_p95)} s)"
+                )
+            else:
+                ratio = f"{g.good / bl.good:.2f}x ({g.good} / {bl.good})"
+                entry["ratio"] = g.good / bl.good
+            entry["ratio_text"] = ratio
+            print(f"  capacity ratio at {_fmt_budget(b)}: {ratio}")
+        summary["budgets"][str(b)] = entry
+    probes = sorted((r for rs in cache.values() for r in rs), key=lambda r: r.probe)
+    report["probes"] = [asdict(r) for r in probes]
+    report["pooled"] = [asdict(pool(rs)) for _, rs in sorted(cache.items())]
     report["summary"] = summary
     report["loadavg_end"] = os.getloadavg()
     _write(args.out, report)
