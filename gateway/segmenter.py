@@ -114,13 +114,6 @@ SegmenterEvent = SpeechBegin | SpeechEnd | Utterance
 _EMPTY = np.zeros(0, dtype=np.float32)
 
 
-def _dbfs(x: FloatArray) -> float:
-    if len(x) == 0:
-        return -120.0
-    rms = math.sqrt(float(np.mean(np.square(x, dtype=np.float64))))
-    return 20.0 * math.log10(max(rms, 1e-6))
-
-
 class Segmenter:
     """Segments one call's 16 kHz float32 audio into utterances. Not thread-safe; no I/O.
 
@@ -361,25 +354,7 @@ class Segmenter:
         return self._build(forced=False)[0]
 
     def _stats(self, audio: FloatArray, flags: list[bool], forced: bool) -> UtteranceStats:
-        fm = self.config.frame_ms
-        n = len(flags)
-        first = flags.index(True)
-        last = n - 1 - flags[::-1].index(True)
-        voiced_idx = np.flatnonzero(np.asarray(flags))
-        framed = audio[: n * self.frame_len].reshape(n, self.frame_len)
-        speech_ms = len(voiced_idx) * fm
-        peak = float(np.max(np.abs(audio))) if len(audio) else 0.0
-        return UtteranceStats(
-            duration_ms=n * fm,
-            speech_ms=speech_ms,
-            speech_ratio=speech_ms / (n * fm),
-            leading_silence_ms=first * fm,
-            trailing_silence_ms=(n - 1 - last) * fm,
-            rms_dbfs=_dbfs(audio),
-            speech_rms_dbfs=_dbfs(framed[voiced_idx].reshape(-1)),
-            peak_dbfs=20.0 * math.log10(max(peak, 1e-6)),
-            forced_cut=forced,
-        )
+        return UtteranceStats.from_frames(audio, flags, self.config.frame_ms, forced_cut=forced)
 
     def _reset_to_quiet(self, *, keep_tail: bool, tail: list[FloatArray] | None = None) -> None:
         self.state = SegmenterState.QUIET

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from engines.asr import policy
 from engines.asr.base import AsrOptions
 from engines.asr.config import DecodingPolicyConfig, EncoderWindowConfig
-from engines.asr.whisper import mbr_select
+from engines.asr.policy import mbr_select
 from engines.base import UtteranceStats
 
 pytestmark = [pytest.mark.unit]

@@ -21,6 +21,9 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+from rapidfuzz.distance import Levenshtein
+
 from engines.asr.base import AsrOptions
 from engines.asr.config import (
     FULL_WINDOW_FRAMES,
@@ -39,6 +42,7 @@ __all__ = [
     "gate_result",
     "has_repeated_block",
     "has_repetition_loop",
+    "mbr_select",
     "is_hallucination_phrase",
     "max_new_tokens",
     "needs_fallback",
@@ -364,3 +368,31 @@ def suppress_token_ids(
         if len(toks) == 1 or (toks and not sym.strip().isalnum()):
             ids.add(toks[0])
     return (-1, *sorted(i for i in ids if i >= 0))
+
+
+def mbr_select(candidates: Sequence[str], logprobs: Sequence[float], temperature: float) -> int:
+    """Minimum-Bayes-risk choice: the candidate with the lowest expected WER against the others.
+
+    Args:
+        candidates: hypothesis texts.
+        logprobs: their sequence log-probabilities (posterior up to normalisation).
+        temperature: divides the log-probs before the softmax (>1 flattens the posterior).
+
+    Returns:
+        Index of the chosen candidate.
+    """
+    if len(candidates) <= 1:
+        return 0
+    lp = np.asarray(logprobs, dtype=np.float64) / temperature
+    w = np.exp(lp - lp.max())
+    w /= w.sum()
+    words = [normalize_phrase(c).split() for c in candidates]
+    risks = []
+    for i, hyp in enumerate(words):
+        risk = 0.0
+        for j, ref in enumerate(words):
+            if i != j:
+                # Word-level edit distance (rapidfuzz on token lists), normalised as WER.
+                risk += w[j] * Levenshtein.distance(ref, hyp) / max(1, len(ref))
+        risks.append(risk)
+    return int(np.argmin(risks))

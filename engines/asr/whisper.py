@@ -25,7 +25,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Self
 
@@ -35,28 +35,24 @@ import numpy.typing as npt
 import tokenizers
 from faster_whisper.feature_extractor import FeatureExtractor
 from faster_whisper.tokenizer import _LANGUAGE_CODES, Tokenizer
-from faster_whisper.transcribe import merge_punctuations
-from rapidfuzz.distance import Levenshtein
 
 from engines.asr import policy
+from engines.asr._align import word_times
 from engines.asr.base import AsrAlternative, AsrOptions, AsrRequest, AsrResult, AsrWord
 from engines.asr.config import FULL_WINDOW_FRAMES, MEL_FRAMES_PER_S, WhisperConfig
 from engines.asr.model_files import resolve_model_dir
 from engines.base import ASR_SAMPLE_RATE_HZ, FloatArray, UtteranceStats
 
-__all__ = ["EngineCounters", "WhisperEngine", "mbr_select"]
+__all__ = ["EngineCounters", "WhisperEngine"]
 
 _log = logging.getLogger(__name__)
 
 #: Samples in Whisper's 30 s window.
 _WINDOW_SAMPLES = 30 * ASR_SAMPLE_RATE_HZ
 #: Encoder output positions per second (mel frames are strided by 2).
-_TOKENS_PER_S = MEL_FRAMES_PER_S / 2
 _MAX_PROMPT_TOKENS = 223
 #: A detected language's runner-up with at least this probability is tried when the first fails.
 _ALT_LANGUAGE_MIN_PROB = 0.2
-_PREPEND_PUNCT = "\"'“¿([{-"
-_APPEND_PUNCT = "\"'.。,，!！?？:：”)]}、"
 
 
 @dataclass(slots=True)
@@ -130,34 +126,6 @@ class _Job:
     @property
     def content_frames(self) -> int:
         return min(FULL_WINDOW_FRAMES, len(self.audio) // (ASR_SAMPLE_RATE_HZ // MEL_FRAMES_PER_S))
-
-
-def mbr_select(candidates: Sequence[str], logprobs: Sequence[float], temperature: float) -> int:
-    """Minimum-Bayes-risk choice: the candidate with the lowest expected WER against the others.
-
-    Args:
-        candidates: hypothesis texts.
-        logprobs: their sequence log-probabilities (posterior up to normalisation).
-        temperature: divides the log-probs before the softmax (>1 flattens the posterior).
-
-    Returns:
-        Index of the chosen candidate.
-    """
-    if len(candidates) <= 1:
-        return 0
-    lp = np.asarray(logprobs, dtype=np.float64) / temperature
-    w = np.exp(lp - lp.max())
-    w /= w.sum()
-    words = [policy.normalize_phrase(c).split() for c in candidates]
-    risks = []
-    for i, hyp in enumerate(words):
-        risk = 0.0
-        for j, ref in enumerate(words):
-            if i != j:
-                # Word-level edit distance (rapidfuzz on token lists), normalised as WER.
-                risk += w[j] * Levenshtein.distance(ref, hyp) / max(1, len(ref))
-        risks.append(risk)
-    return int(np.argmin(risks))
 
 
 class WhisperEngine:
@@ -515,45 +483,9 @@ class WhisperEngine:
     def _words(self, job: _Job, hyp: _Hyp, res: Any) -> list[AsrWord]:
         assert job.language is not None
         tok = self._tokenizer(job.language, job.options.task)
-        words, word_tokens = tok.split_to_word_tokens([*hyp.tokens, tok.eot])
-        if len(word_tokens) <= 1:
-            return []
-        text_idx = np.array([p[0] for p in res.alignments])
-        time_idx = np.array([p[1] for p in res.alignments])
-        if len(text_idx) == 0:
-            return []
-        bounds = np.pad(np.cumsum([len(t) for t in word_tokens[:-1]]), (1, 0))
-        jumps = np.pad(np.diff(text_idx), (1, 0), constant_values=1).astype(bool)
-        jump_times = time_idx[jumps] / _TOKENS_PER_S
-        probs = np.asarray(res.text_token_probs, dtype=np.float64)
-        timing = []
-        for k in range(len(bounds) - 1):
-            lo, hi = int(bounds[k]), int(bounds[k + 1])
-            start = float(jump_times[min(lo, len(jump_times) - 1)])
-            end = float(jump_times[min(hi, len(jump_times) - 1)])
-            p = float(np.mean(probs[lo:hi])) if hi > lo and hi <= len(probs) else 0.0
-            timing.append(
-                {"word": words[k], "tokens": word_tokens[k], "start": start, "end": end, "p": p}
-            )
-        merge_punctuations(timing, _PREPEND_PUNCT, _APPEND_PUNCT)
-        limit_s = len(job.audio) / ASR_SAMPLE_RATE_HZ
-        result: list[AsrWord] = []
-        prev_end = 0.0
-        for t in timing:
-            if not str(t["word"]).strip():
-                continue
-            start = min(max(float(t["start"]), prev_end), limit_s)
-            end = min(max(float(t["end"]), start), limit_s)
-            prev_end = end
-            result.append(
-                AsrWord(
-                    text=str(t["word"]).strip(),
-                    start_ms=round(1000 * (job.offset_s + start)),
-                    end_ms=round(1000 * (job.offset_s + end)),
-                    probability=float(t["p"]),
-                )
-            )
-        return result
+        return word_times(
+            tok, hyp.tokens, res, offset_s=job.offset_s, limit_s=len(job.audio) / ASR_SAMPLE_RATE_HZ
+        )
 
     # ------------------------------------------------------------------ public
 
@@ -562,102 +494,26 @@ class WhisperEngine:
 
         Items may differ in every option: they are grouped internally by what CTranslate2
         applies per call. Audio longer than 30 s is decoded in 30 s chunks (up to
-        ``max_utterance_s``; beyond that it is ignored with a warning).
+        ``max_utterance_s``; beyond that it is ignored with a warning). The steps: plan a job
+        per 30 s chunk (or refuse the item), run encode/decode rounds until every job is done,
+        choose and gate each job's hypothesis, align the words, merge chunks per item.
         """
-        cfg = self.config
         results: list[AsrResult | None] = [None] * len(items)
         jobs: list[_Job] = []
         for i, req in enumerate(items):
-            audio = np.asarray(req.audio, dtype=np.float32).reshape(-1)
-            opts = req.options
-            if opts.language is not None and (
-                opts.language not in _LANGUAGE_CODES
-                or (not self._multilingual and opts.language != "en")
-            ):
-                results[i] = AsrResult(text="", dropped_reason="unsupported_language")
-                continue
-            reason = policy.skip_reason(req.stats, opts, cfg.policy) if len(audio) else "too_short"
-            if reason:
-                results[i] = AsrResult(text="", dropped_reason=reason, language=opts.language or "")
-                continue
-            limit = int(cfg.max_utterance_s * ASR_SAMPLE_RATE_HZ)
-            if len(audio) > limit:
-                _log.warning(
-                    "utterance of %.1f s exceeds max_utterance_s=%.1f s; the rest is ignored",
-                    len(audio) / ASR_SAMPLE_RATE_HZ,
-                    cfg.max_utterance_s,
-                )
-                audio = audio[:limit]
-            for start in range(0, len(audio), _WINDOW_SAMPLES):
-                chunk = audio[start : start + _WINDOW_SAMPLES]
-                chunk_stats = req.stats
-                if len(audio) > _WINDOW_SAMPLES:
-                    dur = round(1000 * len(chunk) / ASR_SAMPLE_RATE_HZ)
-                    chunk_stats = UtteranceStats(
-                        dur,
-                        min(dur, req.stats.speech_ms),
-                        req.stats.speech_ratio,
-                        0,
-                        0,
-                        req.stats.rms_dbfs,
-                        req.stats.speech_rms_dbfs,
-                        req.stats.peak_dbfs,
-                        req.stats.forced_cut,
-                    )
-                plan = policy.plan_decoding(chunk_stats, opts, cfg.policy, cfg.encoder)
-                lang = opts.language if self._multilingual else "en"
-                jobs.append(
-                    _Job(
-                        i,
-                        start / ASR_SAMPLE_RATE_HZ,
-                        chunk,
-                        opts,
-                        chunk_stats,
-                        plan,
-                        lang,
-                        plan.encoder_frames,
-                    )
-                )
-
-        pending = jobs
-        while pending:
-            self._encode(pending)
-            self._decode(pending)
-            pending = [j for j in jobs if not j.done]
-
-        chosen: dict[int, tuple[_Attempt, _Hyp, str]] = {}
-        for job in jobs:
-            att = self._chosen_attempt(job, cfg.policy.compression_ratio_threshold)
-            job.frames, job.language = att.frames, att.language
-            idx = 0
-            if job.plan.mbr_candidates > 1:
-                idx = mbr_select(
-                    [h.text for h in att.hyps],
-                    [h.cum_logprob for h in att.hyps],
-                    cfg.mbr_posterior_temperature,
-                )
-            hyp = att.hyps[idx]
-            assert job.language is not None
-            dropped = ""
-            if job.plan.apply_gates:
-                dropped = policy.gate_result(
-                    hyp.text,
-                    tokens=hyp.tokens,
-                    avg_logprob=hyp.avg_logprob,
-                    no_speech_prob=att.no_speech_prob,
-                    language=job.language,
-                    stats=job.stats,
-                    cfg=cfg.policy,
-                )
-            chosen[id(job)] = (att, hyp, dropped)
-
+            refused = self._refusal(req)
+            if refused is not None:
+                results[i] = refused
+            else:
+                jobs.extend(self._plan_jobs(i, req))
+        self._run_rounds(jobs)
+        chosen = {id(job): self._choose(job) for job in jobs}
         to_align = [
             (j, chosen[id(j)][0], chosen[id(j)][1])
             for j in jobs
             if j.options.word_timestamps and not chosen[id(j)][2]
         ]
         words = self._align(to_align) if to_align else {}
-
         per_req: dict[int, list[_Job]] = defaultdict(list)
         for job in jobs:
             per_req[job.req].append(job)
@@ -665,6 +521,99 @@ class WhisperEngine:
             results[i] = self._merge(req_jobs, chosen, words)
         assert all(r is not None for r in results)
         return [r for r in results if r is not None]
+
+    def _refusal(self, req: AsrRequest) -> AsrResult | None:
+        """The result of an item that is not decoded at all (language, policy skip), or None."""
+        opts = req.options
+        if opts.language is not None and (
+            opts.language not in _LANGUAGE_CODES
+            or (not self._multilingual and opts.language != "en")
+        ):
+            return AsrResult(text="", dropped_reason="unsupported_language")
+        reason = (
+            policy.skip_reason(req.stats, opts, self.config.policy)
+            if len(req.audio)
+            else "too_short"
+        )
+        if reason:
+            return AsrResult(text="", dropped_reason=reason, language=opts.language or "")
+        return None
+
+    def _plan_jobs(self, index: int, req: AsrRequest) -> list[_Job]:
+        """One job per 30 s chunk of the request's audio, each with its decoding plan."""
+        cfg = self.config
+        audio = np.asarray(req.audio, dtype=np.float32).reshape(-1)
+        limit = int(cfg.max_utterance_s * ASR_SAMPLE_RATE_HZ)
+        if len(audio) > limit:
+            _log.warning(
+                "utterance of %.1f s exceeds max_utterance_s=%.1f s; the rest is ignored",
+                len(audio) / ASR_SAMPLE_RATE_HZ,
+                cfg.max_utterance_s,
+            )
+            audio = audio[:limit]
+        jobs = []
+        for start in range(0, len(audio), _WINDOW_SAMPLES):
+            chunk = audio[start : start + _WINDOW_SAMPLES]
+            stats = req.stats
+            if len(audio) > _WINDOW_SAMPLES:
+                dur = round(1000 * len(chunk) / ASR_SAMPLE_RATE_HZ)
+                stats = replace(
+                    req.stats,
+                    duration_ms=dur,
+                    speech_ms=min(dur, req.stats.speech_ms),
+                    leading_silence_ms=0,
+                    trailing_silence_ms=0,
+                )
+            plan = policy.plan_decoding(stats, req.options, cfg.policy, cfg.encoder)
+            lang = req.options.language if self._multilingual else "en"
+            jobs.append(
+                _Job(
+                    index,
+                    start / ASR_SAMPLE_RATE_HZ,
+                    chunk,
+                    req.options,
+                    stats,
+                    plan,
+                    lang,
+                    plan.encoder_frames,
+                )
+            )
+        return jobs
+
+    def _run_rounds(self, jobs: list[_Job]) -> None:
+        """Encode and decode until every job is done (fallbacks add rounds)."""
+        pending = jobs
+        while pending:
+            self._encode(pending)
+            self._decode(pending)
+            pending = [j for j in jobs if not j.done]
+
+    def _choose(self, job: _Job) -> tuple[_Attempt, _Hyp, str]:
+        """The job's chosen attempt and hypothesis (MBR when asked) and its gate verdict."""
+        cfg = self.config
+        att = self._chosen_attempt(job, cfg.policy.compression_ratio_threshold)
+        job.frames, job.language = att.frames, att.language
+        idx = 0
+        if job.plan.mbr_candidates > 1:
+            idx = policy.mbr_select(
+                [h.text for h in att.hyps],
+                [h.cum_logprob for h in att.hyps],
+                cfg.mbr_posterior_temperature,
+            )
+        hyp = att.hyps[idx]
+        assert job.language is not None
+        dropped = ""
+        if job.plan.apply_gates:
+            dropped = policy.gate_result(
+                hyp.text,
+                tokens=hyp.tokens,
+                avg_logprob=hyp.avg_logprob,
+                no_speech_prob=att.no_speech_prob,
+                language=job.language,
+                stats=job.stats,
+                cfg=cfg.policy,
+            )
+        return att, hyp, dropped
 
     def _merge(
         self,

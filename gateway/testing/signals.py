@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from engines.base import ASR_SAMPLE_RATE_HZ, FloatArray, UtteranceStats
+from engines.base import ASR_SAMPLE_RATE_HZ, FloatArray, UtteranceStats, dbfs
 from pcmcodec import MULAW_DECODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float
 
 __all__ = [
@@ -152,11 +152,6 @@ def hallucination_set(seed: int = 1234) -> list[TestSignal]:
     return out
 
 
-def _dbfs(x: npt.NDArray[np.floating]) -> float:
-    rms = float(np.sqrt(np.mean(np.square(x, dtype=np.float64)))) if len(x) else 0.0
-    return 20.0 * float(np.log10(max(rms, 1e-10)))
-
-
 def stats_for(
     samples: FloatArray, threshold_dbfs: float = -50.0, frame_ms: int = 20
 ) -> UtteranceStats:
@@ -173,21 +168,5 @@ def stats_for(
     hop = _SR * frame_ms // 1000
     n_frames = len(samples) // hop
     frames = samples[: n_frames * hop].reshape(n_frames, hop)
-    levels = np.array([_dbfs(f) for f in frames]) if n_frames else np.zeros(0)
-    voiced = levels > threshold_dbfs
-    idx = np.flatnonzero(voiced)
-    duration_ms = round(1000 * len(samples) / _SR)
-    speech_ms = int(voiced.sum()) * frame_ms
-    lead = int(idx[0]) * frame_ms if len(idx) else duration_ms
-    trail = (n_frames - 1 - int(idx[-1])) * frame_ms if len(idx) else duration_ms
-    peak = float(np.max(np.abs(samples))) if len(samples) else 0.0
-    return UtteranceStats(
-        duration_ms=duration_ms,
-        speech_ms=speech_ms,
-        speech_ratio=speech_ms / duration_ms if duration_ms else 0.0,
-        leading_silence_ms=lead,
-        trailing_silence_ms=trail,
-        rms_dbfs=_dbfs(samples),
-        speech_rms_dbfs=_dbfs(frames[voiced]) if len(idx) else _dbfs(samples),
-        peak_dbfs=20.0 * float(np.log10(max(peak, 1e-10))),
-    )
+    voiced = np.array([dbfs(f) > threshold_dbfs for f in frames], dtype=bool)
+    return UtteranceStats.from_frames(samples, voiced, frame_ms)
