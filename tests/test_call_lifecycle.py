@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -294,3 +295,20 @@ async def test_churned_calls_are_counted_as_cancelled_without_error_logs(
     assert set(outcomes) == {"cancelled"}, outcomes
     assert outcomes["cancelled"] >= rounds * 3 // 4
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+
+
+async def test_an_internal_fault_sends_a_generic_message_and_logs_the_details(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """v0.1 put the exception's text (`internal error: FakeEngineError(...)`) in the status."""
+    async with tone_server(FakeToneSynthesizer(fail_after_pieces=0)) as (_, stub):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            async for _ in stub.Synthesize(pb.SynthesizeRequest(text="hello")):
+                pass
+    assert info.value.code() == grpc.StatusCode.INTERNAL
+    details = info.value.details() or ""
+    assert "scripted" not in details and "FakeEngineError" not in details
+    m = re.search(r"the server log has the details under call (\w+)", details)
+    assert m, details
+    logged = [r for r in caplog.records if r.levelname == "ERROR" and m.group(1) in r.getMessage()]
+    assert logged and logged[0].exc_info is not None  # the traceback is in the log
