@@ -312,3 +312,21 @@ async def test_an_internal_fault_sends_a_generic_message_and_logs_the_details(
     assert m, details
     logged = [r for r in caplog.records if r.levelname == "ERROR" and m.group(1) in r.getMessage()]
     assert logged and logged[0].exc_info is not None  # the traceback is in the log
+
+
+async def test_the_log_says_when_a_call_ended_how_and_after_how_long(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """v0.1 logged "call started" and never "call ended"."""
+    caplog.set_level("INFO", logger="voxgate.service")
+    async with tone_server() as (_, stub):
+        call = Call(stub)
+        await call.send(config())
+        await call.wait_for(kind("started"))
+        await call.rpc.done_writing()
+        assert await call.status() == grpc.StatusCode.OK
+    lines = [r.getMessage() for r in caplog.records if r.name == "voxgate.service"]
+    started = [m for m in lines if re.fullmatch(r"call (\w+) started .*", m)]
+    assert len(started) == 1
+    call_id = started[0].split()[1]
+    assert any(re.fullmatch(rf"call {call_id} ended: ok after \d+\.\d s", m) for m in lines), lines
