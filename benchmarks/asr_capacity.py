@@ -33,16 +33,19 @@ Capacity: for each side, a search for the largest K whose p95 latency is within 
 (1 s): K doubles from ``--gateway-start`` / ``--baseline-start`` while probes pass, then bisects
 between the largest passing and the smallest failing K down to a gap of one (it assumes p95
 grows with K). Gateway and baseline probes alternate in one run, so that load from other users
-of the machine hits both, and the gateway server is idle before every baseline probe. A missing
-final counts as an infinite latency. When the baseline holds no call at the budget, the search
+of the machine hits both, and the gateway server is idle before every baseline probe; while one
+side's search is over and the other's is not, the finished side repeats a probe at its boundary
+K (``--no-fill`` turns this off) on a fresh clip schedule, pooled with its earlier probes of that
+K (the first probe of a K has the same schedule on both sides). A missing final counts as an
+infinite latency. When the baseline holds no call at the budget, the search
 is repeated for both sides at each of ``--loose-budgets`` (2 s, then 3 s) in turn, reusing every
 probe already made, until the baseline holds one. ``--max-minutes`` bounds the run; a cut search
 is reported as a range. Percentiles are nearest rank (``benchmarks/_stats.py``).
 
 It prints the exact command line, then one line per probe as it ends, then a table with one row
 per probed K: per side p50/p95 latency, utterances done, corpus WER (benchmarks/_wer.py
-normalisation), which budgets its p95 met, probe number and load average; then the largest K
-held per side and budget and their ratio.
+normalisation), which budgets its p95 met, the probes pooled, and the CPU other users of the
+machine took meanwhile; then the largest K held per side and budget and their ratio.
 
 ``--tune`` first measures the CPU plan in-process on a fixed workload (8 utterances queued at
 once into a :class:`~gateway.batcher.Batcher`, real Whisper engine): workers x max_batch_size x
@@ -220,8 +223,12 @@ class StepResult:
     client_late_ms: float | None = None
     #: CPU cores this process (the callers' side) used during a gateway probe.
     client_cpu_cores: float | None = None
-    #: Position in the run (1 = first probe) and wall seconds the probe took, drain included.
+    #: CPU cores the rest of the machine (other users) used during the probe: all busy CPU
+    #: time in /proc/stat minus this process's and the server's.
+    other_cpu_cores: float | None = None
+    #: Position in the run (1 = first probe), its workload seed, and the wall seconds it took.
     probe: int = 0
+    seed: int = 0
     wall_s: float = 0.0
     utterances: list[UttResult] = field(default_factory=list)
 
@@ -831,6 +838,7 @@ class Pooled:
     server_p50_ms: float | None
     server_p95_ms: float | None
     loadavg: float  # mean 1-min load average at the probes' starts
+    other_cpu_cores: float | None  # mean over the probes (see StepResult.other_cpu_cores)
 
 
 def pool(results: Sequence[StepResult]) -> Pooled:
@@ -853,6 +861,11 @@ def pool(results: Sequence[StepResult]) -> Pooled:
         server_p50_ms=percentile(srv, 50) if srv else None,
         server_p95_ms=percentile(srv, 95) if srv else None,
         loadavg=float(np.mean([r.loadavg_before[0] for r in results])),
+        other_cpu_cores=(
+            float(np.mean(others))
+            if (others := [r.other_cpu_cores for r in results if r.other_cpu_cores is not None])
+            else None
+        ),
     )
 
 
@@ -1005,7 +1018,8 @@ def _probe_line(r: StepResult) -> str:
         + (f"  server {r.server_cpu_cores:.2f} cores" if r.server_cpu_cores is not None else "")
         + (f"  callers {r.client_cpu_cores:.2f} cores" if r.client_cpu_cores is not None else "")
         + (f"  send late <= {r.client_late_ms:.0f} ms" if r.client_late_ms is not None else "")
-        + f"  ({r.wall_s:.0f} s)"
+        + (f"  others {r.other_cpu_cores:.2f} cores" if r.other_cpu_cores is not None else "")
+        + f"  seed {r.seed}  ({r.wall_s:.0f} s)"
     )
 
 
@@ -1018,7 +1032,7 @@ def print_table(cache: Cache, budgets: Sequence[float], sides: Sequence[str]) ->
         head += [f"{side} p50 s", f"{side} p95 s", "done", "WER %", f"p95 {ok_head}"]
         if side == "gateway":
             head.append("server p50/p95 ms")
-        head += ["probes", "load1"]
+        head += ["probes", "others cores"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---:|" * len(head))
     for k in sorted({k for _, k in cache}):
@@ -1041,13 +1055,28 @@ def print_table(cache: Cache, budgets: Sequence[float], sides: Sequence[str]) ->
                     if p.server_p50_ms is not None and p.server_p95_ms is not None
                     else "-"
                 )
-            cells += ["+".join(f"#{n}" for n in p.probes), f"{p.loadavg:.1f}"]
+            others = "-" if p.other_cpu_cores is None else f"{p.other_cpu_cores:.2f}"
+            cells += ["+".join(f"#{n}" for n in p.probes), others]
         print("| " + " | ".join(cells) + " |")
     print(
         "(latency: final received - clip's last sample sent (gateway, VAD hangover included) or "
         "transcribe end - clip end (baseline); a missing final is inf; repeated probes of one K "
-        "are pooled; nearest-rank percentiles)"
+        "(fresh clip schedules) are pooled; nearest-rank percentiles; others cores: CPU that "
+        "other users of the machine took during the probes)"
     )
+
+
+def _busy_cpu_s() -> float:
+    """Busy CPU seconds of the whole machine since boot (/proc/stat, all cores)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s(server: ServerProcess | None) -> float:
+    """CPU seconds of this process and of the gateway server."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime + (server.cpu_seconds() if server is not None else 0.0)
 
 
 def _git_head() -> str:
@@ -1238,7 +1267,11 @@ def main() -> None:
         def probe(side: str, k: int) -> StepResult:
             nonlocal count
             count += 1
+            # The n-th probe of a K gets the n-th schedule: both sides' first probes of a K get
+            # the same workload; repeats sample other clips.
+            seed = args.seed + 1000 * len(cache.get((side, k), []))
             t = time.monotonic()
+            busy0, own0 = _busy_cpu_s(), _own_cpu_s(server)
             if side == "gateway":
                 assert server is not None
                 r = asyncio.run(
@@ -1247,7 +1280,7 @@ def main() -> None:
                         clips,
                         k,
                         args.duration,
-                        args.seed,
+                        seed,
                         args.end_silence_ms,
                         args.drain,
                         args.beam,
@@ -1255,11 +1288,13 @@ def main() -> None:
                 )
                 server.wait_idle()  # its backlog must not load the next (baseline) probe
             else:
-                r = _baseline_step(model, clips, k, args.duration, args.seed, args.drain, args.beam)
+                r = _baseline_step(model, clips, k, args.duration, seed, args.drain, args.beam)
+            wall = time.monotonic() - t
+            others = (_busy_cpu_s() - busy0) - (_own_cpu_s(server) - own0)
+            r.other_cpu_cores = max(0.0, others) / max(1e-9, wall)
             if r.offered == 0:
                 sys.exit(f"--duration {args.duration:g} s is too short for any clip to fit")
-            r.probe = count
-            r.wall_s = time.monotonic() - t
+            r.probe, r.seed, r.wall_s = count, seed, wall
             print(_probe_line(r), flush=True)
             return r
 
