@@ -128,6 +128,27 @@ class LimitsConfig(_Frozen):
     max_concurrent_calls: int = Field(
         200, ge=1, description="Calls served at once; more are refused with RESOURCE_EXHAUSTED."
     )
+    first_message_timeout_s: float = Field(
+        10.0,
+        ge=0.0,
+        le=600.0,
+        description="A stream must send its `config` within this, s (0 = no limit); idle "
+        "streams must not hold call slots (DEADLINE_EXCEEDED).",
+    )
+    idle_timeout_s: float = Field(
+        60.0,
+        ge=0.0,
+        le=86_400.0,
+        description="A call that sends no audio for this long is ended, s (0 = no limit); a "
+        "phone line sends audio all the time, so silence from the client means it is gone.",
+    )
+    max_call_duration_s: float = Field(
+        4 * 3600.0,
+        ge=0.0,
+        le=7 * 86_400.0,
+        description="Longest call, s (0 = no limit); at the limit the call ends like a "
+        "shutdown: the open utterance's final is delivered, then DEADLINE_EXCEEDED.",
+    )
 
 
 class BatcherConfig(_Frozen):

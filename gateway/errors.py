@@ -24,6 +24,7 @@ class ErrorKind(enum.Enum):
     UNAVAILABLE = "unavailable"
     INTERNAL = "internal"
     NOT_FOUND = "not_found"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
 
 
 class CallError(Exception):

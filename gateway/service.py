@@ -67,6 +67,7 @@ STATUS_OF: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
     ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorKind.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 
 _RPC_CODE: dict[ErrorKind, int] = {
@@ -77,6 +78,7 @@ _RPC_CODE: dict[ErrorKind, int] = {
     ErrorKind.UNAVAILABLE: code_pb2.UNAVAILABLE,
     ErrorKind.INTERNAL: code_pb2.INTERNAL,
     ErrorKind.NOT_FOUND: code_pb2.NOT_FOUND,
+    ErrorKind.DEADLINE_EXCEEDED: code_pb2.DEADLINE_EXCEEDED,
 }
 
 _ENCODINGS: dict[int, WireEncoding] = {
@@ -355,7 +357,18 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         mode: Literal["converse", "recognize"],
         session_id: str,
     ) -> None:
-        first = await context.read()
+        limits = self.config.limits
+        try:
+            # A stream that never sends its config holds a call slot for nothing.
+            # asyncio.timeout, not wait_for: no extra task, so a client cancel stays a cancel.
+            async with asyncio.timeout(limits.first_message_timeout_s or None):
+                first = await context.read()
+        except TimeoutError:
+            limit_s = limits.first_message_timeout_s
+            raise CallError(
+                ErrorKind.DEADLINE_EXCEEDED,
+                f"no `config` arrived within first_message_timeout_s={limit_s:g}",
+            ) from None
         if first is grpc.aio.EOF:
             raise CallError.invalid("the stream ended before its first ConverseRequest (config)")
         if isinstance(first, _Undecodable):

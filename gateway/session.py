@@ -203,7 +203,10 @@ class CallSession:
         self._shutdown = asyncio.Event()
         self._shutdown_wait: asyncio.Task[bool] | None = None
         self._read: asyncio.Future[InboundEvent | None] | None = None
-        self._ended_by_shutdown = False
+        #: Why the call is being ended from the server side (shutdown, a limit), if it is.
+        self._end_reason: CallError | None = None
+        self._ended_by_server = False
+        self._last_audio_at = 0.0
         self._encoder = (
             OutputEncoder(config.output_encoding, config.output_rate_hz, synthesizer.sample_rate_hz)
             if synthesizer is not None and config.mode == "converse"
@@ -211,12 +214,24 @@ class CallSession:
         )
 
     def shutdown(self) -> None:
-        """End the call for a server shutdown, losing no speech.
+        """End the call for a server shutdown, losing no speech (see :meth:`end`)."""
+        self.end(
+            CallError(
+                ErrorKind.UNAVAILABLE,
+                "the server is shutting down; the call ended after its last utterance was "
+                "transcribed (reconnect to another replica)",
+            )
+        )
+
+    def end(self, reason: CallError) -> None:
+        """End the call from the server side, losing no speech.
 
         The call stops reading, flushes its open utterance (SPEECH_END, then the final),
-        stops playback, delivers every pending event and then :meth:`run` raises
-        ``CallError(UNAVAILABLE)``. Idempotent; safe to call from any task on the loop.
+        stops playback, delivers every pending event and then :meth:`run` raises ``reason``.
+        The first reason wins; safe to call from any task on the loop.
         """
+        if self._end_reason is None:
+            self._end_reason = reason
         self._shutdown.set()
 
     async def run(
@@ -225,6 +240,22 @@ class CallSession:
         sink: Callable[[OutboundEvent], Awaitable[None]],
     ) -> None:
         """Run the call until the client ends it; raises :class:`CallError` to end it early."""
+        loop = asyncio.get_running_loop()
+        self._last_audio_at = loop.time()
+        max_s = self.limits.max_call_duration_s
+        timer = (
+            loop.call_later(
+                max_s,
+                self.end,
+                CallError(
+                    ErrorKind.DEADLINE_EXCEEDED,
+                    f"the call reached max_call_duration_s={max_s:g}; it ended after its last "
+                    "utterance was transcribed",
+                ),
+            )
+            if max_s
+            else None
+        )
         try:
             async with asyncio.TaskGroup() as tg:
                 recv = tg.create_task(self._recv(source), name="recv")
@@ -239,6 +270,8 @@ class CallSession:
                 raise _first(call_errors) from eg
             raise
         finally:
+            if timer is not None:
+                timer.cancel()
             for pending in (self._read, self._shutdown_wait):
                 if pending is not None:
                     await cancel_and_wait(pending)
@@ -247,29 +280,39 @@ class CallSession:
                 spec.task.cancel()
             specs, self._specs = list(self._specs.values()), {}
             await asyncio.gather(*(sp.task for sp in specs), return_exceptions=True)
-        if self._ended_by_shutdown:
-            raise CallError(
-                ErrorKind.UNAVAILABLE,
-                "the server is shutting down; the call ended after its last utterance was "
-                "transcribed (reconnect to another replica)",
-            )
+        if self._ended_by_server and self._end_reason is not None:
+            raise self._end_reason
 
     async def _next_event(
         self, source: Callable[[], Awaitable[InboundEvent | None]]
     ) -> InboundEvent | None | _Shutdown:
-        """The next client event, or ``_SHUTDOWN`` as soon as :meth:`shutdown` is called."""
-        if self._shutdown.is_set():
-            return _SHUTDOWN
-        if self._read is None:
-            self._read = asyncio.ensure_future(source())
-        if self._shutdown_wait is None:
-            self._shutdown_wait = asyncio.create_task(self._shutdown.wait(), name="shutdown")
-        waits: set[asyncio.Future[Any]] = {self._read, self._shutdown_wait}
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        if self._read.done():
-            read, self._read = self._read, None
-            return read.result()
-        return _SHUTDOWN
+        """The next client event, or ``_SHUTDOWN`` once the call is being ended.
+
+        That is: :meth:`end` was called, or the client sent no audio for ``idle_timeout_s``.
+        """
+        loop = asyncio.get_running_loop()
+        idle_s = self.limits.idle_timeout_s
+        while True:
+            if self._shutdown.is_set():
+                return _SHUTDOWN
+            if self._read is None:
+                self._read = asyncio.ensure_future(source())
+            if self._shutdown_wait is None:
+                self._shutdown_wait = asyncio.create_task(self._shutdown.wait(), name="shutdown")
+            waits: set[asyncio.Future[Any]] = {self._read, self._shutdown_wait}
+            timeout = max(0.0, self._last_audio_at + idle_s - loop.time()) if idle_s else None
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if self._read.done():
+                read, self._read = self._read, None
+                return read.result()
+            if idle_s and loop.time() >= self._last_audio_at + idle_s:
+                self.end(
+                    CallError(
+                        ErrorKind.DEADLINE_EXCEEDED,
+                        f"no audio arrived for idle_timeout_s={idle_s:g}; a call must keep "
+                        "sending audio (silence included)",
+                    )
+                )
 
     # -- recv --------------------------------------------------------------------------------------
 
@@ -279,7 +322,7 @@ class CallSession:
             event = await self._next_event(source)
             if event is None or isinstance(event, HangupIn | _Shutdown):
                 self._hangup = isinstance(event, HangupIn | _Shutdown)
-                self._ended_by_shutdown = isinstance(event, _Shutdown)
+                self._ended_by_server = isinstance(event, _Shutdown)
                 self._handle_segments(self._segmenter.push(self._decoder.flush()))
                 self._handle_segments(self._segmenter.flush())
                 await self._flush_pending_emits()
@@ -289,6 +332,7 @@ class CallSession:
                 await self._speaks.put(_END)
                 return
             if isinstance(event, AudioIn):
+                self._last_audio_at = loop.time()
                 self._check_audio(event.data, loop.time())
                 try:
                     samples = self._decoder.decode(event.data)

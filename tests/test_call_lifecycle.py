@@ -330,3 +330,42 @@ async def test_the_log_says_when_a_call_ended_how_and_after_how_long(
     assert len(started) == 1
     call_id = started[0].split()[1]
     assert any(re.fullmatch(rf"call {call_id} ended: ok after \d+\.\d s", m) for m in lines), lines
+
+
+# --- idle streams cannot lock the server ---------------------------------------------------------
+
+
+async def test_streams_that_never_send_config_are_ended_and_free_their_slots() -> None:
+    """v0.1: 500 silent streams held 200 slots for good and real callers were refused."""
+    limits = {"max_concurrent_calls": 4, "first_message_timeout_s": 0.3}
+    async with tone_server(limits=limits) as (srv, stub):
+        squatters = [stub.Converse() for _ in range(12)]
+
+        async def status(rpc: grpc.aio.StreamStreamCall) -> grpc.StatusCode:
+            try:
+                while await rpc.read() is not grpc.aio.EOF:
+                    pass
+            except grpc.aio.AioRpcError as exc:
+                return exc.code()
+            return grpc.StatusCode.OK
+
+        codes = await asyncio.wait_for(asyncio.gather(*(status(r) for r in squatters)), HANG_S)
+        # Each was either ended for silence or refused while the slots were taken.
+        assert set(codes) <= {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
+        assert grpc.StatusCode.DEADLINE_EXCEEDED in codes
+        assert srv.servicer is not None and srv.servicer.active_calls == 0
+        # A real caller gets in.
+        call = Call(stub)
+        await call.send(config())
+        await call.wait_for(kind("started"))
+        await call.rpc.done_writing()
+        assert await call.status() == grpc.StatusCode.OK
+
+
+async def test_a_silent_stream_is_told_which_limit_ended_it() -> None:
+    async with tone_server(limits={"first_message_timeout_s": 0.2}) as (_, stub):
+        call = Call(stub)
+        assert await call.status() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "no `config` arrived within first_message_timeout_s=0.2" in (
+            call.error.details() or ""
+        )

@@ -61,6 +61,7 @@ class Call:
     transcriber: FakeTranscriber | None = None
     synth: FakeToneSynthesizer | None = field(default_factory=FakeToneSynthesizer)
     options: dict[str, Any] = field(default_factory=dict)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
     out: list[tuple[float, OutboundEvent]] = field(default_factory=list)
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
 
@@ -76,7 +77,7 @@ class Call:
         self.inbox: asyncio.Queue[InboundEvent | None] = asyncio.Queue()
         self.session = CallSession(
             cfg,
-            LimitsConfig(),
+            self.limits,
             self.transcriber,
             self.synth,
             metrics=self.metrics,
@@ -322,3 +323,48 @@ def test_shutdown_flushes_the_open_utterance_then_ends_with_unavailable() -> Non
     ((_, final),) = call.of(TranscriptOut)
     assert final.result.text == "half a sentence"
     assert call.of(InterruptedOut)  # the reply was stopped, not left playing
+
+
+# --- limits: idle calls and the longest call ---------------------------------------------------
+
+
+def test_a_call_without_audio_for_idle_timeout_is_ended() -> None:
+    call = Call(limits=LimitsConfig(idle_timeout_s=5.0))
+    ended: list[CallError] = []
+
+    async def main() -> None:
+        runner = asyncio.create_task(call.run())
+        await call.say(silence(1000))  # audio keeps the call alive...
+        await asyncio.sleep(30)  # ...silence from the client does not
+        try:
+            await asyncio.wait_for(runner, 600)
+        except CallError as exc:
+            ended.append(exc)
+
+    run_virtual(main())
+    assert ended and ended[0].kind is ErrorKind.DEADLINE_EXCEEDED
+    assert "idle_timeout_s=5" in ended[0].message
+
+
+def test_the_longest_call_ends_after_delivering_its_open_utterance() -> None:
+    asr = FakeTranscriber(["cut short"], speculate=False)
+    call = Call(transcriber=asr, limits=LimitsConfig(max_call_duration_s=2.0))
+    ended: list[tuple[float, CallError]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        runner = asyncio.create_task(call.run())
+        feeder = asyncio.create_task(call.say(silence(1000) + tone(5000)))
+        try:
+            await asyncio.wait_for(runner, 600)
+        except CallError as exc:
+            ended.append((loop.time(), exc))
+        feeder.cancel()
+
+    run_virtual(main())
+    ((t_end, err),) = ended
+    assert err.kind is ErrorKind.DEADLINE_EXCEEDED and "max_call_duration_s=2" in err.message
+    assert t_end == pytest.approx(2.0, abs=0.05)
+    assert [e.begin for _, e in call.of(SpeechOut)] == [True, False]
+    ((_, final),) = call.of(TranscriptOut)
+    assert final.result.text == "cut short"
