@@ -112,9 +112,27 @@ class ScriptedBot:
 
     @classmethod
     def from_yaml(cls, path: Path | str) -> ScriptedBot:
-        """Load a rules file."""
+        """Load a rules file.
+
+        Raises:
+            ValueError: the file is not UTF-8 YAML or not valid rules; one line that names
+                the file (and, for YAML, the line and column), so a CLI can print it as is.
+            OSError: the file cannot be read.
+        """
         p = Path(path)
-        return cls.from_dict(yaml.safe_load(p.read_text(encoding="utf-8")), str(p))
+        try:
+            data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        except yaml.YAMLError as exc:
+            # PyYAML's message spans several lines and quotes the source; keep the gist.
+            where = ""
+            mark = getattr(exc, "problem_mark", None)
+            if mark is not None:
+                where = f" at line {mark.line + 1}, column {mark.column + 1}"
+            problem = getattr(exc, "problem", None) or type(exc).__name__
+            raise ValueError(f"{p}: not valid YAML: {problem}{where}") from None
+        return cls.from_dict(data, str(p))
 
 
 @dataclass(frozen=True, slots=True)

@@ -166,6 +166,22 @@ class _CallState:
         return bool(self.open_utterances or self.open_speaks)
 
 
+def _input_error(exc: OSError | ValueError) -> str:
+    """One line naming the file and what is wrong with it (no traceback, no errno)."""
+    if isinstance(exc, OSError):
+        name = exc.filename if exc.filename is not None else "input"
+        if isinstance(exc, FileNotFoundError):
+            why = "no such file"
+        elif isinstance(exc, IsADirectoryError):
+            why = "is a directory, not a file"
+        elif isinstance(exc, PermissionError):
+            why = "permission denied"
+        else:
+            why = (exc.strerror or str(exc)).lower()
+        return f"{name}: {why}"
+    return " ".join(str(exc).split())
+
+
 async def play_call(opts: CallOptions, *, stream: TextIO | None = None) -> CallResult:
     """Play ``opts.file`` as the caller; see the module docstring.
 
@@ -178,7 +194,7 @@ async def play_call(opts: CallOptions, *, stream: TextIO | None = None) -> CallR
         audio = load_audio(opts.file, mulaw=opts.mulaw)
         bot = load_bot(opts.bot)
     except (OSError, ValueError) as exc:
-        print(f"voxgate call: {exc}", file=sys.stderr)
+        print(f"voxgate call: {_input_error(exc)}", file=sys.stderr)
         return CallResult(2)
     loop = asyncio.get_running_loop()
     t0 = loop.time()

@@ -87,3 +87,29 @@ def test_sample_rules_answer_both_utterances_of_the_demo_call() -> None:
     assert "Block books" in (bot.reply("produced the blockbooks") or "")
     assert "Mister President" in (bot.reply("ask what you can do for your country.") or "")
     assert "did not catch" in (bot.reply("And so my fellow Americans,") or "")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "rules: [\n  - if_says: hi\n",
+            "not valid YAML: expected the node content, but found '-' at line 2, column 3",
+        ),
+        ("greeting: 'unclosed\n", "not valid YAML: found unexpected end of stream at line 2"),
+        (b"\xff\xfe rules", "not UTF-8 text (invalid start byte at byte 0)"),
+    ],
+)
+def test_a_broken_rules_file_is_one_line_naming_it(
+    tmp_path: Path, text: str | bytes, expected: str
+) -> None:
+    # PyYAML's own errors are not ValueErrors and span lines; the CLI prints ValueErrors.
+    path = tmp_path / "rules.yaml"
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    with pytest.raises(ValueError) as info:
+        load_bot(str(path))
+    assert str(info.value).startswith(f"{path}: {expected}")
+    assert "\n" not in str(info.value)

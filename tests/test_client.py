@@ -11,7 +11,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
+import struct
+import subprocess
+import sys
 import threading
+import wave
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -275,8 +280,6 @@ async def test_cli_call_prints_events_and_draws_the_timeline(tmp_path: Path) -> 
 
 async def test_run_call_reports_bad_input_and_server_errors(tmp_path: Path) -> None:
     bad = tmp_path / "stereo.wav"
-    import wave
-
     with wave.open(str(bad), "wb") as w:
         w.setnchannels(2)
         w.setsampwidth(2)
@@ -309,3 +312,82 @@ async def test_demo_runs_vad_only(tmp_path: Path) -> None:
     )
     assert await run_demo(ns) == 0
     assert (tmp_path / "call.png").stat().st_size > 10_000
+
+
+def _wav(path: Path, *, channels: int = 1, width: int = 2, rate: int = 16000) -> Path:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(width)
+        w.setframerate(rate)
+        w.writeframes(b"\0" * channels * width * 160)
+    return path
+
+
+def _float_wav(path: Path) -> Path:
+    """A 32-bit float WAV (format tag 3), as many editors export; not PCM16."""
+    data = b"\0" * 4 * 160
+    fmt = struct.pack("<HHIIHH", 3, 1, 16000, 16000 * 4, 4, 32)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt
+    body += b"data" + struct.pack("<I", len(data)) + data
+    path.write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)
+    return path
+
+
+def _file(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+BAD_INPUTS: dict[str, tuple[Callable[[Path], Path], str]] = {
+    # case: (make the argument in a temp dir, what the one line must say)
+    "text file": (
+        lambda d: _file(d / "notes.txt", b"not audio\n"),
+        "notes.txt: not a readable WAV file",
+    ),
+    "empty file": (lambda d: _file(d / "empty.wav", b""), "empty.wav: not a readable WAV file"),
+    "float wav": (lambda d: _float_wav(d / "float.wav"), "float.wav: not a readable WAV file"),
+    "missing file": (lambda d: d / "missing.wav", "missing.wav: no such file"),
+    "directory": (lambda d: d, "is a directory"),
+    "stereo wav": (lambda d: _wav(d / "stereo.wav", channels=2), "stereo.wav: 2 channel(s)"),
+    "24-bit wav": (lambda d: _wav(d / "24bit.wav", width=3), "24bit.wav: 1 channel(s) of 24-bit"),
+    "44.1 kHz wav": (
+        lambda d: _wav(d / "cd.wav", rate=44100),
+        "cd.wav: 44100 Hz is not a wire rate",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_voxgate_call_rejects_bad_audio_in_one_line_with_exit_2(tmp_path: Path, case: str) -> None:
+    make, expected = BAD_INPUTS[case]
+    arg = make(tmp_path)
+    # The real command, as a user runs it; nothing listens on the target: the file is checked
+    # before any connection is made.
+    proc = subprocess.run(
+        [sys.executable, "-m", "cli", "call", str(arg), "--target", "127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("voxgate call: ") and expected in lines[0], lines[0]
+
+
+def test_voxgate_call_rejects_a_bad_bot_file_in_one_line_with_exit_2(tmp_path: Path) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules: [\n  - if_says: hi\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "cli", "call", str(sample_call_path()), "--bot", str(rules)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith(f"voxgate call: {rules}: not valid YAML"), lines[0]

@@ -238,6 +238,28 @@ def test_raw_mulaw_files_and_bad_wavs(tmp_path: Path) -> None:
         load_audio(tmp_path / "44k.wav")
 
 
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b"", "the header is empty or cut off"),
+        (b"RIFF", "the header is empty or cut off"),
+        (b"ID3\x03\x00 an mp3 file", "file does not start with RIFF id"),
+    ],
+)
+def test_a_file_that_is_not_a_wav_is_a_value_error_naming_it(
+    tmp_path: Path, data: bytes, why: str
+) -> None:
+    # wave.open raises wave.Error or a bare EOFError, which name no file; callers (the CLI)
+    # report ValueError as one line, so read_wav must turn them into one.
+    path = tmp_path / "caller.wav"
+    path.write_bytes(data)
+    with pytest.raises(ValueError) as info:
+        load_audio(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: not a readable WAV file ({why})")
+    assert "\n" not in message and "mono 16-bit PCM" in message
+
+
 @pytest.mark.parametrize("encoding", ["linear16", "mulaw", "alaw"])
 def test_reply_recorder_writes_the_frames_as_pcm16(tmp_path: Path, encoding: str) -> None:
     pcm = tone(8000, 0.2)

@@ -83,23 +83,34 @@ def read_wav(path: Path | str) -> tuple[Int16Array, int]:
     """Read a mono PCM16 WAV at a wire rate (8, 16, 24 or 48 kHz).
 
     Raises:
-        ValueError: the file is not mono 16-bit PCM at a supported rate (the message says
-            which, and how to convert it).
+        ValueError: the file is not a WAV at all, or not mono 16-bit PCM at a supported rate
+            (the message names the file, says which, and how to convert it).
+        OSError: the file cannot be read (missing, a directory, no permission).
     """
-    with wave.open(str(path), "rb") as w:
-        channels, width, rate = w.getnchannels(), w.getsampwidth(), w.getframerate()
-        if channels != 1 or width != 2:
-            raise ValueError(
-                f"{path}: {channels} channel(s) of {8 * width}-bit audio; voxgate needs mono "
-                "16-bit PCM (e.g. `sox in.wav -c 1 -b 16 out.wav`)"
-            )
-        if rate not in SUPPORTED_RATES_HZ:
-            raise ValueError(
-                f"{path}: {rate} Hz is not a wire rate; use one of "
-                f"{', '.join(str(r) for r in SUPPORTED_RATES_HZ)} (e.g. `sox in.wav -r 16000 "
-                "out.wav`)"
-            )
-        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.int16)
+    try:
+        with wave.open(str(path), "rb") as w:
+            channels, width, rate = w.getnchannels(), w.getsampwidth(), w.getframerate()
+            frames = w.readframes(w.getnframes()) if channels == 1 and width == 2 else b""
+    except (wave.Error, EOFError) as exc:
+        # The wave module's own errors say nothing of the file ("file does not start with
+        # RIFF id", a bare EOFError for an empty or cut-off header): name it and what we need.
+        why = str(exc) or "the header is empty or cut off"
+        raise ValueError(
+            f"{path}: not a readable WAV file ({why}); voxgate needs a mono 16-bit PCM WAV "
+            "(e.g. `sox in.mp3 -c 1 -b 16 -r 16000 out.wav`) or raw 8 kHz mu-law (.ulaw)"
+        ) from None
+    if channels != 1 or width != 2:
+        raise ValueError(
+            f"{path}: {channels} channel(s) of {8 * width}-bit audio; voxgate needs mono "
+            "16-bit PCM (e.g. `sox in.wav -c 1 -b 16 out.wav`)"
+        )
+    if rate not in SUPPORTED_RATES_HZ:
+        raise ValueError(
+            f"{path}: {rate} Hz is not a wire rate; use one of "
+            f"{', '.join(str(r) for r in SUPPORTED_RATES_HZ)} (e.g. `sox in.wav -r 16000 "
+            "out.wav`)"
+        )
+    pcm = np.frombuffer(frames, dtype="<i2").astype(np.int16)
     return pcm, rate
 
 
