@@ -1,7 +1,10 @@
-"""The ``voxgate`` command line: ``serve``, ``demo`` and ``call``.
+"""The ``voxgate`` command line: ``serve``, ``call``, ``demo`` and ``sip``.
 
 Flags beat ``VOXGATE_*`` environment variables, which beat a ``--config`` YAML file, which beats
 the defaults (see :mod:`gateway.config`).
+
+``voxgate --help`` does not print this docstring: it is reST for the reader of the code, and a
+terminal would show its markup. The help text is :data:`DESCRIPTION` and :data:`EPILOG`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
+
+#: What ``voxgate --help`` says above the command list: plain text, no markup.
+DESCRIPTION = (
+    "voxgate: a real-time voice gateway. A caller's audio goes in over gRPC; speech events, "
+    "transcripts and the bot's synthesized replies come back."
+)
+#: ... and below it.
+EPILOG = (
+    "Run 'voxgate COMMAND --help' for a command's flags. For serve, flags beat VOXGATE_* "
+    "environment variables, which beat a --config YAML file, which beats the defaults."
+)
 
 
 class _JsonFormatter(logging.Formatter):
@@ -143,20 +157,12 @@ def _cmd_sip(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
-    parser = argparse.ArgumentParser(prog="voxgate", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="voxgate", description=DESCRIPTION, epilog=EPILOG)
+    sub = parser.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("serve", help="run the gateway server")
+    p = sub.add_parser("serve", help="run the gateway server (gRPC, optional metrics)")
     _add_server_flags(p)
     p.set_defaults(func=_cmd_serve)
-
-    d = sub.add_parser("demo", help="start a server and play the bundled sample call through it")
-    d.add_argument("--audio", type=Path, help="caller WAV (default: the bundled sample)")
-    d.add_argument("--out", type=Path, default=Path("reply.wav"), help="reply audio WAV")
-    d.add_argument("--timeline", type=Path, default=Path("call.png"), help="timeline PNG")
-    d.add_argument("--engines", default="asr,tts", help="engines to load (asr,tts / none)")
-    d.add_argument("--realtime", action="store_true", help="stream at real-time pace")
-    d.set_defaults(func=_cmd_demo)
 
     c = sub.add_parser("call", help="play a WAV as the caller against a running server")
     c.add_argument("file", type=Path, help="caller audio (WAV, mono 8/16/24/48 kHz)")
@@ -173,6 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="pause the caller audio after each utterance until the bot has answered",
     )
     c.set_defaults(func=_cmd_call)
+
+    d = sub.add_parser("demo", help="run a whole sample call on an in-process server")
+    d.add_argument("--audio", type=Path, help="caller WAV (default: the bundled sample)")
+    d.add_argument("--out", type=Path, default=Path("reply.wav"), help="reply audio WAV")
+    d.add_argument("--timeline", type=Path, default=Path("call.png"), help="timeline PNG")
+    d.add_argument("--engines", default="asr,tts", help="engines to load (asr,tts / none)")
+    d.add_argument("--realtime", action="store_true", help="stream at real-time pace")
+    d.set_defaults(func=_cmd_demo)
 
     from clients.sip.cli import add_sip_arguments  # noqa: PLC0415
 
