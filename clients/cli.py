@@ -11,9 +11,10 @@ import argparse
 import asyncio
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Literal, TextIO
 
 from clients.bot import Bot, load_bot
 from clients.timeline import CallLog, draw_timeline
@@ -166,6 +167,26 @@ class _CallState:
         return bool(self.open_utterances or self.open_speaks)
 
 
+class _Gate(asyncio.Event):
+    """The sender's gate (see :func:`stream_audio`) that reports each wait it causes.
+
+    The timeline needs the waits: while the caller's audio is held, its clock stands still
+    but the bot goes on speaking, and the picture shows that as a gap in the caller's audio.
+    """
+
+    def __init__(self, on_wait: Callable[[float, float], None]) -> None:
+        super().__init__()
+        self._on_wait = on_wait
+
+    async def wait(self) -> Literal[True]:
+        """Wait until set, then report ``(start, end)`` loop times of the wait."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await super().wait()
+        self._on_wait(start, loop.time())
+        return True
+
+
 def _input_error(exc: OSError | ValueError) -> str:
     """One line naming the file and what is wrong with it (no traceback, no errno)."""
     if isinstance(exc, OSError):
@@ -244,7 +265,7 @@ async def _converse(
     state = _CallState(has_asr=session.has_asr)
     recorder = ReplyRecorder.for_session(session)
     log.reply_encoding, log.reply_rate_hz = recorder.encoding, recorder.sample_rate_hz
-    gate = asyncio.Event()
+    gate = _Gate(lambda start, end: log.pauses.append((start, end)))
     gate.set()
 
     def update_gate() -> None:

@@ -25,6 +25,7 @@ from calls import truth
 
 from cli.demo import run_demo
 from clients.cli import CallOptions, play_call, run_call
+from clients.timeline import build_timeline
 from clients.voxgate_client import (
     AS_FAST_AS_ALLOWED,
     UNPACED,
@@ -391,3 +392,30 @@ def test_voxgate_call_rejects_a_bad_bot_file_in_one_line_with_exit_2(tmp_path: P
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert lines[0].startswith(f"voxgate call: {rules}: not valid YAML"), lines[0]
+
+
+@pytest.mark.parametrize("realtime", [False, True], ids=["fast", "realtime"])
+async def test_the_timeline_keeps_the_caller_audio_length_at_any_send_pace(
+    speech_dir: Path, realtime: bool
+) -> None:
+    # Fast, 5 s of audio leave in about 0.3 s (4 s burst, then 3.5x): drawn on the send time,
+    # the caller waveform was squashed to that. On the call's audio clock it keeps 5 s.
+    wav = speech_dir / "librispeech_61-70968-0000.wav"
+    audio = load_audio(wav)
+    async with running_server() as srv:
+        result = await play_call(
+            CallOptions(file=wav, target=srv.target, realtime=realtime), stream=io.StringIO()
+        )
+    assert result.exit_code == 0 and result.log is not None
+    tl = build_timeline(result.log)
+    assert tl.waits == ()
+    assert tl.caller_span_s == pytest.approx(audio.duration_ms / 1000.0, abs=1e-6)
+    begins = {e.utterance_index: e for e in result.events if isinstance(e, SpeechBegin)}
+    ends = [e for e in result.events if isinstance(e, SpeechEnd)]
+    assert ends and len(tl.speech) == len(ends)
+    for span, end in zip(tl.speech, ends, strict=True):
+        begin = begins[end.utterance_index]
+        # Each VAD segment is as long as the server says, and sits on its waveform.
+        assert span.end_s - span.start_s == pytest.approx((end.offset_ms - begin.offset_ms) / 1000)
+        sample = begin.offset_ms * audio.sample_rate_hz // 1000
+        assert span.start_s == pytest.approx(float(tl.caller_x[sample]), abs=1e-6)
