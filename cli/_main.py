@@ -175,8 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--mulaw", action="store_true", help="send as 8 kHz mu-law (telephone)")
     c.add_argument(
         "--wait-for-bot",
-        action="store_true",
-        help="pause the caller audio after each utterance until the bot has answered",
+        nargs="?",
+        const="end",
+        default="never",
+        choices=("never", "start", "end"),  # clients.cli.WAIT_FOR_BOT_CHOICES
+        help="when the caller's audio pauses for the bot: never (the default: straight "
+        "through, over the bot), start (hear the greeting out; after each utterance, wait until "
+        "the answer starts, so the next one may interrupt it) or end (wait until each answer "
+        "ends; the bare flag)",
     )
     c.set_defaults(func=_cmd_call)
 
@@ -185,7 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", type=Path, default=Path("reply.wav"), help="reply audio WAV")
     d.add_argument("--timeline", type=Path, default=Path("call.png"), help="timeline PNG")
     d.add_argument("--engines", default="asr,tts", help="engines to load (asr,tts / none)")
-    d.add_argument("--realtime", action="store_true", help="stream at real-time pace")
+    d.add_argument(
+        "--fast",
+        action="store_true",
+        help="send the caller audio as fast as the server allows (default: real time)",
+    )
+    # Real time is the default now; the old flag stays accepted so scripts keep working.
+    d.add_argument("--realtime", action="store_true", help=argparse.SUPPRESS)
     d.set_defaults(func=_cmd_demo)
 
     from clients.sip.cli import add_sip_arguments  # noqa: PLC0415

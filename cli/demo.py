@@ -5,6 +5,16 @@ bundled sample caller recording through it, lets the sample bot (``sample_bot.ya
 with synthesized speech, then writes the reply audio and a timeline PNG and prints the latency
 table. ``--engines none`` runs the same call VAD-only (speech events, no transcripts or
 speech), which needs no model at all.
+
+The caller behaves like a person on the phone, so that the demo shows every part of a call:
+it speaks at real time (``--fast`` sends as fast as the server allows, for a quick check) and
+takes turns as ``voxgate call --wait-for-bot start`` does: it hears the greeting out, and after
+its first sentence waits until the bot starts to answer. The recording's second sentence
+begins 1.4 s after the first ends, while the bot is still saying its 4 s answer: the caller
+talks over it and the reply is cut, one barge-in. Waiting for the answer to start (instead of
+playing on regardless) makes that barge-in independent of how fast recognition is on the
+machine at hand. The answer to the second sentence comes after the recording has ended and
+plays in full.
 """
 
 from __future__ import annotations
@@ -14,21 +24,30 @@ import sys
 from pathlib import Path
 
 from clients.bot import sample_bot_path
-from clients.cli import CallOptions, play_call
+from clients.cli import CallOptions, CallResult, play_call
 from clients.voxgate_client import sample_call_path
 
-__all__ = ["run_demo"]
+__all__ = ["demo_call", "run_demo"]
 
 
 async def run_demo(args: argparse.Namespace) -> int:
     """Entry point of ``voxgate demo`` (flags in cli/_main.py)."""
+    return (await demo_call(args)).exit_code
+
+
+async def demo_call(args: argparse.Namespace) -> CallResult:
+    """Run the demo call and return what happened (tests look at its events and log)."""
     # Server imports stay inside: a client-only install must import this module cheaply.
-    from gateway.config import load_config  # noqa: PLC0415
+    from gateway.config import ConfigError, load_config  # noqa: PLC0415
     from gateway.runtime import build_hub  # noqa: PLC0415
     from gateway.server import GatewayServer  # noqa: PLC0415
 
     engines = args.engines or "asr,tts"
-    config = load_config(None, {"engines": engines, "server": {"host": "127.0.0.1", "port": 0}})
+    try:
+        config = load_config(None, {"engines": engines, "server": {"host": "127.0.0.1", "port": 0}})
+    except ConfigError as exc:  # e.g. --engines with a typo; as `voxgate serve` reports it
+        print(f"voxgate demo: {exc}", file=sys.stderr)
+        return CallResult(2)
     print(
         f"voxgate demo: starting a gateway with engines={engines} (loading models may take a "
         "while)...",
@@ -42,21 +61,20 @@ async def run_demo(args: argparse.Namespace) -> int:
             "`voxgate demo --engines none` runs the call with speech events only",
             file=sys.stderr,
         )
-        return 2
+        return CallResult(2)
     server = GatewayServer(config, hub)
     await server.start()
     try:
         opts = CallOptions(
             file=Path(args.audio) if args.audio else Path(sample_call_path()),
             target=server.target,
-            realtime=bool(args.realtime),
+            realtime=not getattr(args, "fast", False),
             bot=str(sample_bot_path()),
             out=args.out,
             timeline=args.timeline,
-            # The sample caller is polite: it waits for the bot's answers (no barge-in).
-            wait_for_bot=True,
+            # Hears the greeting out, then talks over the first answer (see the docstring).
+            wait_for_bot="start",
         )
-        result = await play_call(opts)
+        return await play_call(opts)
     finally:
         await server.stop(grace_s=0.0)
-    return result.exit_code

@@ -44,11 +44,20 @@ from clients.voxgate_client import (
     stream_audio,
 )
 
-__all__ = ["CallOptions", "CallResult", "play_call", "run_call"]
+__all__ = ["CallOptions", "CallResult", "WaitForBot", "play_call", "run_call"]
 
 #: Mark sent after the last audio chunk and the flush: once it is reached, the server has seen
 #: everything the caller said.
 EOF_MARK = "voxgate-cli-end-of-audio"
+
+#: How the caller takes turns with the bot (``--wait-for-bot``). ``never``: the file plays
+#: straight through, over anything the bot says. ``start``: the caller hears the opening lines
+#: (``--say`` and the greeting) out, and after each utterance waits only until the bot starts
+#: answering (or decides not to), so an utterance that follows before the answer ends talks
+#: over it (barge-in). ``end``: as ``start``, but it waits until each answer has ended, so
+#: nothing is interrupted.
+WaitForBot = Literal["never", "start", "end"]
+WAIT_FOR_BOT_CHOICES: tuple[WaitForBot, ...] = ("never", "start", "end")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +65,7 @@ class CallOptions:
     """What ``voxgate call`` does (the parsed flags).
 
     Attributes:
-        wait_for_bot: a polite caller: pause the audio from the end of each utterance until
-            the bot has answered (or decided not to), and until the greeting has played. Off,
-            the file plays straight through and talks over the bot (barge-in).
+        wait_for_bot: when the caller's audio pauses for the bot (see :data:`WaitForBot`).
         hangup_wait_s: after the audio ends, hang up at the latest this long after it even if
             transcripts or replies are still due (a safety net, never reached normally).
     """
@@ -72,7 +79,7 @@ class CallOptions:
     timeline: Path | None = None
     mulaw: bool = False
     interim_results: bool = True
-    wait_for_bot: bool = False
+    wait_for_bot: WaitForBot = "never"
     tls: bool = False
     token: str | None = None
     hangup_wait_s: float = 120.0
@@ -97,6 +104,12 @@ class CallResult:
 
 async def run_call(args: argparse.Namespace) -> int:
     """Entry point of ``voxgate call`` (see cli/_main.py for the flags)."""
+    raw = getattr(args, "wait_for_bot", None)
+    wait = _wait_mode(raw)
+    if wait is None:
+        choices = ", ".join(WAIT_FOR_BOT_CHOICES)
+        print(f"voxgate call: --wait-for-bot {raw!r}: use one of {choices}", file=sys.stderr)
+        return 2
     opts = CallOptions(
         file=Path(args.file),
         target=args.target,
@@ -106,11 +119,27 @@ async def run_call(args: argparse.Namespace) -> int:
         out=args.out,
         timeline=args.timeline,
         mulaw=bool(args.mulaw),
-        wait_for_bot=bool(getattr(args, "wait_for_bot", False)),
+        wait_for_bot=wait,
         tls=bool(getattr(args, "tls", False)),
         token=getattr(args, "token", None),
     )
     return (await play_call(opts)).exit_code
+
+
+def _wait_mode(value: object) -> WaitForBot | None:
+    """``--wait-for-bot``'s value as a mode; None when it is not one.
+
+    A bool is the flag's old form (it took no value), kept for scripts that build the
+    namespace themselves: True is ``end``, False ``never``.
+    """
+    if value is None or value is False:
+        return "never"
+    if value is True:
+        return "end"
+    for mode in WAIT_FOR_BOT_CHOICES:
+        if value == mode:
+            return mode
+    return None
 
 
 class _Printer:
@@ -150,6 +179,7 @@ class _CallState:
     hung_up: bool = False
     open_utterances: set[int] = field(default_factory=set)  # ended, final not yet seen
     open_speaks: set[str] = field(default_factory=set)  # sent, not finished/interrupted
+    opening: set[str] = field(default_factory=set)  # --say and greeting speak ids
     speech_end_s: dict[int, float] = field(default_factory=dict)
     final_s_of_speak: dict[str, float] = field(default_factory=dict)
     first_audio_s: dict[str, float] = field(default_factory=dict)
@@ -165,6 +195,15 @@ class _CallState:
     def busy(self) -> bool:
         """The bot has something to answer or to finish saying."""
         return bool(self.open_utterances or self.open_speaks)
+
+    def caller_waits(self, mode: WaitForBot) -> bool:
+        """Whether a caller taking turns by ``mode`` holds its audio now."""
+        if mode == "end":
+            return self.busy
+        if mode == "start":
+            unstarted = self.open_speaks - self.first_audio_s.keys()
+            return bool(self.opening & self.open_speaks or self.open_utterances or unstarted)
+        return False
 
 
 class _Gate(asyncio.Event):
@@ -269,17 +308,19 @@ async def _converse(
     gate.set()
 
     def update_gate() -> None:
-        if opts.wait_for_bot and state.busy:
+        if state.caller_waits(opts.wait_for_bot):
             gate.clear()
         else:
             gate.set()
 
-    async def say(text: str) -> None:
+    async def say(text: str, *, opening: bool = False) -> None:
         if not session.has_tts:
             printer.line(loop.time(), f'bot (no voice on this server): "{text}"')
             return
         sid = await call.speak(text)
         state.open_speaks.add(sid)
+        if opening:
+            state.opening.add(sid)
         update_gate()
         log.speaks.append((loop.time(), sid, text))
         result.replies.append((sid, text))
@@ -287,7 +328,7 @@ async def _converse(
 
     async def send() -> None:
         for text in (*opts.say, *([bot.greeting] if bot and bot.greeting else [])):
-            await say(text)
+            await say(text, opening=True)
         pacing = REALTIME if opts.realtime else AS_FAST_AS_ALLOWED
         await stream_audio(
             call, audio, pacing, on_chunk=lambda t, o: log.sent.append((t, o)), gate=gate

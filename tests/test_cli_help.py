@@ -1,4 +1,4 @@
-"""`voxgate --help` as a terminal shows it."""
+"""`voxgate --help` as a terminal shows it, and the call/demo flags' parsing."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from cli._main import build_parser
+from clients.cli import WAIT_FOR_BOT_CHOICES
 
 pytestmark = pytest.mark.unit
 
@@ -52,3 +53,24 @@ def test_top_level_help_lists_every_command_on_one_line() -> None:
     parser = build_parser()
     (sub,) = (a for a in parser._actions if a.dest == "command")
     assert set(sub.choices or {}) == COMMANDS
+
+
+def test_wait_for_bot_takes_the_modes_play_call_knows() -> None:
+    parser = build_parser()
+    (call,) = (a for a in parser._actions if a.dest == "command")
+    call_parser = (call.choices or {})["call"]
+    (flag,) = (a for a in call_parser._actions if a.dest == "wait_for_bot")
+    assert tuple(flag.choices or ()) == WAIT_FOR_BOT_CHOICES
+    assert parser.parse_args(["call", "a.wav"]).wait_for_bot == "never"
+    assert parser.parse_args(["call", "a.wav", "--wait-for-bot"]).wait_for_bot == "end"
+    assert parser.parse_args(["call", "a.wav", "--wait-for-bot", "start"]).wait_for_bot == "start"
+
+
+def test_demo_is_real_time_unless_fast() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["demo"]).fast is False
+    assert parser.parse_args(["demo", "--fast"]).fast is True
+    # The old flag (real time is the default now) is still accepted, and hidden.
+    assert parser.parse_args(["demo", "--realtime"]).fast is False
+    text = help_text("demo")
+    assert "--fast" in text and "--realtime" not in text

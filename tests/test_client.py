@@ -309,7 +309,7 @@ async def test_demo_runs_vad_only(tmp_path: Path) -> None:
         out=tmp_path / "reply.wav",
         timeline=tmp_path / "call.png",
         engines="none",
-        realtime=False,
+        fast=True,
     )
     assert await run_demo(ns) == 0
     assert (tmp_path / "call.png").stat().st_size > 10_000

@@ -18,8 +18,9 @@ import jiwer
 import numpy as np
 import pytest
 
-from cli.demo import run_demo
+from cli.demo import demo_call
 from clients.cli import CallOptions, play_call
+from clients.timeline import build_timeline
 from clients.voxgate_client import (
     AS_FAST_AS_ALLOWED,
     REALTIME,
@@ -34,6 +35,7 @@ from clients.voxgate_client import (
     decode_pcm16,
     load_audio,
     read_wav,
+    sample_call_path,
     stream_audio,
 )
 from gateway.config import load_config
@@ -164,15 +166,50 @@ async def test_sync_client_transcribes_and_synthesizes(
     assert rate == 16000 and len(pcm) > 0
 
 
-async def test_demo_with_engines_writes_reply_and_timeline(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fast", [False, True], ids=["realtime-default", "fast"])
+async def test_demo_has_one_barge_in_both_transcripts_and_a_true_timeline(
+    tmp_path: Path, fast: bool
+) -> None:
     ns = argparse.Namespace(
         audio=None,
         out=tmp_path / "reply.wav",
         timeline=tmp_path / "call.png",
         engines="asr,tts",
-        realtime=False,
+        fast=fast,
     )
-    assert await run_demo(ns) == 0
+    result = await demo_call(ns)
+    assert result.exit_code == 0
+    finals = result.finals
+    assert [f.utterance_index for f in finals] == [0, 1]
+    assert "your country" in finals[0].text.lower()
+    assert "block books" in finals[1].text.lower()
+    # The greeting is heard out, the answer to the first sentence is cut by the second one
+    # (barge-in), the answer to the second plays to its end.
+    greeting, first_answer, second_answer = (sid for sid, _ in result.replies)
+    interrupted = [e for e in result.events if isinstance(e, PlaybackInterrupted)]
+    assert len(interrupted) == 1
+    (cut,) = interrupted
+    assert cut.barge_in and cut.speak_id == first_answer and cut.played_ms > 0
+    finished = {e.speak_id for e in result.events if isinstance(e, PlaybackFinished)}
+    assert finished == {greeting, second_answer}
     pcm, _ = read_wav(tmp_path / "reply.wav")
-    assert len(pcm) > 16000  # the greeting and two answers
+    assert len(pcm) > 16000  # the greeting, a cut answer and a whole one
     assert (tmp_path / "call.png").stat().st_size > 20_000
+
+    # The picture's data: the caller's 19.1 s keep their length on the call clock (plus the
+    # waits for the bot inside the audio), and the cut reply ends at the barge-in line.
+    assert result.log is not None
+    tl = build_timeline(result.log)
+    caller, rate = read_wav(sample_call_path())
+    inner_waits = sum(w.end_s - w.start_s for w in tl.waits if w.start_s >= tl.caller_x[0])
+    assert tl.caller_span_s == pytest.approx(len(caller) / rate + inner_waits, abs=1e-6)
+    assert [s.label.split(":")[0] for s in tl.speech] == ["utt 0", "utt 1"]
+    (barge,) = tl.interruptions
+    (track,) = [r for r in tl.replies if r.speak_id == first_answer]
+    assert barge.at_s == pytest.approx(track.end_s)
+    assert track.end_s - track.start_s == pytest.approx(cut.played_ms / 1000, abs=0.021)
+    if not fast:
+        # At real time the cut falls in the caller's second utterance, where it happened
+        # (the reply's first frame arrives up to the 60 ms playout lead early).
+        second = tl.speech[1]
+        assert second.start_s - 0.2 <= barge.at_s <= second.end_s
