@@ -6,17 +6,10 @@ the bit-exact G.711 tables of :mod:`pcmcodec` with the server and cannot drift f
 contract. ``from clients.voxgate_client import VoxgateClient`` is the public import path; names
 not listed in ``__all__`` (the ``_private`` modules) may change without notice.
 
-Example::
-
-    async with VoxgateClient("127.0.0.1:50051") as client:
-        async with await client.converse(CallConfig(interim_results=True)) as call:
-            sender = asyncio.create_task(stream_audio(call, load_audio("caller.wav")))
-            async for event in call:
-                match event:
-                    case Transcript(is_final=True, text=text):
-                        await call.speak(f"You said {text}")
-                    case PlaybackFinished():
-                        await call.hangup()
+Example: the README's "From Python" block, which a test runs as written against a real server
+(``tests/test_readme.py``): stream a WAV, ``flush()`` after the last audio so that an utterance
+cut by the end of the clip still gets its final, answer each final with ``speak()``, and
+``hangup()`` once every utterance is answered and every reply has finished.
 """
 
 from __future__ import annotations
