@@ -522,7 +522,7 @@ def _baseline_model(num_workers: int, cpu_threads: int) -> Any:
     ``transcribe`` calls from several threads), ``cpu_threads`` threads each."""
     from faster_whisper import WhisperModel
 
-    from engines.asr.model_files import resolve_model_dir
+    from engines.asr._model_files import resolve_model_dir
 
     return WhisperModel(
         str(resolve_model_dir("base")),
@@ -693,9 +693,9 @@ def tune(
     of the machine spreads over all configurations; each keeps its best round. The plan per
     thread setting is then :func:`choose_plan` over those measurements.
     """
+    from engines.asr._whisper import WhisperEngine
     from engines.asr.base import AsrOptions, AsrRequest
     from engines.asr.config import WhisperConfig
-    from engines.asr.whisper import WhisperEngine
     from gateway.batcher import Batcher, BatchPlan, BatchPolicy, choose_plan
     from gateway.testing.signals import stats_for
 

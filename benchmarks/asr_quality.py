@@ -28,9 +28,9 @@ import soxr
 
 from benchmarks._stats import median
 from benchmarks._wer import corpus_wer, wer
+from engines.asr._whisper import WhisperEngine
 from engines.asr.base import AsrOptions, AsrRequest
 from engines.asr.config import EncoderWindowConfig, WhisperConfig
-from engines.asr.whisper import WhisperEngine
 from gateway.testing.signals import hallucination_set, mulaw_decode, mulaw_encode, stats_for
 
 REPO = Path(__file__).resolve().parents[1]

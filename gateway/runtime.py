@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from engines.asr import BUNDLED_MODELS, ModelFilesError, WhisperEngine, resolve_model_dir
 from engines.asr.base import AsrEngine, AsrRequest, AsrResult
-from engines.asr.model_files import BUNDLED_MODELS, ModelFilesError, resolve_model_dir
 from engines.tts import (
     SpeakOptions,
     TtsChunk,
@@ -264,7 +264,6 @@ class EngineHubImpl:
         )
 
     def _load_asr(self) -> None:
-        from engines.asr.whisper import WhisperEngine  # noqa: PLC0415
 
         cfg = self.config.asr
         plan = self._asr_plan(cfg.device)

@@ -11,9 +11,9 @@ import pytest
 from conftest import read_wav_int16
 
 from benchmarks import _wer
+from engines.asr._whisper import WhisperEngine
 from engines.asr.base import AsrOptions, AsrRequest, AsrResult
 from engines.asr.config import WhisperConfig
-from engines.asr.whisper import WhisperEngine
 from gateway.testing.signals import hallucination_set, stats_for
 
 pytestmark = [pytest.mark.model]

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engines.asr import policy
+from engines.asr import _policy as policy
+from engines.asr._policy import mbr_select
 from engines.asr.base import AsrOptions
 from engines.asr.config import DecodingPolicyConfig, EncoderWindowConfig
-from engines.asr.policy import mbr_select
 from engines.base import UtteranceStats
 
 pytestmark = [pytest.mark.unit]

@@ -494,7 +494,7 @@ def test_dockerfile_rules(flavour: str) -> None:
 
 @pytest.mark.parametrize("flavour", list(DOCKERFILES))
 def test_dockerfile_model_join_calls_a_real_function(flavour: str) -> None:
-    import engines.asr.model_files as model_files
+    import engines.asr._model_files as model_files
 
     text = DOCKERFILES[flavour].read_text()
     match = re.search(r"from engines\.asr\.model_files import (\w+); print\(\1\('(\w+)'\)\)", text)

@@ -37,13 +37,13 @@ What it measures, in this order, within ``--budget-s`` (default 450 s, so the wh
    1/4/16/32, greedy, exactly ``--max-new-tokens`` (64) tokens per item (end-of-text
    suppressed, so real and random weights cost the same); float16 on CUDA, int8 on CPU.
    Utterances per second and p50/p95 batch latency. The ``max_length`` giving that many tokens
-   is the engine's own: :class:`engines.asr.whisper.WhisperEngine` measures in ``warmup()``
+   is the engine's own: :class:`engines.asr._whisper.WhisperEngine` measures in ``warmup()``
    how CTranslate2 reads ``max_length`` (4.8.5 decodes ``max_length // 2`` new tokens, not
    ``max_length - prompt``); the tokens it really yields are reported under
    ``asr_model.ct2_max_length`` (a mismatch is an error of the run).
 4. **Capacity**: K simulated callers, each submitting an utterance about every ``--period-s``
    (3 s, jittered) through :class:`gateway.batcher.Batcher` with the real
-   :class:`engines.asr.whisper.WhisperEngine` laid out as ``gateway.runtime`` does it: one
+   :class:`engines.asr._whisper.WhisperEngine` laid out as ``gateway.runtime`` does it: one
    model with one CTranslate2 replica per worker (on CPU ``inter_threads`` = workers,
    ``intra_threads`` = cores // workers) and one engine object per worker from
    ``WhisperEngine.sibling()`` (a thin CTranslate2 adapter per worker if the engine cannot

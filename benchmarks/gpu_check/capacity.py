@@ -77,7 +77,7 @@ def make_sim_engines(
     cores = cpu_count()
     threads = max(1, cores // workers) if device == "cpu" else 0
     try:
-        from engines.asr.whisper import WhisperEngine
+        from engines.asr._whisper import WhisperEngine
 
         fields: dict[str, Any] = {
             "max_batch_size": max_batch_size,

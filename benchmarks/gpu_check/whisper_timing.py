@@ -117,7 +117,7 @@ def engine_max_length(
     """
     import tokenizers
 
-    from engines.asr.whisper import WhisperEngine
+    from engines.asr._whisper import WhisperEngine
 
     def tokens(max_length: int) -> int:
         feats = ctranslate2.StorageView.from_array(np.ascontiguousarray(features[None]))

@@ -1,7 +1,20 @@
-"""Whisper speech recognition (CTranslate2 called directly on batches)."""
+"""Whisper speech recognition (CTranslate2 called directly on batches).
+
+Public surface: the contract (:mod:`engines.asr.base`), the configuration
+(:mod:`engines.asr.config`), the engine and the model-file helpers re-exported here. The
+``_private`` modules (engine, decoding policy, word alignment, model files) may change.
+"""
 
 from __future__ import annotations
 
+from engines.asr._model_files import (
+    BUNDLED_MODELS,
+    ModelFilesError,
+    default_cache_dir,
+    join_base_model,
+    resolve_model_dir,
+)
+from engines.asr._whisper import EngineCounters, WhisperEngine
 from engines.asr.base import (
     AsrAlternative,
     AsrEngine,
@@ -10,5 +23,21 @@ from engines.asr.base import (
     AsrResult,
     AsrWord,
 )
+from engines.asr.config import WhisperConfig
 
-__all__ = ["AsrAlternative", "AsrEngine", "AsrOptions", "AsrRequest", "AsrResult", "AsrWord"]
+__all__ = [
+    "BUNDLED_MODELS",
+    "AsrAlternative",
+    "AsrEngine",
+    "AsrOptions",
+    "AsrRequest",
+    "AsrResult",
+    "AsrWord",
+    "EngineCounters",
+    "ModelFilesError",
+    "WhisperConfig",
+    "WhisperEngine",
+    "default_cache_dir",
+    "join_base_model",
+    "resolve_model_dir",
+]

@@ -71,7 +71,7 @@ class EncoderWindowConfig(BaseModel):
 
 
 class DecodingPolicyConfig(BaseModel):
-    """Thresholds of the silence-aware decoding policy (``engines.asr.policy``).
+    """Thresholds of the silence-aware decoding policy (``engines.asr._policy``).
 
     Whisper's own values are the defaults where one exists (no-speech 0.6, log-prob -1.0,
     compression ratio 2.4, temperatures 0.2 steps), so behaviour is familiar to its users.
@@ -150,7 +150,7 @@ class DecodingPolicyConfig(BaseModel):
 
 
 class WhisperConfig(BaseModel):
-    """Static configuration of one :class:`engines.asr.whisper.WhisperEngine`.
+    """Static configuration of one :class:`engines.asr._whisper.WhisperEngine`.
 
     Thread settings follow CTranslate2: ``inter_threads`` workers each with ``intra_threads``
     OpenMP threads. On a 2-core CPU, two workers of one thread each running concurrent calls

@@ -36,11 +36,11 @@ import tokenizers
 from faster_whisper.feature_extractor import FeatureExtractor
 from faster_whisper.tokenizer import _LANGUAGE_CODES, Tokenizer
 
-from engines.asr import policy
+from engines.asr import _policy as policy
 from engines.asr._align import word_times
+from engines.asr._model_files import resolve_model_dir
 from engines.asr.base import AsrAlternative, AsrOptions, AsrRequest, AsrResult, AsrWord
 from engines.asr.config import FULL_WINDOW_FRAMES, MEL_FRAMES_PER_S, WhisperConfig
-from engines.asr.model_files import resolve_model_dir
 from engines.base import ASR_SAMPLE_RATE_HZ, FloatArray, UtteranceStats
 
 __all__ = ["EngineCounters", "WhisperEngine"]
@@ -161,7 +161,7 @@ class WhisperEngine:
             config: a :class:`WhisperConfig`, a mapping of its fields, or None for defaults.
 
         Raises:
-            engines.asr.model_files.ModelFilesError: model files missing or corrupt.
+            engines.asr._model_files.ModelFilesError: model files missing or corrupt.
             TypeError: ``config`` is of another type.
         """
         if config is None:
