@@ -146,7 +146,7 @@ def engine_max_length(
         )
         engine.warmup()
         # NOTE: WhisperEngine has no public accessor for the max_length it decodes with yet.
-        chosen = int(engine._max_length(len(prompt.ids), new_tokens))
+        chosen = int(engine.max_length(len(prompt.ids), new_tokens))
     except Exception as error:  # noqa: BLE001 - e.g. a model dir the engine cannot read
         log(f"WhisperEngine unavailable for max_length ({error!r}); using the nominal value")
         out["calibrated_by"] = None

@@ -232,7 +232,7 @@ class WhisperEngine:
         got = len(res[0].sequences_ids[0])
         self._halved_max_length = got < 64 - len(prompt)
 
-    def _max_length(self, prompt_len: int, new_tokens: int) -> int:
+    def max_length(self, prompt_len: int, new_tokens: int) -> int:
         """The ``max_length`` that lets ``generate`` emit ``new_tokens`` after the prompt."""
         if self._halved_max_length:
             wanted = max(2 * new_tokens, new_tokens + prompt_len - 1)
@@ -368,7 +368,7 @@ class WhisperEngine:
             for sl in self._chunks(len(members)):
                 part = members[sl]
                 tok0 = self._tokenizer(part[0][0].language or "en", part[0][0].options.task)
-                max_len = self._max_length(prompt_len, max(j.plan.max_new_tokens for j, _ in part))
+                max_len = self.max_length(prompt_len, max(j.plan.max_new_tokens for j, _ in part))
                 kwargs: dict[str, Any] = {
                     "beam_size": beam,
                     "num_hypotheses": nhyp,

@@ -229,7 +229,7 @@ class WhisperConfig(BaseModel):
         # On a GPU the encoder is cheap and batches must share one window length, so the
         # bucketed windows that save CPU would only fragment batches: default to the full
         # 30 s window there (faster-whisper's batched pipeline does the same). An explicit
-        # `encoder` setting always wins; benchmarks/gpu_check.py measures the choice.
+        # `encoder` setting always wins; benchmarks/gpu_check measures the choice.
         if isinstance(data, dict) and data.get("device") == "cuda" and "encoder" not in data:
             return {**data, "encoder": {"buckets_s": (30.0,)}}
         return data
