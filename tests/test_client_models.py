@@ -166,16 +166,17 @@ async def test_sync_client_transcribes_and_synthesizes(
     assert rate == 16000 and len(pcm) > 0
 
 
-@pytest.mark.parametrize("fast", [False, True], ids=["realtime-default", "fast"])
 async def test_demo_has_one_barge_in_both_transcripts_and_a_true_timeline(
-    tmp_path: Path, fast: bool
+    tmp_path: Path,
 ) -> None:
+    # --fast: the real-time default runs in tests/test_readme.py (the README's first command,
+    # with the same barge-in and transcript checks on its output); one 30 s demo is enough.
     ns = argparse.Namespace(
         audio=None,
         out=tmp_path / "reply.wav",
         timeline=tmp_path / "call.png",
         engines="asr,tts",
-        fast=fast,
+        fast=True,
     )
     result = await demo_call(ns)
     assert result.exit_code == 0
@@ -208,8 +209,3 @@ async def test_demo_has_one_barge_in_both_transcripts_and_a_true_timeline(
     (track,) = [r for r in tl.replies if r.speak_id == first_answer]
     assert barge.at_s == pytest.approx(track.end_s)
     assert track.end_s - track.start_s == pytest.approx(cut.played_ms / 1000, abs=0.021)
-    if not fast:
-        # At real time the cut falls in the caller's second utterance, where it happened
-        # (the reply's first frame arrives up to the 60 ms playout lead early).
-        second = tl.speech[1]
-        assert second.start_s - 0.2 <= barge.at_s <= second.end_s
