@@ -332,10 +332,11 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             raise
         except grpc.aio.AbortError:
             raise
-        except Exception:
-            if context.done():
+        except Exception as exc:
+            if context.done() or _peer_gone(exc):
                 # The client left while a write was in flight (grpc raises ExecuteBatchError
-                # or InvalidStateError there): a cancellation, not a server fault.
+                # or InvalidStateError there, sometimes before the context says it is done):
+                # a cancellation, not a server fault.
                 outcome = "cancelled"
             else:
                 outcome = "internal"
@@ -823,6 +824,17 @@ async def _abort(context: grpc.aio.ServicerContext, exc: CallError) -> None:
             trailing_metadata=(("grpc-status-details-bin", status.SerializeToString()),),
         )
     await context.abort(STATUS_OF[exc.kind], exc.message)
+
+
+def _peer_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` (or every exception in its group) is a write to a departed client.
+
+    grpc's Cython layer raises ``ExecuteBatchError`` (a private class, matched by name) when a
+    message is sent on a call the peer has already left; the server itself never causes one.
+    """
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_peer_gone(e) for e in exc.exceptions)
+    return isinstance(exc, asyncio.InvalidStateError) or type(exc).__name__ == "ExecuteBatchError"
 
 
 def _internal(call_id: str) -> CallError:

@@ -219,7 +219,7 @@ def test_the_decode_cap_allows_exactly_the_planned_tokens(
         enc,
         [ids],
         beam_size=1,
-        max_length=engine._max_length(len(ids), new_tokens),
+        max_length=engine.max_length(len(ids), new_tokens),
         suppress_blank=False,
         suppress_tokens=[-1, tok.eot],
     )

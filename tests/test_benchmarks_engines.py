@@ -42,7 +42,7 @@ def test_gpu_check_sim_workers_are_one_model_and_its_siblings(tiny_dir: Path) ->
         for twin in rest:
             assert type(twin) is WhisperEngine and twin is not first
             assert twin._model is first._model
-            assert twin._max_length(4, 16) == first._max_length(4, 16)
+            assert twin.max_length(4, 16) == first.max_length(4, 16)
             assert len(twin.infer_batch([_request()])) == 1
     finally:
         for close in setup.close:
@@ -72,6 +72,6 @@ def test_asr_capacity_tune_workers_keep_the_calibrated_max_length(tiny_dir: Path
             assert twin._model is engine._model
             # A freshly constructed engine would decode with the uncalibrated reading.
             assert twin._halved_max_length == engine._halved_max_length
-            assert twin._max_length(24, 100) == engine._max_length(24, 100)
+            assert twin.max_length(24, 100) == engine.max_length(24, 100)
     finally:
         engine.close()
