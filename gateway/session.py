@@ -19,6 +19,7 @@ task it cancelled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -200,9 +201,14 @@ class CallSession:
         # Segmenter events are produced synchronously and drained (awaiting queues) right after.
         self._pending_emits: list[OutboundEvent] = []
         self._pending_utts: list[Utterance] = []
-        self._shutdown = asyncio.Event()
-        self._shutdown_wait: asyncio.Task[bool] | None = None
-        self._read: asyncio.Future[InboundEvent | None] | None = None
+        # The reader task feeds recv through this small queue; `end()` drops a _SHUTDOWN in
+        # it, so recv never has to race two futures per message (that doubled the VAD path's
+        # CPU per stream).
+        self._inbox: asyncio.Queue[InboundEvent | None | _Shutdown | Exception] = asyncio.Queue(
+            maxsize=8
+        )
+        self._ending = False
+        self._idle_timer: asyncio.TimerHandle | None = None
         #: Why the call is being ended from the server side (shutdown, a limit), if it is.
         self._end_reason: CallError | None = None
         self._ended_by_server = False
@@ -232,7 +238,10 @@ class CallSession:
         """
         if self._end_reason is None:
             self._end_reason = reason
-        self._shutdown.set()
+        self._ending = True
+        # When the queue is full, recv is not waiting: it checks `_ending` after its next get.
+        with contextlib.suppress(asyncio.QueueFull):
+            self._inbox.put_nowait(_SHUTDOWN)
 
     async def run(
         self,
@@ -243,22 +252,18 @@ class CallSession:
         loop = asyncio.get_running_loop()
         self._last_audio_at = loop.time()
         max_s = self.limits.max_call_duration_s
-        timer = (
-            loop.call_later(
-                max_s,
-                self.end,
-                CallError(
-                    ErrorKind.DEADLINE_EXCEEDED,
-                    f"the call reached max_call_duration_s={max_s:g}; it ended after its last "
-                    "utterance was transcribed",
-                ),
+        timers = [self._arm_idle_check(loop)] if self.limits.idle_timeout_s else []
+        if max_s:
+            reason = CallError(
+                ErrorKind.DEADLINE_EXCEEDED,
+                f"the call reached max_call_duration_s={max_s:g}; it ended after its last "
+                "utterance was transcribed",
             )
-            if max_s
-            else None
-        )
+            timers.append(loop.call_later(max_s, self.end, reason))
+        reader = asyncio.create_task(self._read_loop(source), name="reader")
         try:
             async with asyncio.TaskGroup() as tg:
-                recv = tg.create_task(self._recv(source), name="recv")
+                recv = tg.create_task(self._recv(), name="recv")
                 asr = tg.create_task(self._asr(), name="asr")
                 tts = tg.create_task(self._tts(), name="tts")
                 tg.create_task(self._send(sink, [recv, asr, tts]), name="send")
@@ -270,11 +275,11 @@ class CallSession:
                 raise _first(call_errors) from eg
             raise
         finally:
-            if timer is not None:
+            for timer in timers:
                 timer.cancel()
-            for pending in (self._read, self._shutdown_wait):
-                if pending is not None:
-                    await cancel_and_wait(pending)
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+            await cancel_and_wait(reader)
             await self._cancel_interim()
             for spec in self._specs.values():
                 spec.task.cancel()
@@ -283,29 +288,32 @@ class CallSession:
         if self._ended_by_server and self._end_reason is not None:
             raise self._end_reason
 
-    async def _next_event(
-        self, source: Callable[[], Awaitable[InboundEvent | None]]
-    ) -> InboundEvent | None | _Shutdown:
-        """The next client event, or ``_SHUTDOWN`` once the call is being ended.
+    async def _read_loop(self, source: Callable[[], Awaitable[InboundEvent | None]]) -> None:
+        """Read client events into the inbox until EOF; a read error goes in as the item."""
+        try:
+            while True:
+                event = await source()
+                await self._inbox.put(event)
+                if event is None:
+                    return
+        except Exception as exc:  # recv raises it, in order, after the events before it
+            await self._inbox.put(exc)
 
-        That is: :meth:`end` was called, or the client sent no audio for ``idle_timeout_s``.
-        """
-        loop = asyncio.get_running_loop()
+    async def _next_event(self) -> InboundEvent | None | _Shutdown:
+        """The next client event, or ``_SHUTDOWN`` once the call is being ended."""
+        event = await self._inbox.get()
+        if self._ending:
+            return _SHUTDOWN
+        if isinstance(event, Exception):
+            raise event
+        return event
+
+    def _arm_idle_check(self, loop: asyncio.AbstractEventLoop) -> asyncio.TimerHandle:
+        """Check for ``idle_timeout_s`` without audio at the moment it could first be true."""
         idle_s = self.limits.idle_timeout_s
-        while True:
-            if self._shutdown.is_set():
-                return _SHUTDOWN
-            if self._read is None:
-                self._read = asyncio.ensure_future(source())
-            if self._shutdown_wait is None:
-                self._shutdown_wait = asyncio.create_task(self._shutdown.wait(), name="shutdown")
-            waits: set[asyncio.Future[Any]] = {self._read, self._shutdown_wait}
-            timeout = max(0.0, self._last_audio_at + idle_s - loop.time()) if idle_s else None
-            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            if self._read.done():
-                read, self._read = self._read, None
-                return read.result()
-            if idle_s and loop.time() >= self._last_audio_at + idle_s:
+
+        def check() -> None:
+            if loop.time() >= self._last_audio_at + idle_s:
                 self.end(
                     CallError(
                         ErrorKind.DEADLINE_EXCEEDED,
@@ -313,13 +321,18 @@ class CallSession:
                         "sending audio (silence included)",
                     )
                 )
+            else:
+                self._idle_timer = loop.call_at(self._last_audio_at + idle_s, check)
+
+        self._idle_timer = loop.call_at(self._last_audio_at + idle_s, check)
+        return self._idle_timer
 
     # -- recv --------------------------------------------------------------------------------------
 
-    async def _recv(self, source: Callable[[], Awaitable[InboundEvent | None]]) -> None:
+    async def _recv(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            event = await self._next_event(source)
+            event = await self._next_event()
             if event is None or isinstance(event, HangupIn | _Shutdown):
                 self._hangup = isinstance(event, HangupIn | _Shutdown)
                 self._ended_by_server = isinstance(event, _Shutdown)
