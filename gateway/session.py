@@ -252,7 +252,9 @@ class CallSession:
         loop = asyncio.get_running_loop()
         self._last_audio_at = loop.time()
         max_s = self.limits.max_call_duration_s
-        timers = [self._arm_idle_check(loop)] if self.limits.idle_timeout_s else []
+        if self.limits.idle_timeout_s:
+            self._arm_idle_check(loop)
+        timers: list[asyncio.TimerHandle] = []
         if max_s:
             reason = CallError(
                 ErrorKind.DEADLINE_EXCEEDED,
@@ -308,7 +310,7 @@ class CallSession:
             raise event
         return event
 
-    def _arm_idle_check(self, loop: asyncio.AbstractEventLoop) -> asyncio.TimerHandle:
+    def _arm_idle_check(self, loop: asyncio.AbstractEventLoop) -> None:
         """Check for ``idle_timeout_s`` without audio at the moment it could first be true."""
         idle_s = self.limits.idle_timeout_s
 
@@ -325,7 +327,6 @@ class CallSession:
                 self._idle_timer = loop.call_at(self._last_audio_at + idle_s, check)
 
         self._idle_timer = loop.call_at(self._last_audio_at + idle_s, check)
-        return self._idle_timer
 
     # -- recv --------------------------------------------------------------------------------------
 

@@ -181,34 +181,13 @@ async def test_tts_to_asr_round_trip_wer_at_most_ten_percent(
     assert wer <= 0.10, (wer, list(zip(refs, hyps, strict=True)))
 
 
-class _FailFirst:
-    """Wraps the real transcriber; the first utterance raises, as an engine fault would."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.calls = 0
-
-    def can_speculate(self) -> bool:
-        return bool(self.inner.can_speculate())
-
-    def encode_context(self, initial_prompt: str, hotwords: Any) -> tuple[int, ...]:
-        return tuple(self.inner.encode_context(initial_prompt, hotwords))
-
-    async def transcribe(self, request: AsrRequest) -> AsrResult:
-        self.calls += 1
-        if self.calls == 1:
-            raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        result: AsrResult = await self.inner.transcribe(request)
-        return result
-
-
 async def test_an_engine_fault_fails_one_utterance_and_the_call_goes_on(
     server: GatewayServer, stub: pb_grpc.VoiceGatewayStub, speech_dir: Path
 ) -> None:
     wav = sorted((speech_dir / "calls").glob("call_02*.wav"))[0]
     assert server.servicer is not None
     real = server.servicer.transcriber
-    server.servicer.transcriber = _FailFirst(real)
+    server.servicer.transcriber = _Recording(real, fail_first=True)
     try:
         resp = await run_call(stub.Converse, config(), encode_wav(wav, pb.LINEAR16, 16000), 640)
     finally:
@@ -298,10 +277,12 @@ async def test_known_language_forms_and_the_listed_model_are_accepted(
 
 
 class _Recording:
-    """Wraps the real transcriber and records what the session hands it."""
+    """Wraps the real transcriber and records what the session hands it; with ``fail_first``
+    the first utterance raises, as an engine fault would."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, *, fail_first: bool = False) -> None:
         self.inner = inner
+        self.fail_first = fail_first
         self.encodes = 0
         self.requests: list[AsrRequest] = []
 
@@ -314,6 +295,8 @@ class _Recording:
 
     async def transcribe(self, request: AsrRequest) -> AsrResult:
         self.requests.append(request)
+        if self.fail_first and len(self.requests) == 1:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
         result: AsrResult = await self.inner.transcribe(request)
         return result
 
