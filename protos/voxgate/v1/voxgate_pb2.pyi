@@ -13,10 +13,21 @@ class Encoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LINEAR16: _ClassVar[Encoding]
     MULAW: _ClassVar[Encoding]
     ALAW: _ClassVar[Encoding]
+
+class BargeIn(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BARGE_IN_UNSPECIFIED: _ClassVar[BargeIn]
+    BARGE_IN_IMMEDIATE: _ClassVar[BargeIn]
+    BARGE_IN_AFTER_WORDS: _ClassVar[BargeIn]
+    BARGE_IN_NEVER: _ClassVar[BargeIn]
 ENCODING_UNSPECIFIED: Encoding
 LINEAR16: Encoding
 MULAW: Encoding
 ALAW: Encoding
+BARGE_IN_UNSPECIFIED: BargeIn
+BARGE_IN_IMMEDIATE: BargeIn
+BARGE_IN_AFTER_WORDS: BargeIn
+BARGE_IN_NEVER: BargeIn
 
 class AudioFormat(_message.Message):
     __slots__ = ("encoding", "sample_rate_hertz")
@@ -91,12 +102,20 @@ class VadConfig(_message.Message):
     def __init__(self, aggressiveness: _Optional[int] = ..., frame_ms: _Optional[int] = ..., start_speech_ms: _Optional[int] = ..., end_silence_ms: _Optional[int] = ..., min_speech_ms: _Optional[int] = ..., max_utterance_ms: _Optional[int] = ..., pre_roll_ms: _Optional[int] = ...) -> None: ...
 
 class BargeInConfig(_message.Message):
-    __slots__ = ("disabled", "min_speech_ms")
+    __slots__ = ("disabled", "min_speech_ms", "policy", "min_words", "backchannels", "echo_guard_disabled")
     DISABLED_FIELD_NUMBER: _ClassVar[int]
     MIN_SPEECH_MS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    MIN_WORDS_FIELD_NUMBER: _ClassVar[int]
+    BACKCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    ECHO_GUARD_DISABLED_FIELD_NUMBER: _ClassVar[int]
     disabled: bool
     min_speech_ms: int
-    def __init__(self, disabled: _Optional[bool] = ..., min_speech_ms: _Optional[int] = ...) -> None: ...
+    policy: BargeIn
+    min_words: int
+    backchannels: _containers.RepeatedScalarFieldContainer[str]
+    echo_guard_disabled: bool
+    def __init__(self, disabled: _Optional[bool] = ..., min_speech_ms: _Optional[int] = ..., policy: _Optional[_Union[BargeIn, str]] = ..., min_words: _Optional[int] = ..., backchannels: _Optional[_Iterable[str]] = ..., echo_guard_disabled: _Optional[bool] = ...) -> None: ...
 
 class DecodingOptions(_message.Message):
     __slots__ = ("beam_size", "mbr_candidates", "max_alternatives", "word_timestamps", "initial_prompt", "hotwords", "translate", "disable_silence_policy")
@@ -125,20 +144,24 @@ class AudioChunk(_message.Message):
     def __init__(self, data: _Optional[bytes] = ...) -> None: ...
 
 class Speak(_message.Message):
-    __slots__ = ("text", "speak_id", "voice", "rate", "speaker_id", "uninterruptible")
+    __slots__ = ("text", "speak_id", "voice", "rate", "speaker_id", "uninterruptible", "barge_in", "barge_in_min_words")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     SPEAK_ID_FIELD_NUMBER: _ClassVar[int]
     VOICE_FIELD_NUMBER: _ClassVar[int]
     RATE_FIELD_NUMBER: _ClassVar[int]
     SPEAKER_ID_FIELD_NUMBER: _ClassVar[int]
     UNINTERRUPTIBLE_FIELD_NUMBER: _ClassVar[int]
+    BARGE_IN_FIELD_NUMBER: _ClassVar[int]
+    BARGE_IN_MIN_WORDS_FIELD_NUMBER: _ClassVar[int]
     text: str
     speak_id: str
     voice: str
     rate: float
     speaker_id: int
     uninterruptible: bool
-    def __init__(self, text: _Optional[str] = ..., speak_id: _Optional[str] = ..., voice: _Optional[str] = ..., rate: _Optional[float] = ..., speaker_id: _Optional[int] = ..., uninterruptible: _Optional[bool] = ...) -> None: ...
+    barge_in: BargeIn
+    barge_in_min_words: int
+    def __init__(self, text: _Optional[str] = ..., speak_id: _Optional[str] = ..., voice: _Optional[str] = ..., rate: _Optional[float] = ..., speaker_id: _Optional[int] = ..., uninterruptible: _Optional[bool] = ..., barge_in: _Optional[_Union[BargeIn, str]] = ..., barge_in_min_words: _Optional[int] = ...) -> None: ...
 
 class Clear(_message.Message):
     __slots__ = ()
@@ -287,16 +310,18 @@ class MarkReached(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class PlaybackInterrupted(_message.Message):
-    __slots__ = ("speak_id", "played_ms", "words_played", "at_offset_ms")
+    __slots__ = ("speak_id", "played_ms", "words_played", "at_offset_ms", "caller_text")
     SPEAK_ID_FIELD_NUMBER: _ClassVar[int]
     PLAYED_MS_FIELD_NUMBER: _ClassVar[int]
     WORDS_PLAYED_FIELD_NUMBER: _ClassVar[int]
     AT_OFFSET_MS_FIELD_NUMBER: _ClassVar[int]
+    CALLER_TEXT_FIELD_NUMBER: _ClassVar[int]
     speak_id: str
     played_ms: int
     words_played: _containers.RepeatedScalarFieldContainer[str]
     at_offset_ms: int
-    def __init__(self, speak_id: _Optional[str] = ..., played_ms: _Optional[int] = ..., words_played: _Optional[_Iterable[str]] = ..., at_offset_ms: _Optional[int] = ...) -> None: ...
+    caller_text: str
+    def __init__(self, speak_id: _Optional[str] = ..., played_ms: _Optional[int] = ..., words_played: _Optional[_Iterable[str]] = ..., at_offset_ms: _Optional[int] = ..., caller_text: _Optional[str] = ...) -> None: ...
 
 class PlaybackFinished(_message.Message):
     __slots__ = ("speak_id", "duration_ms")
