@@ -149,6 +149,22 @@ class LimitsConfig(_Frozen):
         description="Longest call, s (0 = no limit); at the limit the call ends like a "
         "shutdown: the open utterance's final is delivered, then DEADLINE_EXCEEDED.",
     )
+    write_stall_timeout_s: float = Field(
+        10.0,
+        ge=0.0,
+        le=3_600.0,
+        description="A write to the client that does not complete within this ends the call "
+        "(or Synthesize stream) with DEADLINE_EXCEEDED, s (0 = no limit); a client that stops "
+        "reading holds its call slot and buffers otherwise.",
+    )
+    max_synthesis_s: float = Field(
+        600.0,
+        ge=1.0,
+        le=86_400.0,
+        description="Longest audio one Speak or Synthesize may produce, s; a reply that would "
+        "be longer is cut at exactly this length and the client is told (an ErrorEvent on "
+        "Converse, INVALID_ARGUMENT after the audio on Synthesize).",
+    )
 
 
 class BatcherConfig(_Frozen):

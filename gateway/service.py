@@ -44,7 +44,7 @@ from gateway.events import (
     TranscriptOut,
 )
 from gateway.metrics import GatewayMetrics
-from gateway.session import CallConfig, CallSession
+from gateway.session import CallConfig, CallSession, SynthesisCap, write_stalled
 from pcmcodec import SUPPORTED_RATES_HZ, WireEncoding
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
@@ -222,15 +222,18 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
                 raise request.error()
             await self._synthesize(request, context)
         except CallError as exc:
+            log.info("synthesize %s: %s: %s", request_id, exc.kind.value, exc.message)
             if not context.done():
-                await _abort(context, exc)
+                await _end_with(context, exc, self.config.limits.write_stall_timeout_s)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
-        except Exception:
-            if context.done():  # the client left; a late write failed
+        except Exception as exc:
+            if context.done() or _peer_gone(exc):  # the client left; a late write failed
                 return
             log.exception("synthesize %s failed", request_id)
-            await _abort(context, _internal(request_id))
+            await _end_with(
+                context, _internal(request_id), self.config.limits.write_stall_timeout_s
+            )
 
     async def ListModels(  # noqa: N802
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
@@ -326,7 +329,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             else:
                 outcome = exc.kind.value
                 log.info("call %s: %s: %s", session_id, exc.kind.value, exc.message)
-                await _abort(context, exc)
+                await _end_with(context, exc, limits.write_stall_timeout_s)
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise
@@ -341,7 +344,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             else:
                 outcome = "internal"
                 log.exception("call %s failed", session_id)
-                await _abort(context, _internal(session_id))
+                await _end_with(context, _internal(session_id), limits.write_stall_timeout_s)
         finally:
             self.metrics.calls_ended.labels(outcome).inc()
             self.outcomes[outcome] += 1
@@ -398,7 +401,10 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             voice=self.info.voices[0].name if self.info.voices else "",
             server_version=_version(),
         )
-        await context.write(pb.ConverseResponse(started=started))
+        # Headers on their own (they are not flow-controlled): were they to ride on a first
+        # write that stalls, the abort after it would need them again and grpc would refuse it.
+        await context.send_initial_metadata(())
+        await _write(context, pb.ConverseResponse(started=started), limits.write_stall_timeout_s)
         log.info(
             "call %s started (%s, client call_id=%s)", session_id, mode, echo(first.config.call_id)
         )
@@ -643,22 +649,28 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             )
         )
         encoder = OutputEncoder(enc, rate, synth.sample_rate_hz)
+        await context.send_initial_metadata(())  # apart from the first write (see _call)
+        cap = SynthesisCap(self.config.limits.max_synthesis_s, synth.sample_rate_hz)
         seq = 0
         offset_ms = 0.0
-        async for piece in synth.stream(speak):
+        async for piece in cap.apply(synth.stream(speak)):
             data = encoder.encode(piece.samples, last=piece.is_last)
             seq += 1
             words = [pb.Word(word=w, end_ms=end) for w, end in piece.words]
-            await context.write(
+            await _write(
+                context,
                 pb.SynthesizeResponse(
                     data=data,
                     sequence_number=seq,
                     offset_ms=int(offset_ms),
                     is_last=piece.is_last,
                     words=words,
-                )
+                ),
+                self.config.limits.write_stall_timeout_s,
             )
             offset_ms += 1000.0 * len(piece.samples) / synth.sample_rate_hz
+        if cap.cut:
+            raise CallError.invalid(cap.message("text"))
 
 
 def _encoding(value: int, field: str) -> WireEncoding:
@@ -801,6 +813,48 @@ def _outbound(event: OutboundEvent) -> pb.ConverseResponse:
     if isinstance(event, DtmfOut):
         return pb.ConverseResponse(dtmf=pb.Dtmf(digit=event.digit, duration_ms=event.duration_ms))
     raise TypeError(f"unknown outbound event {event!r}")
+
+
+async def _write(context: grpc.aio.ServicerContext, message: Any, stall_s: float) -> None:
+    """``context.write`` bounded by ``limits.write_stall_timeout_s`` (0 = no bound).
+
+    Once the client stops reading, HTTP/2 flow control makes the write wait for good.
+    """
+    try:
+        async with asyncio.timeout(stall_s or None):
+            await context.write(message)
+    except TimeoutError:
+        raise write_stalled(stall_s) from None
+
+
+#: Aborts whose status waits behind data the client never read (see :func:`_end_with`).
+_DETACHED: set[asyncio.Future[None]] = set()
+
+
+async def _end_with(context: grpc.aio.ServicerContext, exc: CallError, stall_s: float) -> None:
+    """:func:`_abort`, but give up waiting after ``stall_s`` (0 = wait for good).
+
+    HTTP/2 delivers the status after the messages queued before it, so for a client that
+    stopped reading the abort never completes, and neither would the handler: the call would
+    keep its slot. Past the bound the abort is left queued (grpc frees the stream when the
+    connection closes; keepalive closes a dead one) and the handler returns; grpc then ends
+    the RPC with the status already set.
+    """
+    task = asyncio.ensure_future(_abort(context, exc))
+    try:
+        await asyncio.wait({task}, timeout=stall_s or None)
+    finally:
+        if not task.done():
+            _DETACHED.add(task)
+            task.add_done_callback(_forget)
+    if task.done():
+        task.result()  # raises the AbortError that ends the RPC
+
+
+def _forget(task: asyncio.Future[None]) -> None:
+    _DETACHED.discard(task)
+    if not task.cancelled():
+        task.exception()  # AbortError, or ExecuteBatchError once the peer is gone
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: CallError) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -63,7 +63,7 @@ from gateway.segmenter import (
 )
 from pcmcodec import WireEncoding, bytes_per_ms
 
-__all__ = ["CallConfig", "CallSession", "cancel_and_wait"]
+__all__ = ["CallConfig", "CallSession", "SynthesisCap", "cancel_and_wait", "write_stalled"]
 
 log = logging.getLogger("voxgate.session")
 
@@ -602,7 +602,7 @@ class CallSession:
         async def produce() -> None:
             assert self._synth is not None
             try:
-                async for piece in self._synth.stream(pb.speak):
+                async for piece in cap.apply(self._synth.stream(pb.speak)):
                     await pieces.put(piece)
             except asyncio.CancelledError:
                 raise
@@ -611,6 +611,7 @@ class CallSession:
                 return
             await pieces.put(_END)
 
+        cap = SynthesisCap(self.limits.max_synthesis_s, self._synth.sample_rate_hz)
         producer = asyncio.create_task(produce(), name="tts-producer")
         pending = b""
         try:
@@ -651,6 +652,15 @@ class CallSession:
                     )
                 if last:
                     break
+            if cap.cut:
+                await self._emit(
+                    ErrorOut(
+                        ErrorKind.INVALID_ARGUMENT,
+                        cap.message("speak.text"),
+                        "speak",
+                        speak_id=pb.speak.speak_id,
+                    )
+                )
             # Wait until the tail has been heard, so barge-in during the last frames still counts.
             remaining = pb.started_at + pb.sent_ms / 1000.0 - loop.time()
             if remaining > 0:
@@ -704,6 +714,7 @@ class CallSession:
             await self._out.put(_END)
 
         closer = asyncio.create_task(close_when_done(), name="send-closer")
+        stall_s = self.limits.write_stall_timeout_s or None
         try:
             while True:
                 event = await self._out.get()
@@ -711,9 +722,65 @@ class CallSession:
                     return
                 if self._on_event is not None:
                     self._on_event(event)
-                await sink(event)
+                # A client that stops reading blocks this write once HTTP/2 flow control is
+                # spent; without a bound the call (and its slot) would wait for good.
+                try:
+                    async with asyncio.timeout(stall_s):
+                        await sink(event)
+                except TimeoutError:
+                    raise write_stalled(self.limits.write_stall_timeout_s) from None
         finally:
             await cancel_and_wait(closer)
+
+
+class SynthesisCap:
+    """Cuts one reply at ``limits.max_synthesis_s``, exactly, in the voice's own samples.
+
+    The length of a reply is known only as it is synthesized (each sentence's durations come
+    out of the front end), so a text that is too long cannot be refused up front; it is cut
+    where the limit falls, the last piece marked last, and :attr:`cut` tells the caller to
+    say so (an ErrorEvent on Converse, INVALID_ARGUMENT after the audio on Synthesize).
+    """
+
+    def __init__(self, max_s: float, sample_rate_hz: int) -> None:
+        self.max_s = max_s
+        self._left = round(max_s * sample_rate_hz)
+        self.cut = False
+
+    async def apply(self, stream: AsyncIterator[TtsPiece]) -> AsyncIterator[TtsPiece]:
+        """``stream`` up to the limit; closes ``stream`` (no synthesis past the cut)."""
+        try:
+            async for piece in stream:
+                n = len(piece.samples)
+                if n < self._left or (n == self._left and piece.is_last):
+                    self._left -= n
+                    yield piece
+                    continue
+                self.cut = True
+                max_ms = 1000.0 * self.max_s
+                words = tuple(w for w in piece.words if w[1] <= max_ms)
+                yield TtsPiece(piece.samples[: self._left], words, True)
+                return
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def message(self, field: str) -> str:
+        """The sentence that tells the client its reply was cut."""
+        return (
+            f"{field} would play longer than max_synthesis_s={self.max_s:g}; the reply was cut "
+            "there (split the text into several requests)"
+        )
+
+
+def write_stalled(limit_s: float) -> CallError:
+    """The error that ends a stream whose client stopped reading (``write_stall_timeout_s``)."""
+    return CallError(
+        ErrorKind.DEADLINE_EXCEEDED,
+        f"a write to the client did not complete within write_stall_timeout_s={limit_s:g}; "
+        "the client stopped reading",
+    )
 
 
 def _first(group: BaseExceptionGroup[CallError]) -> CallError:
