@@ -21,6 +21,7 @@ from engines.tts.config import TtsConfig
 __all__ = [
     "BatcherConfig",
     "ConfigError",
+    "DtmfConfig",
     "EngineName",
     "GatewayConfig",
     "LimitsConfig",
@@ -41,6 +42,38 @@ class _Frozen(BaseModel):
 class VadConfig(_Frozen):
     """Voice activity detection and endpointing (server defaults; a call may override)."""
 
+    model: Literal["silero", "webrtc"] = Field(
+        "silero",
+        description="The voice model: 'silero' (a small neural network, the ONNX file "
+        "faster-whisper ships; ignores line hum, clicks and hiss) or 'webrtc' (webrtcvad's GMM, "
+        "~5x cheaper, but it calls hum, clicks and keypad tones speech).",
+    )
+    speech_threshold: float = Field(
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="Voice confidence at which an unvoiced frame becomes voiced (silero's "
+        "probability; webrtc answers 0 or 1).",
+    )
+    silence_threshold: float = Field(
+        0.35,
+        gt=0.0,
+        le=1.0,
+        description="Voice confidence below which a voiced frame becomes unvoiced (hysteresis; "
+        "at most speech_threshold).",
+    )
+    plosive_tail: bool = Field(
+        True,
+        description="Count loud unvoiced frames within 300 ms after speech as its end (final "
+        "plosives: 'interes-t'). Added for webrtcvad on μ-law; it pays with silero too (a "
+        "call's μ-law 'interest' ends 11 ms from the truth with it, 251 ms early without).",
+    )
+    onset_backtrack: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Move the start of speech back over the loud frames just before the "
+        "model's first voiced frame (at most 100 ms); 'auto' = on for silero, whose 32 ms "
+        "windows confirm speech 40-120 ms after it begins, off for webrtc.",
+    )
     aggressiveness: int = Field(
         3, ge=0, le=3, description="webrtcvad aggressiveness; 3 resists line noise best."
     )
@@ -75,12 +108,37 @@ class VadConfig(_Frozen):
     def _check(self) -> Self:
         if self.frame_ms not in (10, 20, 30):
             raise ValueError(f"frame_ms={self.frame_ms} is not supported; use 10, 20 or 30")
+        if self.silence_threshold > self.speech_threshold:
+            raise ValueError(
+                f"silence_threshold={self.silence_threshold} must not exceed "
+                f"speech_threshold={self.speech_threshold}"
+            )
         if self.max_utterance_ms <= self.start_speech_ms:
             raise ValueError(
                 f"max_utterance_ms={self.max_utterance_ms} must exceed "
                 f"start_speech_ms={self.start_speech_ms}"
             )
         return self
+
+
+class DtmfConfig(_Frozen):
+    """In-band keypad tones: detected in the caller's audio and kept away from the VAD."""
+
+    inband: bool = Field(
+        True,
+        description="Detect DTMF tones in the inbound audio (Goertzel, ITU-T Q.24 rules), emit "
+        "them as dtmf events and silence them for the VAD and the recogniser; costs 30 ms of "
+        "delay on speech events. Off when the line sends RFC 4733 events and strips the tones.",
+    )
+    min_level_dbm0: float = Field(
+        -36.0, ge=-60.0, le=0.0, description="Weakest tone accepted, per frequency, dBm0."
+    )
+    max_twist_db: float = Field(
+        8.0, ge=0.0, le=20.0, description="High group this much weaker than low, at most, dB."
+    )
+    max_reverse_twist_db: float = Field(
+        4.0, ge=0.0, le=20.0, description="High group this much stronger than low, at most, dB."
+    )
 
 
 class LimitsConfig(_Frozen):
@@ -245,6 +303,7 @@ class GatewayConfig(BaseSettings):
 
     server: ServerConfig = Field(default_factory=ServerConfig)  # type: ignore[arg-type]
     vad: VadConfig = Field(default_factory=VadConfig)  # type: ignore[arg-type]
+    dtmf: DtmfConfig = Field(default_factory=DtmfConfig)  # type: ignore[arg-type]
     limits: LimitsConfig = Field(default_factory=LimitsConfig)  # type: ignore[arg-type]
     batcher: BatcherConfig = Field(default_factory=BatcherConfig)  # type: ignore[arg-type]
     session: SessionConfig = Field(default_factory=SessionConfig)  # type: ignore[arg-type]

@@ -25,6 +25,7 @@ import numpy.typing as npt
 import webrtcvad
 
 from engines.base import ASR_SAMPLE_RATE_HZ, FloatArray, UtteranceStats
+from engines.vad import SileroVad
 from gateway.config import VadConfig
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "Utterance",
     "VoiceDetector",
     "WebRtcVoiceDetector",
+    "make_detector",
 ]
 
 
@@ -57,6 +59,18 @@ class WebRtcVoiceDetector:
     def voice_confidence(self, frame: npt.NDArray[np.int16]) -> float:
         """Return 1.0 for a voiced frame, else 0.0."""
         return 1.0 if self._vad.is_speech(frame.tobytes(), self._rate) else 0.0
+
+
+def make_detector(config: VadConfig) -> VoiceDetector:
+    """A fresh per-call voice model as ``config.model`` names it.
+
+    Silero's network is loaded once per process and shared (its session is thread-safe); each
+    call gets its own LSTM state and window buffer. The segmenter always runs at 16 kHz (8 kHz
+    lines are upsampled at the edge), which is the one rate the shipped Silero export takes.
+    """
+    if config.model == "silero":
+        return SileroVad.load().stream()
+    return WebRtcVoiceDetector(config.aggressiveness)
 
 
 class SegmenterState(enum.Enum):
@@ -119,7 +133,8 @@ class Segmenter:
 
     Args:
         config: VAD and endpointing settings (ms).
-        detector: the voice model; webrtcvad at ``config.aggressiveness`` by default.
+        detector: the voice model; by default the one ``config.model`` names
+            (:func:`make_detector`).
     """
 
     #: Unvoiced frames tolerated inside STARTING before it falls back to QUIET, in ms.
@@ -131,10 +146,28 @@ class Segmenter:
     #: as the end of speech.
     TAIL_DB = 8.0
     TAIL_MS = 300
+    #: Silero answers per 32 ms window and needs part of a word before it is sure, so its first
+    #: voiced frame comes 40-120 ms after the energy onset. Once it has confirmed speech, the
+    #: start moves back over the frames just before it that stand this many dB above the noise
+    #: floor, at most ONSET_MS: the model decides *whether* it is speech, energy says *where*.
+    ONSET_DB = 6.0
+    ONSET_MS = 100
 
     def __init__(self, config: VadConfig, detector: VoiceDetector | None = None) -> None:
         self.config = config
-        self._detector = detector or WebRtcVoiceDetector(config.aggressiveness)
+        self._detector = detector or make_detector(config)
+        self._on = config.speech_threshold
+        self._off = config.silence_threshold
+        self._was_voiced = False
+        # Added for webrtcvad on μ-law; measured with silero by benchmarks/ear.py: it still pays.
+        self._tail_db = self.TAIL_DB if config.plosive_tail else math.inf
+        onset = config.onset_backtrack
+        self._onset_frames = (
+            self.ONSET_MS // config.frame_ms
+            if onset == "on" or (onset == "auto" and config.model == "silero")
+            else 0
+        )
+        self._recent_db: deque[float] = deque(maxlen=self._onset_frames + 1)
         self.frame_len = ASR_SAMPLE_RATE_HZ * config.frame_ms // 1000
         fm = config.frame_ms
         self._start_frames = max(1, math.ceil(config.start_speech_ms / fm))
@@ -198,7 +231,11 @@ class Segmenter:
         frame_db = 10.0 * np.log10(np.maximum(power, 1e-12))
         events: list[SegmenterEvent] = []
         for i in range(n_frames):
-            voiced = self._detector.voice_confidence(pcm[i]) >= 0.5
+            # Hysteresis: a voiced run ends below silence_threshold, starts at speech_threshold.
+            conf = self._detector.voice_confidence(pcm[i])
+            voiced = conf >= (self._off if self._was_voiced else self._on)
+            self._was_voiced = voiced
+            self._recent_db.append(float(frame_db[i]))
             self._step(frames[i], voiced, float(frame_db[i]), events)
             self._frame_index += 1
         return events
@@ -235,14 +272,16 @@ class Segmenter:
         if st is SegmenterState.QUIET:
             if voiced:
                 self.state = SegmenterState.STARTING
-                self._lead = list(self._pre_roll) if self._pre_roll_frames else []
+                lead = list(self._pre_roll) if self._pre_roll_frames else []
+                back = self._onset_back(len(lead))
+                self._lead = lead[: len(lead) - back]
                 self._pre_roll.clear()
-                self._start_frame = self._frame_index
-                self._frames = [frame]
-                self._voiced = [True]
+                self._start_frame = self._frame_index - back
+                self._frames = [*lead[len(lead) - back :], frame]
+                self._voiced = [False] * back + [True]
                 self._voiced_count = 1
                 self._unvoiced_run = 0
-                self._last_voiced = 0
+                self._last_voiced = back
                 self._last_energetic = -1
                 self._maybe_begin(events)
             else:
@@ -272,7 +311,7 @@ class Segmenter:
             self._last_voiced = len(self._frames) - 1
         elif (
             self._noise_db is not None
-            and db >= self._noise_db + self.TAIL_DB
+            and db >= self._noise_db + self._tail_db
             and len(self._frames) - 1 - self._last_voiced <= self._tail_frames
         ):
             self._last_energetic = len(self._frames) - 1
@@ -285,6 +324,19 @@ class Segmenter:
             self._finalise(events, forced=False)
         elif len(self._frames) >= self._max_frames:
             self._finalise(events, forced=True)
+
+    def _onset_back(self, available: int) -> int:
+        """Frames of pre-roll before this first voiced frame that belong to the speech onset."""
+        if not self._onset_frames or self._noise_db is None:
+            return 0
+        floor = self._noise_db + self.ONSET_DB
+        dbs = list(self._recent_db)[:-1]  # the frames before the current one, oldest first
+        back = 0
+        for db in reversed(dbs[-min(available, self._onset_frames) :] if available else []):
+            if db < floor:
+                break
+            back += 1
+        return back
 
     def _maybe_begin(self, events: list[SegmenterEvent]) -> None:
         if self._voiced_count >= self._start_frames:

@@ -488,6 +488,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             output_encoding=out_enc,
             output_rate_hz=out_rate,
             vad=vad,
+            dtmf=self.config.dtmf if self.config.dtmf.inband else None,
             asr_options=asr_options,
             interim_results=cfg.interim_results,
             interim_interval_ms=cfg.interim_interval_ms or self.config.session.interim_interval_ms,

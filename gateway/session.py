@@ -30,7 +30,8 @@ import numpy as np
 from engines.asr.base import AsrOptions, AsrRequest, AsrResult
 from gateway.audio import AudioFormatError, InputDecoder, OutputEncoder
 from gateway.base import Synthesizer, Transcriber, TtsPiece
-from gateway.config import LimitsConfig, VadConfig
+from gateway.config import DtmfConfig, LimitsConfig, VadConfig
+from gateway.dtmf import DtmfDigit, DtmfGate
 from gateway.errors import CallError, ErrorKind
 from gateway.events import (
     AudioIn,
@@ -84,6 +85,8 @@ class CallConfig:
     output_rate_hz: int
     vad: VadConfig
     asr_options: AsrOptions = field(default_factory=AsrOptions)
+    #: In-band DTMF detection and VAD gating; None = off (the servicer passes the server's).
+    dtmf: DtmfConfig | None = None
     interim_results: bool = False
     interim_interval_ms: int = 1000
     barge_in: bool = True
@@ -181,6 +184,7 @@ class CallSession:
         self._on_event = on_event
         self._decoder = InputDecoder(config.input_encoding, config.input_rate_hz)
         self._segmenter = Segmenter(config.vad, detector)
+        self._dtmf = DtmfGate(config.dtmf) if config.dtmf is not None else None
         self._bytes_per_ms = bytes_per_ms(config.input_encoding, config.input_rate_hz)
         self._out: asyncio.Queue[OutboundEvent | _End] = asyncio.Queue(maxsize=256)
         self._utts: asyncio.Queue[Utterance | _End] = asyncio.Queue(maxsize=64)
@@ -337,7 +341,11 @@ class CallSession:
             if event is None or isinstance(event, HangupIn | _Shutdown):
                 self._hangup = isinstance(event, HangupIn | _Shutdown)
                 self._ended_by_server = isinstance(event, _Shutdown)
-                self._handle_segments(self._segmenter.push(self._decoder.flush()))
+                self._handle_segments(self._segmenter.push(self._gated(self._decoder.flush())))
+                if self._dtmf is not None:
+                    held, digits = self._dtmf.flush()
+                    self._queue_digits(digits)
+                    self._handle_segments(self._segmenter.push(held))
                 self._handle_segments(self._segmenter.flush())
                 await self._flush_pending_emits()
                 await self._utts.put(_END)
@@ -352,7 +360,7 @@ class CallSession:
                     samples = self._decoder.decode(event.data)
                 except AudioFormatError as exc:
                     raise CallError.invalid(str(exc)) from None
-                self._handle_segments(self._segmenter.push(samples))
+                self._handle_segments(self._segmenter.push(self._gated(samples)))
                 # SPEECH_BEGIN goes out first, then barge-in stops playback right behind it.
                 await self._flush_pending_emits()
                 await self._check_barge_in()
@@ -405,6 +413,18 @@ class CallSession:
                 f"(burst_allowance_ms={lim.burst_allowance_ms})",
                 quota="max_realtime_factor",
             )
+
+    def _gated(self, samples: np.ndarray) -> np.ndarray:
+        """In-band DTMF: queue the digits heard and silence their tones before the VAD."""
+        if self._dtmf is None:
+            return samples
+        out, digits = self._dtmf.push(samples)
+        self._queue_digits(digits)
+        return out
+
+    def _queue_digits(self, digits: Sequence[DtmfDigit]) -> None:
+        for d in digits:
+            self._pending_emits.append(DtmfOut(d.digit, d.duration_ms))
 
     def _handle_segments(self, events: Sequence[SpeechBegin | SpeechEnd | Utterance]) -> None:
         # Runs synchronously inside recv; emits are queued and flushed right after.
