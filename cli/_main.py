@@ -66,6 +66,7 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
         ("host", "host"),
         ("port", "port"),
         ("metrics_port", "metrics_port"),
+        ("metrics_host", "metrics_host"),
         ("grace_s", "grace_s"),
         ("log_format", "log_format"),
         ("log_level", "log_level"),
@@ -85,6 +86,13 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["asr"] = asr
     if getattr(args, "voice", None):
         out["tts"] = {"voice": args.voice}
+    security = {
+        key: getattr(args, key)
+        for key in ("tls_cert", "tls_key", "client_ca", "tokens_file")
+        if getattr(args, key, None) is not None
+    }
+    if security:
+        out["security"] = security
     return out
 
 
@@ -97,7 +105,20 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
         type=int,
         help="Prometheus /metrics port; 0 picks a free one (logged); default: no metrics",
     )
+    p.add_argument(
+        "--metrics-host", help="/metrics bind address, apart from --host (default 127.0.0.1)"
+    )
     p.add_argument("--grace-s", type=float, help="SIGTERM drain period in seconds")
+    p.add_argument("--tls-cert", type=Path, help="PEM server certificate (TLS; with --tls-key)")
+    p.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    p.add_argument(
+        "--client-ca", type=Path, help="PEM CA that client certificates must chain to (mTLS)"
+    )
+    p.add_argument(
+        "--tokens-file",
+        type=Path,
+        help="YAML list of bearer tokens (turns authentication on; re-read on SIGHUP)",
+    )
     p.add_argument(
         "--engines",
         help="engines to load: asr,tts (default), asr, tts or none (VAD only)",
@@ -122,7 +143,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     setup_logging(config.server.log_level, config.server.log_format)
     try:
         asyncio.run(serve(config, build_hub(config)))
-    except EngineLoadError as exc:
+    except (EngineLoadError, ConfigError) as exc:  # ConfigError: a certificate or token file
         print(f"voxgate serve: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # the port (or the metrics port) is taken
@@ -184,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
         "the answer starts, so the next one may interrupt it) or end (wait until each answer "
         "ends; the bare flag)",
     )
+    from clients.cli import add_connection_arguments  # noqa: PLC0415
+
+    add_connection_arguments(c)
     c.set_defaults(func=_cmd_call)
 
     d = sub.add_parser("demo", help="run a whole sample call on an in-process server")

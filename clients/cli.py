@@ -16,11 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TextIO
 
+import grpc
+
 from clients.bot import Bot, load_bot
 from clients.timeline import CallLog, draw_timeline
 from clients.voxgate_client import (
     AS_FAST_AS_ALLOWED,
     REALTIME,
+    TOKEN_ENV,
     AudioOut,
     Call,
     CallConfig,
@@ -41,10 +44,20 @@ from clients.voxgate_client import (
     WireAudio,
     decode_pcm16,
     load_audio,
+    read_token,
     stream_audio,
+    tls_credentials,
 )
 
-__all__ = ["CallOptions", "CallResult", "WaitForBot", "play_call", "run_call"]
+__all__ = [
+    "CallOptions",
+    "CallResult",
+    "WaitForBot",
+    "add_connection_arguments",
+    "connection_from_args",
+    "play_call",
+    "run_call",
+]
 
 #: Mark sent after the last audio chunk and the flush: once it is reached, the server has seen
 #: everything the caller said.
@@ -80,7 +93,7 @@ class CallOptions:
     mulaw: bool = False
     interim_results: bool = True
     wait_for_bot: WaitForBot = "never"
-    tls: bool = False
+    tls: bool | grpc.ChannelCredentials = False
     token: str | None = None
     hangup_wait_s: float = 120.0
 
@@ -102,6 +115,67 @@ class CallResult:
         return sorted(out, key=lambda t: t.utterance_index)
 
 
+def add_connection_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    """Add the flags that reach a secured gateway: TLS roots, a client certificate, a token.
+
+    ``voxgate call`` uses them as they are; ``voxgate sip`` with ``prefix="gateway-"`` (its
+    other side speaks SIP, so the flags say which leg they are for).
+    """
+    p = f"--{prefix}"
+    parser.add_argument(f"{p}tls", action="store_true", help="TLS with the system's CA roots")
+    parser.add_argument(
+        f"{p}tls-ca", type=Path, metavar="PEM", help="TLS, trusting this CA (implies --tls)"
+    )
+    parser.add_argument(
+        f"{p}tls-cert", type=Path, metavar="PEM", help="client certificate for mutual TLS"
+    )
+    parser.add_argument(f"{p}tls-key", type=Path, metavar="PEM", help="its private key")
+    parser.add_argument(
+        f"{p}token",
+        help=f"bearer token (visible in the process list: prefer {p}token-file or {TOKEN_ENV})",
+    )
+    parser.add_argument(
+        f"{p}token-file", type=Path, metavar="FILE", help="read the token from FILE"
+    )
+
+
+def connection_from_args(
+    args: argparse.Namespace, prefix: str = ""
+) -> tuple[bool | grpc.ChannelCredentials, str | None]:
+    """The channel credentials and token the flags of :func:`add_connection_arguments` ask for.
+
+    The token comes from the token flag, else the token file, else ``$VOXGATE_TOKEN``.
+
+    Raises:
+        ValueError: a flag's file is unreadable or unusable; the message names the flag.
+    """
+    dest = prefix.replace("-", "_")
+    flag = f"--{prefix}"
+
+    def get(name: str) -> object:
+        return getattr(args, dest + name, None)
+
+    ca, cert, key = get("tls_ca"), get("tls_cert"), get("tls_key")
+    if (cert is None) != (key is None):
+        raise ValueError(f"{flag}tls-cert and {flag}tls-key go together")
+    tls: bool | grpc.ChannelCredentials = bool(get("tls"))
+    if ca is not None or cert is not None:
+        try:
+            tls = tls_credentials(ca, cert, key)  # type: ignore[arg-type]
+        except (OSError, ValueError) as exc:
+            raise ValueError(_plain(exc)) from None
+    try:
+        token = read_token(get("token"), get("token_file"))  # type: ignore[arg-type]
+    except (OSError, ValueError) as exc:
+        raise ValueError(_plain(exc)) from None
+    return tls, token
+
+
+def _plain(exc: OSError | ValueError) -> str:
+    """The message without Python's ``[Errno N]`` prefix."""
+    return str(exc.strerror) if isinstance(exc, OSError) and exc.strerror else str(exc)
+
+
 async def run_call(args: argparse.Namespace) -> int:
     """Entry point of ``voxgate call`` (see cli/_main.py for the flags)."""
     raw = getattr(args, "wait_for_bot", None)
@@ -109,6 +183,11 @@ async def run_call(args: argparse.Namespace) -> int:
     if wait is None:
         choices = ", ".join(WAIT_FOR_BOT_CHOICES)
         print(f"voxgate call: --wait-for-bot {raw!r}: use one of {choices}", file=sys.stderr)
+        return 2
+    try:
+        tls, token = connection_from_args(args)
+    except ValueError as exc:
+        print(f"voxgate call: {exc}", file=sys.stderr)
         return 2
     opts = CallOptions(
         file=Path(args.file),
@@ -120,8 +199,8 @@ async def run_call(args: argparse.Namespace) -> int:
         timeline=args.timeline,
         mulaw=bool(args.mulaw),
         wait_for_bot=wait,
-        tls=bool(getattr(args, "tls", False)),
-        token=getattr(args, "token", None),
+        tls=tls,
+        token=token,
     )
     return (await play_call(opts)).exit_code
 

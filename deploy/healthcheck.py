@@ -8,6 +8,10 @@ it runs in any image that can talk gRPC, the gateway's and the SIP bridge's alik
 Usage::
 
     python healthcheck.py [--target HOST:PORT] [--service NAME] [--timeout SECONDS]
+        [--tls-ca PEM [--tls-server-name NAME] [--tls-cert PEM --tls-key PEM]]
+
+A gateway with TLS (docs/security.md) is probed with ``--tls-ca`` (and, with mutual TLS, a
+client certificate); health needs no token while ``security.open_health`` is on (the default).
 
 Exit status: 0 SERVING; 1 NOT_SERVING, UNKNOWN or SERVICE_UNKNOWN; 2 no answer (refused,
 timed out, or an RPC error). One line on stdout says which, for ``docker inspect``.
@@ -84,9 +88,35 @@ def decode_status(data: bytes) -> int:
     return status
 
 
-def check(target: str, service: str, timeout_s: float) -> int:
-    """Ask ``target`` for the health of ``service``; return the serving status number."""
-    with grpc.insecure_channel(target) as channel:
+def _read(path: str | None) -> bytes | None:
+    if not path:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _channel(target: str, tls: dict[str, str | None] | None) -> grpc.Channel:
+    if not tls:
+        return grpc.insecure_channel(target)
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=_read(tls.get("ca")),
+        private_key=_read(tls.get("key")),
+        certificate_chain=_read(tls.get("cert")),
+    )
+    name = tls.get("server_name")
+    options = [("grpc.ssl_target_name_override", name)] if name else []
+    return grpc.secure_channel(target, creds, options=options)
+
+
+def check(
+    target: str, service: str, timeout_s: float, tls: dict[str, str | None] | None = None
+) -> int:
+    """Ask ``target`` for the health of ``service``; return the serving status number.
+
+    ``tls``: None for plaintext, else PEM paths ``ca``, ``cert``, ``key`` and an optional
+    ``server_name`` (the name in the server's certificate, when it does not name the target).
+    """
+    with _channel(target, tls) as channel:
         rpc = channel.unary_unary(
             _METHOD, request_serializer=encode_request, response_deserializer=decode_status
         )
@@ -108,9 +138,33 @@ def main(argv: list[str] | None = None) -> int:
         help=f"service name; '' = the whole server (default {_DEFAULT_SERVICE})",
     )
     parser.add_argument("--timeout", type=float, default=3.0, help="RPC deadline in seconds")
+    env = os.environ.get
+    parser.add_argument(
+        "--tls-ca", default=env("VOXGATE_HEALTH_TLS_CA"), help="TLS: the server's CA (PEM)"
+    )
+    parser.add_argument(
+        "--tls-server-name",
+        default=env("VOXGATE_HEALTH_TLS_SERVER_NAME"),
+        help="TLS: the name the server's certificate carries, if not the target's host",
+    )
+    parser.add_argument(
+        "--tls-cert", default=env("VOXGATE_HEALTH_TLS_CERT"), help="mutual TLS: client cert"
+    )
+    parser.add_argument("--tls-key", default=env("VOXGATE_HEALTH_TLS_KEY"), help="its key")
     args = parser.parse_args(argv)
+    tls = None
+    if args.tls_ca or args.tls_cert:
+        tls = {
+            "ca": args.tls_ca,
+            "cert": args.tls_cert,
+            "key": args.tls_key,
+            "server_name": args.tls_server_name,
+        }
     try:
-        status = check(args.target, args.service, args.timeout)
+        status = check(args.target, args.service, args.timeout, tls)
+    except OSError as exc:
+        print(f"unhealthy: cannot read a TLS file: {exc}", flush=True)
+        return 2
     except grpc.RpcError as exc:
         code = exc.code() if isinstance(exc, grpc.Call) else None
         print(f"unhealthy: {args.target} did not answer ({code})", flush=True)

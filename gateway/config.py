@@ -223,6 +223,22 @@ class LimitsConfig(_Frozen):
         "be longer is cut at exactly this length and the client is told (an ErrorEvent on "
         "Converse, INVALID_ARGUMENT after the audio on Synthesize).",
     )
+    write_stall_timeout_s: float = Field(
+        10.0,
+        ge=0.0,
+        le=3_600.0,
+        description="A write to the client that does not complete within this ends the call "
+        "(or Synthesize stream) with DEADLINE_EXCEEDED, s (0 = no limit); a client that stops "
+        "reading holds its call slot and buffers otherwise.",
+    )
+    max_synthesis_s: float = Field(
+        600.0,
+        ge=1.0,
+        le=86_400.0,
+        description="Longest audio one Speak or Synthesize may produce, s; a reply that would "
+        "be longer is cut at exactly this length and the client is told (an ErrorEvent on "
+        "Converse, INVALID_ARGUMENT after the audio on Synthesize).",
+    )
 
 
 class BatcherConfig(_Frozen):
@@ -288,6 +304,58 @@ class ServerConfig(_Frozen):
     )
     log_format: str = Field("text", pattern="^(text|json)$", description="Log line format.")
     log_level: str = Field("INFO", description="Python logging level name.")
+    # HTTP/2 connection lifetime. A call is one stream that may last hours; these settings find
+    # dead peers and let balancers spread new calls without ever cutting a call in progress.
+    keepalive_time_s: float = Field(
+        30.0,
+        ge=1.0,
+        le=7_200.0,
+        description="Ping a connection after this long without traffic, s: finds peers that "
+        "vanished (a dropped NAT mapping, a crashed client) without waiting for TCP.",
+    )
+    keepalive_timeout_s: float = Field(
+        20.0,
+        ge=1.0,
+        le=600.0,
+        description="A ping not answered within this closes the connection and cancels its "
+        "calls, s.",
+    )
+    keepalive_permit_without_calls: bool = Field(
+        True,
+        description="Accept client keepalive pings (and ping) while a connection has no call; "
+        "clients that keep a warm channel between calls need this, or they get GOAWAY.",
+    )
+    min_client_ping_interval_s: float = Field(
+        10.0,
+        ge=0.0,
+        le=3_600.0,
+        description="Clients that ping more often than this without data are sent GOAWAY "
+        "(too_many_pings), s; gRPC's default of 5 min would refuse common client settings.",
+    )
+    max_connection_idle_s: float = Field(
+        900.0,
+        ge=0.0,
+        le=7 * 86_400.0,
+        description="A connection with no call for this long is closed with GOAWAY, s (0 = "
+        "never); clients reconnect on their next call, perhaps to another replica.",
+    )
+    max_connection_age_s: float = Field(
+        1_800.0,
+        ge=0.0,
+        le=7 * 86_400.0,
+        description="After this long (gRPC adds +-10% jitter) a connection gets GOAWAY, so new "
+        "calls open a new connection and spread over replicas added since, s (0 = never). "
+        "Calls in progress go on, see max_connection_age_grace_s.",
+    )
+    max_connection_age_grace_s: float | None = Field(
+        None,
+        ge=0.0,
+        le=24 * 86_400.0,
+        description="How long calls may go on over a connection past its max age before it is "
+        "closed, s. Unset (the default): longer than any call can last "
+        "(limits.max_call_duration_s plus a minute; forever when calls have no limit), so "
+        "connection age never cuts a call.",
+    )
 
 
 class GatewayConfig(BaseSettings):

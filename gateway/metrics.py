@@ -40,6 +40,19 @@ class GatewayMetrics:
             ["reason"],
             registry=r,
         )
+        self.auth_refused = Counter(
+            "voxgate_auth_refused_total",
+            "RPCs refused by the security layer, by reason: unauthenticated (no or malformed "
+            "token), permission_denied (unknown token), token_quota (the token's max_calls).",
+            ["reason"],
+            registry=r,
+        )
+        self.tenant_calls_active = Gauge(
+            "voxgate_tenant_calls_active",
+            "Metered calls (Converse, StreamingRecognize, Synthesize) open, by token tenant.",
+            ["tenant"],
+            registry=r,
+        )
         self.utterances = Counter(
             "voxgate_utterances_total",
             "Utterances whose final decode finished, by outcome (text or why there is none).",

@@ -97,8 +97,7 @@ class GatewayServer:
                 # "listens" too and the kernel splits calls between two processes.
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", 4 * 1024 * 1024),
-                ("grpc.keepalive_time_ms", 30_000),
-                ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+                *connection_options(self.config),
             ]
         )
         add_to_server(self.servicer, server)
@@ -219,3 +218,41 @@ async def serve(config: GatewayConfig, hub: EngineHub | None = None) -> None:
     log.info("shutting down (grace %.1f s)", config.server.grace_s)
     await server.stop()
     print("stopped", file=sys.stderr, flush=True)
+
+
+#: gRPC's "no limit" for the millisecond settings below (INT_MAX).
+_NEVER_MS = 2**31 - 1
+
+
+def connection_options(config: GatewayConfig) -> list[tuple[str, int]]:
+    """The HTTP/2 keepalive and connection-lifetime options of ``server.*`` as gRPC args.
+
+    The age grace defaults to more than the longest call, so a GOAWAY for age only moves new
+    calls to a new connection and never cuts one in progress.
+    """
+    srv = config.server
+
+    def ms(seconds: float) -> int:
+        return _NEVER_MS if seconds <= 0 else min(_NEVER_MS, round(seconds * 1000))
+
+    grace_s = srv.max_connection_age_grace_s
+    if grace_s is None:
+        longest = config.limits.max_call_duration_s
+        grace_s = longest + 60.0 if longest else 0.0
+    return [
+        ("grpc.keepalive_time_ms", ms(srv.keepalive_time_s)),
+        ("grpc.keepalive_timeout_ms", ms(srv.keepalive_timeout_s)),
+        # Current gRPC core waits for a ping's ack by this one (60 s by default), whatever
+        # keepalive_timeout_ms says; measured here (tests/test_connection_options.py).
+        ("grpc.http2.ping_timeout_ms", ms(srv.keepalive_timeout_s)),
+        ("grpc.keepalive_permit_without_calls", int(srv.keepalive_permit_without_calls)),
+        # Keep pinging a connection that carries no data (a call on hold still needs it).
+        ("grpc.http2.max_pings_without_data", 0),
+        (
+            "grpc.http2.min_ping_interval_without_data_ms",
+            round(srv.min_client_ping_interval_s * 1000),
+        ),
+        ("grpc.max_connection_idle_ms", ms(srv.max_connection_idle_s)),
+        ("grpc.max_connection_age_ms", ms(srv.max_connection_age_s)),
+        ("grpc.max_connection_age_grace_ms", ms(grace_s)),
+    ]

@@ -220,6 +220,7 @@ def test_default_render_is_cpu_with_probes_drain_and_services(helm: ModuleType) 
     # the container runs the real CLI with the chart's ports
     args = _serve_args(c["args"])
     assert args.host == "0.0.0.0" and args.port == 50051 and args.metrics_port == 9100
+    assert args.metrics_host == "0.0.0.0"  # the scraper is another pod (default: loopback)
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"grpc": 50051, "metrics": 9100}
 
@@ -485,6 +486,7 @@ def test_dockerfile_rules(flavour: str) -> None:
     argv = _strip_init(_container_argv(path))
     args = _serve_args(argv)
     assert (args.host, args.port, args.metrics_port) == ("0.0.0.0", 50051, 9100)
+    assert args.metrics_host == "0.0.0.0"  # Prometheus scrapes from another container
 
     extras = re.search(r'pip install --no-cache-dir "\./\[([\w,]+)\]"', path.read_text())
     assert extras, "installs the project with extras"

@@ -19,10 +19,11 @@ import socket
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import grpc
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from clients.sip._media import RtpSession, bind_rtp_socket
 from clients.sip._message import (
@@ -39,6 +40,7 @@ from clients.sip._message import (
 from clients.sip._rtp import DtmfEvent
 from clients.sip._sdp import MediaChoice, SdpError, build_answer, negotiate, parse_sdp
 from clients.sip.base import Bot
+from clients.voxgate_client import auth_metadata, open_channel, tls_credentials
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 
@@ -64,6 +66,19 @@ class BridgeConfig(BaseModel):
     )
     listen_port: int = Field(default=5060, ge=0, le=65535, description="SIP UDP port; 0 picks one.")
     gateway: str = Field(default="127.0.0.1:50051", description="Gateway gRPC target host:port.")
+    gateway_tls: bool = Field(
+        default=False, description="TLS to the gateway (system roots unless gateway_tls_ca)."
+    )
+    gateway_tls_ca: Path | None = Field(
+        default=None, description="PEM CA the gateway's certificate chains to (implies TLS)."
+    )
+    gateway_tls_cert: Path | None = Field(
+        default=None, description="PEM client certificate, for a gateway with mutual TLS."
+    )
+    gateway_tls_key: Path | None = Field(default=None, description="Its private key.")
+    gateway_token: SecretStr | None = Field(
+        default=None, description="Bearer token sent on every gateway RPC (never logged)."
+    )
     advertise_host: str | None = Field(
         default=None,
         description="Address written in Contact and SDP; default: the listen address, "
@@ -239,6 +254,7 @@ class SipBridge:
         self._transport: Any = None  # asyncio.DatagramTransport (or a test fake with sendto)
         self._channel: Any = None
         self._stub: Any = None
+        self._metadata: tuple[tuple[str, str], ...] = ()
         self._can_speak: bool | None = None
         self._accepting = True
         self.calls: dict[str, _Call] = {}
@@ -266,7 +282,13 @@ class SipBridge:
         self._transport = transport
         host, port = transport.get_extra_info("sockname")[:2]
         self.address = (str(host), int(port))
-        self._channel = grpc.aio.insecure_channel(self.config.gateway)
+        cfg = self.config
+        tls: bool | grpc.ChannelCredentials = cfg.gateway_tls
+        if cfg.gateway_tls_ca is not None or cfg.gateway_tls_cert is not None:
+            tls = tls_credentials(cfg.gateway_tls_ca, cfg.gateway_tls_cert, cfg.gateway_tls_key)
+        token = cfg.gateway_token.get_secret_value() if cfg.gateway_token else None
+        self._metadata = auth_metadata(token)
+        self._channel = open_channel(cfg.gateway, tls)
         self._stub = pb_grpc.VoiceGatewayStub(self._channel)  # type: ignore[no-untyped-call]
         await self._check_voices()
         log.info("SIP bridge on udp %s:%d → gateway %s", *self.address, self.config.gateway)
@@ -276,7 +298,9 @@ class SipBridge:
         if self._can_speak is not None or self._stub is None:
             return
         try:
-            resp = await self._stub.ListVoices(pb.ListVoicesRequest(), timeout=2.0)
+            resp = await self._stub.ListVoices(
+                pb.ListVoicesRequest(), timeout=2.0, metadata=self._metadata
+            )
         except grpc.aio.AioRpcError as exc:
             log.warning("gateway %s: ListVoices failed (%s)", self.config.gateway, exc.code())
             return
@@ -847,7 +871,7 @@ class SipBridge:
             raise OSError("no gateway channel (bridge not started)")
         await self._check_voices()
         fmt = pb.AudioFormat(encoding=_ENCODINGS[call.choice.encoding], sample_rate_hertz=8000)
-        call.rpc = self._stub.Converse()
+        call.rpc = self._stub.Converse(metadata=self._metadata)
         await call.rpc.write(
             pb.ConverseRequest(
                 config=pb.SessionConfig(

@@ -18,8 +18,9 @@ import logging
 import signal
 import sys
 
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
+from clients.cli import add_connection_arguments, connection_from_args
 from clients.sip._bots import BotFileError, load_bot
 from clients.sip._bridge import BridgeConfig, SipBridge
 
@@ -55,6 +56,7 @@ def add_sip_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help="voxgate gateway gRPC target (default 127.0.0.1:50051)",
     )
+    add_connection_arguments(parser, prefix="gateway-")
     parser.add_argument(
         "--bot",
         default="none",
@@ -109,10 +111,17 @@ async def run_sip(args: argparse.Namespace) -> int:
     """Run the bridge until SIGTERM/SIGINT, then end every call with BYE; returns an exit code."""
     try:
         bot_factory = load_bot(args.bot)
+        # Checks the files and resolves the token (flag, file or $VOXGATE_TOKEN) up front.
+        tls, token = connection_from_args(args, prefix="gateway-")
         config = BridgeConfig(
             listen_host=args.listen[0],
             listen_port=args.listen[1],
             gateway=args.gateway,
+            gateway_tls=tls is not False,
+            gateway_tls_ca=args.gateway_tls_ca,
+            gateway_tls_cert=args.gateway_tls_cert,
+            gateway_tls_key=args.gateway_tls_key,
+            gateway_token=SecretStr(token) if token else None,
             advertise_host=args.advertise,
             rtp_port_min=args.rtp_ports[0],
             rtp_port_max=args.rtp_ports[1],
@@ -123,7 +132,7 @@ async def run_sip(args: argparse.Namespace) -> int:
             voice=args.voice,
             log_content=args.log_content,
         )
-    except (BotFileError, ValidationError) as exc:
+    except (BotFileError, ValidationError, ValueError) as exc:
         print(f"voxgate sip: {exc}", file=sys.stderr)
         return 2
     bridge = SipBridge(config, bot_factory)

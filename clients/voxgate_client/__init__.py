@@ -29,7 +29,15 @@ from clients.voxgate_client._audio import (
     stream_audio,
     write_wav,
 )
-from clients.voxgate_client._client import Call, VoxgateClient
+from clients.voxgate_client._client import (
+    TOKEN_ENV,
+    Call,
+    VoxgateClient,
+    auth_metadata,
+    open_channel,
+    read_token,
+    tls_credentials,
+)
 from clients.voxgate_client._config import CallConfig, EncodingName, VadOptions
 from clients.voxgate_client._errors import CallEndedError, VoxgateError
 from clients.voxgate_client._events import (
@@ -54,6 +62,7 @@ from clients.voxgate_client._sync import VoxgateSyncClient
 __all__ = [
     "AS_FAST_AS_ALLOWED",
     "REALTIME",
+    "TOKEN_ENV",
     "UNPACED",
     "Alternative",
     "AudioOut",
@@ -81,13 +90,17 @@ __all__ = [
     "VoxgateSyncClient",
     "WireAudio",
     "Word",
+    "auth_metadata",
     "decode_pcm16",
     "encode_pcm16",
     "event_from_proto",
     "load_audio",
+    "open_channel",
+    "read_token",
     "read_wav",
     "sample_call_path",
     "stream_audio",
+    "tls_credentials",
     "write_wav",
 ]
 

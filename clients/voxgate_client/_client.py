@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
@@ -40,7 +42,18 @@ from clients.voxgate_client._events import (
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 
-__all__ = ["Call", "VoxgateClient"]
+__all__ = [
+    "TOKEN_ENV",
+    "Call",
+    "VoxgateClient",
+    "auth_metadata",
+    "open_channel",
+    "read_token",
+    "tls_credentials",
+]
+
+#: The environment variable ``voxgate call`` (and :func:`read_token`) takes a token from.
+TOKEN_ENV = "VOXGATE_TOKEN"
 
 #: How long a reader waits for the server's status to replace grpc's local INTERNAL, s.
 TRUE_STATUS_WAIT_S = 1.0
@@ -313,6 +326,105 @@ class Call:
                 await self._rpc.done_writing()
 
 
+def _read_pem(path: str | os.PathLike[str], what: str) -> bytes:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise OSError(exc.errno, f"{what}: cannot read {path}: {exc.strerror}") from None
+    if b"-----BEGIN " not in data:
+        raise ValueError(f"{what}: {path} is not a PEM file")
+    return data
+
+
+def tls_credentials(
+    ca: str | os.PathLike[str] | None = None,
+    cert: str | os.PathLike[str] | None = None,
+    key: str | os.PathLike[str] | None = None,
+) -> grpc.ChannelCredentials:
+    """TLS channel credentials from PEM files, for ``VoxgateClient(..., tls=...)``.
+
+    Args:
+        ca: the CA bundle the server's certificate must chain to (a private CA); None trusts
+            the system roots.
+        cert: this client's certificate chain, for a server that requires client
+            certificates (mutual TLS); needs ``key``.
+        key: the private key of ``cert`` (unencrypted PEM).
+
+    Raises:
+        OSError: a file cannot be read (the message names it).
+        ValueError: a file is not PEM, or only one of ``cert`` and ``key`` is given.
+    """
+    if (cert is None) != (key is None):
+        raise ValueError("a client certificate needs its key and the key its certificate")
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read_pem(ca, "TLS CA") if ca is not None else None,
+        private_key=_read_pem(key, "client key") if key is not None else None,
+        certificate_chain=_read_pem(cert, "client certificate") if cert is not None else None,
+    )
+
+
+def read_token(
+    token: str | None = None,
+    token_file: str | os.PathLike[str] | None = None,
+    env: str = TOKEN_ENV,
+    environ: Mapping[str, str] | None = None,
+) -> str | None:
+    """The bearer token to send: ``token``, else the first line of ``token_file``, else ``env``.
+
+    A file is the way to keep a token out of the process list and shell history.
+
+    Raises:
+        OSError: ``token_file`` cannot be read.
+        ValueError: the token found is empty or holds whitespace or control characters
+            (it could not travel as a header value).
+    """
+    source = "the token"
+    if token is None and token_file is not None:
+        try:
+            lines = Path(token_file).read_text(encoding="utf-8").split()
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"cannot read token file {token_file}: {exc.strerror}"
+            ) from None
+        except UnicodeDecodeError:
+            raise ValueError(f"token file {token_file} is not UTF-8 text") from None
+        if len(lines) != 1:
+            raise ValueError(f"token file {token_file} must hold exactly one token")
+        token, source = lines[0], f"the token in {token_file}"
+    if token is None:
+        token = (os.environ if environ is None else environ).get(env)
+        source = f"the token in {env}"
+        if token is None:
+            return None
+    token = token.strip()
+    if not token or not token.isascii() or not token.isprintable() or " " in token:
+        raise ValueError(f"{source} must be non-empty printable ASCII without spaces")
+    return token
+
+
+def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """The call metadata that carries ``token`` (what the gateway checks); empty for None."""
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def open_channel(
+    target: str,
+    tls: bool | grpc.ChannelCredentials = False,
+    *,
+    options: Sequence[tuple[str, Any]] = (),
+) -> grpc.aio.Channel:
+    """A grpc.aio channel to a gateway: plaintext, TLS with the system roots, or ``tls``.
+
+    Shared by :class:`VoxgateClient` and the SIP bridge, so both speak to a secured gateway
+    the same way (send :func:`auth_metadata` with each RPC for the token).
+    """
+    opts = [("grpc.max_receive_message_length", 8 * 1024 * 1024), *options]
+    if tls is False:
+        return grpc.aio.insecure_channel(target, options=opts)
+    creds = grpc.ssl_channel_credentials() if tls is True else tls
+    return grpc.aio.secure_channel(target, creds, options=opts)
+
+
 class VoxgateClient:
     """A channel to one gateway.
 
@@ -322,7 +434,8 @@ class VoxgateClient:
     Args:
         target: ``host:port``.
         tls: False for plaintext, True for TLS with the system roots, or ready
-            ``grpc.ChannelCredentials`` (e.g. with a private CA).
+            ``grpc.ChannelCredentials``: :func:`tls_credentials` makes them from a private
+            CA and, for mutual TLS, a client certificate and key.
         token: sent as ``authorization: Bearer <token>`` on every RPC (metadata rather than
             call credentials, so it also works on plaintext channels behind a TLS proxy).
         options: extra grpc channel options.
@@ -337,15 +450,8 @@ class VoxgateClient:
         options: Sequence[tuple[str, Any]] = (),
     ) -> None:
         self.target = target
-        opts = [("grpc.max_receive_message_length", 8 * 1024 * 1024), *options]
-        if tls is False:
-            self._channel = grpc.aio.insecure_channel(target, options=opts)
-        else:
-            creds = grpc.ssl_channel_credentials() if tls is True else tls
-            self._channel = grpc.aio.secure_channel(target, creds, options=opts)
-        self._metadata: tuple[tuple[str, str], ...] = (
-            (("authorization", f"Bearer {token}"),) if token else ()
-        )
+        self._channel = open_channel(target, tls, options=options)
+        self._metadata = auth_metadata(token)
         # The generated stub is unannotated; its methods are typed by use below.
         self._stub: Any = pb_grpc.VoiceGatewayStub(self._channel)  # type: ignore[no-untyped-call]
         self._calls: set[Call] = set()
