@@ -1,18 +1,16 @@
 """TLS, mutual TLS, bearer tokens and per-token quotas on a real grpc.aio server (loopback).
 
-Certificates are made at run time with ``cryptography`` (a throwaway CA, a server certificate
-for 127.0.0.1/localhost, client certificates from that CA and from a stranger's CA). The
-gateway runs the fake tone voice (FakeToneHub) where the model does not matter: these tests
-prove who gets in, not what the engines say. One call at the end runs the real Whisper model and
-voice through ``voxgate call`` over TLS with a token.
+Certificates are made at run time (gateway/testing/pki.py, with ``cryptography``): a throwaway
+CA, a server certificate for 127.0.0.1/localhost, client certificates from that CA and from a
+stranger's CA. The gateway runs the fake tone voice (FakeToneHub) where the model does not
+matter: these tests prove who gets in, not what the engines say. One call at the end runs the
+real Whisper model and voice through ``voxgate call`` over TLS with a token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
-import ipaddress
 import logging
 import os
 import re
@@ -23,16 +21,12 @@ import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives import serialization
 from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -52,6 +46,7 @@ from gateway.config import ConfigError, SecurityConfig, load_config
 from gateway.security import GatewaySecurity, TokenStore, parse_tokens
 from gateway.server import GatewayServer
 from gateway.testing.fake_engines import FakeToneHub
+from gateway.testing.pki import Pki, make_pki
 from gateway.testing.server import running_server
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
@@ -78,119 +73,9 @@ RPCS = (
 # -- certificates -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Pki:
-    ca: Path
-    server_cert: Path
-    server_key: Path
-    client_cert: Path
-    client_key: Path
-    stranger_ca: Path
-    stranger_cert: Path
-    stranger_key: Path
-
-
-def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-def _ca(cn: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(cn))
-        .issuer_name(_name(cn))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return key, cert
-
-
-def _leaf(
-    ca_key: ec.EllipticCurvePrivateKey, ca: x509.Certificate, cn: str, *, server: bool
-) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(cn))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-            critical=False,
-        )
-    )
-    if server:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-    return key, builder.sign(ca_key, hashes.SHA256())
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    d = tmp_path_factory.mktemp("pki")
-
-    def write(name: str, data: bytes) -> Path:
-        (d / name).write_bytes(data)
-        return d / name
-
-    def cert_pem(cert: x509.Certificate) -> bytes:
-        return cert.public_bytes(serialization.Encoding.PEM)
-
-    ca_key, ca = _ca("voxgate test CA")
-    s_key, s_cert = _leaf(ca_key, ca, "localhost", server=True)
-    c_key, c_cert = _leaf(ca_key, ca, "test client", server=False)
-    x_ca_key, x_ca = _ca("a stranger's CA")
-    x_key, x_cert = _leaf(x_ca_key, x_ca, "stranger", server=False)
-    return Pki(
-        ca=write("ca.pem", cert_pem(ca)),
-        server_cert=write("server.pem", cert_pem(s_cert)),
-        server_key=write("server.key", _pem_key(s_key)),
-        client_cert=write("client.pem", cert_pem(c_cert)),
-        client_key=write("client.key", _pem_key(c_key)),
-        stranger_ca=write("stranger-ca.pem", cert_pem(x_ca)),
-        stranger_cert=write("stranger.pem", cert_pem(x_cert)),
-        stranger_key=write("stranger.key", _pem_key(x_key)),
-    )
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture
