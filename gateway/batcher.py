@@ -34,6 +34,7 @@ __all__ = [
     "BatchPlan",
     "BatchPolicy",
     "BatchResultLengthError",
+    "BatchTimeoutError",
     "Batcher",
     "BatcherClosedError",
     "BatcherStats",
@@ -83,6 +84,29 @@ class QueueFullError(Exception):
 
 class BatcherClosedError(RuntimeError):
     """The batcher is closing or closed: a new item was refused or a queued one never ran."""
+
+
+class BatchTimeoutError(RuntimeError):
+    """A batch ran past the batcher's ``batch_timeout_s``: the engine is taken to be hung.
+
+    Its items fail with this error (the servicer maps it to ``DEADLINE_EXCEEDED``, as an error
+    event on each call; the calls go on), and the worker gets a fresh thread (and a fresh engine
+    when the batcher has a ``replace`` factory) so that the next batch does not queue behind the
+    stuck one. Python cannot kill a thread: the stuck one is abandoned and counted
+    (``BatcherStats.abandoned_threads``); if it ever returns, its results are discarded.
+
+    Attributes:
+        worker: the worker whose batch hung.
+        timeout_s: the limit it ran past.
+    """
+
+    def __init__(self, *, worker: int, timeout_s: float, size: int) -> None:
+        self.worker = worker
+        self.timeout_s = timeout_s
+        super().__init__(
+            f"the recognition engine did not finish a batch of {size} within "
+            f"batch_timeout_s={timeout_s:g} (worker {worker} was replaced)"
+        )
 
 
 class BatchResultLengthError(RuntimeError):
@@ -291,6 +315,9 @@ class BatchObserver:
     ) -> None:
         """A batch finished after ``duration_s`` of engine time; ``error`` when it failed."""
 
+    def worker_replaced(self, worker: int, timeout_s: float) -> None:
+        """``worker``'s batch ran past ``timeout_s``; its thread was abandoned and replaced."""
+
 
 @dataclass(slots=True)
 class BatcherStats:
@@ -304,6 +331,8 @@ class BatcherStats:
         failed_batches: calls that raised or broke the length contract.
         items_run: items handed to the engine.
         max_batch_seen: the largest batch so far.
+        timed_out_batches: batches that ran past ``batch_timeout_s`` (also in failed_batches).
+        abandoned_threads: stuck worker threads left behind when their worker was replaced.
     """
 
     submitted: int = 0
@@ -313,6 +342,8 @@ class BatcherStats:
     failed_batches: int = 0
     items_run: int = 0
     max_batch_seen: int = 0
+    timed_out_batches: int = 0
+    abandoned_threads: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -362,6 +393,11 @@ class Batcher(Generic[T, R]):
         policy: the scheduling rules and limits.
         observer: optional metrics hooks.
         name: prefix of the worker thread names (shows up in stack dumps and profilers).
+        batch_timeout_s: a batch still running after this long is taken as a hung engine (see
+            :class:`BatchTimeoutError`); ``None`` waits forever.
+        replace: ``replace(worker)`` builds the engine a replaced worker uses from then on
+            (e.g. ``WhisperEngine.sibling``); without it the worker keeps its engine object on
+            a fresh thread. Called on the event loop, so it must be quick.
     """
 
     def __init__(
@@ -371,16 +407,24 @@ class Batcher(Generic[T, R]):
         *,
         observer: BatchObserver | None = None,
         name: str = "batcher",
+        batch_timeout_s: float | None = None,
+        replace: Callable[[int], BatchEngine[T, R]] | None = None,
     ) -> None:
         if not workers:
             raise ValueError("Batcher needs at least one worker engine, got none")
-        self._engines: tuple[BatchEngine[T, R], ...] = tuple(workers)
+        if batch_timeout_s is not None and not (
+            batch_timeout_s > 0.0 and math.isfinite(batch_timeout_s)
+        ):
+            raise ValueError(f"batch_timeout_s must be a finite number > 0, got {batch_timeout_s}")
+        self._engines: list[BatchEngine[T, R]] = list(workers)
         self._policy = policy
         self._observer = observer if observer is not None else BatchObserver()
-        self._executors = tuple(
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-w{i}")
-            for i in range(len(self._engines))
-        )
+        self._name = name
+        self._batch_timeout_s = batch_timeout_s
+        self._replace = replace
+        self._generation = [0] * len(self._engines)
+        self._executors = [self._new_executor(i) for i in range(len(self._engines))]
+        self._abandoned: list[ThreadPoolExecutor] = []
         self.stats = BatcherStats()
         # NOTE: a dict keyed by seq keeps submission order and makes removal on cancel O(1).
         self._queue: dict[int, _Entry[T, R]] = {}
@@ -392,6 +436,24 @@ class Batcher(Generic[T, R]):
         self._driver: asyncio.Task[None] | None = None
         self._closing = False
         self._closed = False
+
+    def _new_executor(self, worker: int) -> ThreadPoolExecutor:
+        gen = self._generation[worker]
+        suffix = f"-r{gen}" if gen else ""
+        return ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"{self._name}-w{worker}{suffix}"
+        )
+
+    def _replace_worker(self, worker: int) -> None:
+        """Abandon ``worker``'s stuck thread; later batches run on a fresh one."""
+        stuck = self._executors[worker]
+        stuck.shutdown(wait=False, cancel_futures=True)
+        self._abandoned.append(stuck)
+        self._generation[worker] += 1
+        self._executors[worker] = self._new_executor(worker)
+        if self._replace is not None:
+            self._engines[worker] = self._replace(worker)
+        self.stats.abandoned_threads += 1
 
     @property
     def policy(self) -> BatchPolicy:
@@ -576,11 +638,22 @@ class Batcher(Generic[T, R]):
             self.stats.max_batch_seen = max(self.stats.max_batch_seen, len(live))
             error: BaseException | None = None
             try:
-                results = await loop.run_in_executor(
-                    self._executors[worker],
-                    self._engines[worker].infer_batch,
-                    [e.item for e in live],
+                # asyncio.timeout stops waiting, not the thread: a hung engine call keeps its
+                # thread, which is why the worker gets a fresh one below.
+                async with asyncio.timeout(self._batch_timeout_s):
+                    results = await loop.run_in_executor(
+                        self._executors[worker],
+                        self._engines[worker].infer_batch,
+                        [e.item for e in live],
+                    )
+            except TimeoutError:
+                assert self._batch_timeout_s is not None
+                error = BatchTimeoutError(
+                    worker=worker, timeout_s=self._batch_timeout_s, size=len(live)
                 )
+                self.stats.timed_out_batches += 1
+                self._replace_worker(worker)
+                self._observer.worker_replaced(worker, self._batch_timeout_s)
             except Exception as exc:
                 error = exc
             else:
@@ -634,6 +707,7 @@ class Batcher(Generic[T, R]):
             for executor in self._executors:
                 # Every batch has returned, so the threads are idle and exit at once.
                 executor.shutdown(wait=False)
+            # Abandoned (hung) threads are not waited for; they were shut down when replaced.
             self._closed = True
 
 

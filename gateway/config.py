@@ -19,7 +19,9 @@ from engines.asr.config import WhisperConfig
 from engines.tts.config import TtsConfig
 
 __all__ = [
+    "AdmissionConfig",
     "BatcherConfig",
+    "DegradeConfig",
     "ConfigError",
     "DtmfConfig",
     "EngineName",
@@ -252,6 +254,131 @@ class BatcherConfig(_Frozen):
     max_queue_size: int = Field(
         256, ge=1, description="Queued utterances; more are refused with RESOURCE_EXHAUSTED."
     )
+    batch_timeout_s: float = Field(
+        30.0,
+        ge=0.0,
+        le=3_600.0,
+        description="A batch still running after this long is a hung engine: its utterances "
+        "fail with DEADLINE_EXCEEDED (error events; the calls go on) and the worker gets a "
+        "fresh thread and engine, s (0 = never). A normal batch takes well under 5 s on CPU.",
+    )
+
+
+class AdmissionConfig(_Frozen):
+    """Admission from measured cost (gateway/admission.py).
+
+    ``limits.max_concurrent_calls`` stays the hard ceiling. New streams are refused
+    (RESOURCE_EXHAUSTED, with a retry hint) while the admitted ones are still within the
+    latency budget, not after they degrade.
+    """
+
+    enabled: bool = Field(
+        True, description="Admit by measured load; off = only max_concurrent_calls applies."
+    )
+    latency_budget_s: float = Field(
+        1.0,
+        gt=0.0,
+        le=60.0,
+        description="The p95 of end of speech -> final that admitted calls are promised, s.",
+    )
+    refuse_at: float = Field(
+        0.7,
+        gt=0.0,
+        le=1.0,
+        description="Refuse new calls once the recent p95 passes this fraction of "
+        "latency_budget_s (headroom for the calls already admitted).",
+    )
+    max_queue_wait_s: float = Field(
+        0.3,
+        gt=0.0,
+        le=60.0,
+        description="Refuse new calls once the recent p95 of batch-queue wait passes this, s.",
+    )
+    target_utilisation: float = Field(
+        0.75,
+        gt=0.0,
+        le=1.0,
+        description="Engine utilisation the capacity estimate admits up to: capacity = calls x "
+        "target / measured utilisation (queueing delay grows sharply near 1).",
+    )
+    max_synthesize_streams: int = Field(
+        0,
+        ge=0,
+        le=1_024,
+        description="Synthesize streams at once; 0 = TTS threads - 1 (at least 1), so one "
+        "thread always stays free for the replies of calls.",
+    )
+    window_s: float = Field(
+        10.0, ge=1.0, le=600.0, description="How far back 'recent' p95 and utilisation look, s."
+    )
+    ramp_doubling: bool = Field(
+        True,
+        description="Slow start: the call count may at most double per window_s (from one "
+        "call per recogniser worker) while new calls' cost is being measured.",
+    )
+    min_samples: int = Field(
+        3,
+        ge=1,
+        le=1_000,
+        description="Observations a recent p95 needs before it can refuse a call: one slow "
+        "final of a lone caller (a cold start) is no evidence of overload.",
+    )
+    sample_interval_s: float = Field(
+        0.5, gt=0.0, le=60.0, description="How often the load is sampled, s."
+    )
+    retry_after_ms: int = Field(
+        2_000,
+        ge=0,
+        le=600_000,
+        description="Retry hint sent with a refusal (grpc-retry-pushback-ms and RetryInfo), ms.",
+    )
+    health_when_full: bool = Field(
+        True,
+        description="Report the VoiceGateway service NOT_SERVING in grpc.health.v1 while this "
+        "replica refuses new calls, so a health-checking balancer sends them elsewhere "
+        "(the whole-server status '' stays SERVING: the process is alive).",
+    )
+
+
+class DegradeConfig(_Frozen):
+    """The load-adaptive quality ladder (gateway/degrade.py).
+
+    Shed in a fixed order when the recent p95 latency or queue wait passes its threshold;
+    restore with hysteresis.
+    """
+
+    enabled: bool = Field(True, description="Shed quality under load; off = never.")
+    latency_s: float = Field(
+        1.0,
+        gt=0.0,
+        le=60.0,
+        description="Shed one step while the recent p95 end of speech -> final is above this, s.",
+    )
+    queue_wait_s: float = Field(
+        0.5,
+        gt=0.0,
+        le=60.0,
+        description="... or while the recent p95 batch-queue wait is above this, s.",
+    )
+    restore_ratio: float = Field(
+        0.5,
+        gt=0.0,
+        lt=1.0,
+        description="Restore one step only once both signals are below this fraction of "
+        "their thresholds (hysteresis).",
+    )
+    step_interval_s: float = Field(
+        3.0,
+        gt=0.0,
+        le=600.0,
+        description="Least time between two sheds, s: a step needs time to show its effect.",
+    )
+    restore_after_s: float = Field(
+        15.0,
+        gt=0.0,
+        le=3_600.0,
+        description="Signals must stay below the restore level this long before each restore, s.",
+    )
 
 
 class SessionConfig(_Frozen):
@@ -374,6 +501,8 @@ class GatewayConfig(BaseSettings):
     dtmf: DtmfConfig = Field(default_factory=DtmfConfig)  # type: ignore[arg-type]
     limits: LimitsConfig = Field(default_factory=LimitsConfig)  # type: ignore[arg-type]
     batcher: BatcherConfig = Field(default_factory=BatcherConfig)  # type: ignore[arg-type]
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)  # type: ignore[arg-type]
+    degrade: DegradeConfig = Field(default_factory=DegradeConfig)  # type: ignore[arg-type]
     session: SessionConfig = Field(default_factory=SessionConfig)  # type: ignore[arg-type]
     asr: WhisperConfig = Field(
         default_factory=WhisperConfig,

@@ -34,13 +34,18 @@ class CallError(Exception):
         kind: the status class.
         message: a sentence naming the field and the limit.
         quota: for RESOURCE_EXHAUSTED, the name of the exhausted quota (QuotaFailure detail).
+        retry_after_ms: when to try again (0 = no hint); sent as ``grpc-retry-pushback-ms``
+            trailing metadata, which gRPC's client retry policy honours, and a ``RetryInfo``.
     """
 
-    def __init__(self, kind: ErrorKind, message: str, *, quota: str = "") -> None:
+    def __init__(
+        self, kind: ErrorKind, message: str, *, quota: str = "", retry_after_ms: int = 0
+    ) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.quota = quota
+        self.retry_after_ms = retry_after_ms
 
     @classmethod
     def invalid(cls, message: str) -> CallError:

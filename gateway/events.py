@@ -53,6 +53,8 @@ class SpeakIn:
     rate: float = 1.0
     speaker_id: int = 0
     uninterruptible: bool = False
+    #: Synthesize with the load-shedding settings (gateway/degrade.py: larger decoder windows).
+    degraded: bool = False
 
 
 @dataclass(frozen=True, slots=True)

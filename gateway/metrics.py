@@ -81,6 +81,71 @@ class GatewayMetrics:
         self.asr_queue_depth = Gauge(
             "voxgate_asr_queue_depth", "Utterances waiting for the engine.", registry=r
         )
+        # -- load, admission and degradation (gateway/admission.py, gateway/degrade.py) --
+        self.load = Gauge(
+            "voxgate_load",
+            "Load of this replica, 0..1, from the admission model: 1 = new calls are refused.",
+            registry=r,
+        )
+        self.admission_capacity = Gauge(
+            "voxgate_admission_capacity_calls",
+            "Recognition calls this replica can hold, estimated from measured engine cost "
+            "(0 = no estimate yet).",
+            registry=r,
+        )
+        self.engine_workers = Gauge(
+            "voxgate_engine_workers",
+            "Engine worker threads, by engine (asr batcher workers, tts threads).",
+            ["engine"],
+            registry=r,
+        )
+        self.asr_queue_wait = Histogram(
+            "voxgate_asr_queue_wait_seconds",
+            "Time an utterance waited in the batch queue before an engine worker took it.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0),
+            registry=r,
+        )
+        self.asr_busy = Counter(
+            "voxgate_asr_engine_busy_seconds_total",
+            "Engine time spent in batches, summed over workers (utilisation = rate / workers).",
+            registry=r,
+        )
+        self.asr_batch_timeouts = Counter(
+            "voxgate_asr_batch_timeouts_total",
+            "Batches that ran past batcher.batch_timeout_s (a hung engine); their items failed "
+            "with DEADLINE_EXCEEDED and the worker got a fresh thread.",
+            registry=r,
+        )
+        self.asr_abandoned_threads = Gauge(
+            "voxgate_asr_abandoned_threads",
+            "Stuck engine threads left behind by worker replacement (they cannot be killed).",
+            registry=r,
+        )
+        self.tts_streams_active = Gauge(
+            "voxgate_tts_streams_active",
+            "Replies and Synthesize streams being synthesized right now.",
+            registry=r,
+        )
+        self.synthesize_active = Gauge(
+            "voxgate_synthesize_active", "Synthesize streams in progress.", registry=r
+        )
+        self.synthesize_refused = Counter(
+            "voxgate_synthesize_refused_total",
+            "Synthesize streams refused at admission, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.degrade_level = Gauge(
+            "voxgate_degrade_level",
+            "Steps of the degradation ladder in force (0 = full quality).",
+            registry=r,
+        )
+        self.degrade_steps = Counter(
+            "voxgate_degrade_steps_total",
+            "Degradation ladder moves, by direction (shed, restore) and step.",
+            ["direction", "step"],
+            registry=r,
+        )
         self.tts_first_audio = Histogram(
             "voxgate_tts_first_audio_seconds",
             "Speak received to first audio frame ready.",

@@ -14,7 +14,6 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from engines.asr import BUNDLED_MODELS, ModelFilesError, WhisperEngine, resolve_model_dir
 from engines.asr.base import AsrEngine, AsrRequest, AsrResult
@@ -41,6 +40,7 @@ from gateway.batcher import (
     BatchObserver,
     BatchPlan,
     BatchPolicy,
+    BatchTimeoutError,
     QueueFullError,
     default_plan,
 )
@@ -49,7 +49,14 @@ from gateway.errors import CallError, ErrorKind
 from gateway.events import SpeakIn
 from gateway.metrics import GatewayMetrics
 
-__all__ = ["AsrTranscriber", "EngineHubImpl", "EngineLoadError", "TtsSynthesizer", "build_hub"]
+__all__ = [
+    "AsrTranscriber",
+    "BatchMetrics",
+    "EngineHubImpl",
+    "EngineLoadError",
+    "TtsSynthesizer",
+    "build_hub",
+]
 
 log = logging.getLogger("voxgate.runtime")
 
@@ -73,7 +80,9 @@ class TtsSynthesizer:
         self._metrics = metrics
         self.sample_rate_hz = streamer.sample_rate_hz
         self.max_text_chars = streamer.max_text_chars
+        self._window_frames = int(getattr(getattr(streamer, "config", None), "window_frames", 96))
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tts")
+        metrics.engine_workers.labels("tts").set(threads)
 
     async def stream(self, speak: SpeakIn) -> AsyncIterator[TtsPiece]:
         """Synthesize ``speak``; window by window, each ``next()`` on a TTS thread."""
@@ -82,48 +91,85 @@ class TtsSynthesizer:
             length_scale=1.0 / speak.rate if speak.rate else None,
             speaker_id=speak.speaker_id or None,
             voice=speak.voice or None,
+            # The degradation ladder's tts_window step (gateway/degrade.py).
+            window_frames=2 * self._window_frames if speak.degraded else None,
         )
         t0 = time.perf_counter()
         try:
             it = await loop.run_in_executor(self._pool, self.streamer.stream, speak.text, options)
         except TtsInputError as exc:
             raise CallError.invalid(f"speak.{exc.field}: {exc}") from None
-        first = True
-        while True:
-            try:
-                chunk = await loop.run_in_executor(self._pool, next, it, _END)
-            except TtsInputError as exc:
-                raise CallError.invalid(f"speak.{exc.field}: {exc}") from None
-            except TtsError as exc:
-                raise CallError(ErrorKind.INTERNAL, f"speech synthesis failed: {exc}") from None
-            if chunk is _END:
-                return
-            assert isinstance(chunk, TtsChunk)
-            if first:
-                self._metrics.tts_first_audio.observe(time.perf_counter() - t0)
-                first = False
-            yield TtsPiece(
-                samples=chunk.samples,
-                words=tuple((w.text, round(w.end_ms)) for w in chunk.words),
-                is_last=chunk.is_last,
-            )
+        # Counted until the consumer stops (end, error or a barge-in's cancel): the synthesis
+        # load admission reads (voxgate_tts_streams_active).
+        self._metrics.tts_streams_active.inc()
+        try:
+            first = True
+            while True:
+                try:
+                    chunk = await loop.run_in_executor(self._pool, next, it, _END)
+                except TtsInputError as exc:
+                    raise CallError.invalid(f"speak.{exc.field}: {exc}") from None
+                except TtsError as exc:
+                    raise CallError(ErrorKind.INTERNAL, f"speech synthesis failed: {exc}") from None
+                if chunk is _END:
+                    return
+                assert isinstance(chunk, TtsChunk)
+                if first:
+                    self._metrics.tts_first_audio.observe(time.perf_counter() - t0)
+                    first = False
+                yield TtsPiece(
+                    samples=chunk.samples,
+                    words=tuple((w.text, round(w.end_ms)) for w in chunk.words),
+                    is_last=chunk.is_last,
+                )
+        finally:
+            self._metrics.tts_streams_active.dec()
 
     def close(self) -> None:
         """Stop the threads (after the server stopped calling)."""
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-class _MetricsObserver(BatchObserver):
-    """Exports the batcher's queue depth and batch sizes to Prometheus."""
+class BatchMetrics(BatchObserver):
+    """Exports the batcher's queue depth, waits, busy time and batch sizes to Prometheus.
+
+    Queue wait and busy time are also what admission and the degradation ladder measure
+    (gateway/admission.py reads them back from the registry).
+    """
 
     def __init__(self, metrics: GatewayMetrics) -> None:
         self._metrics = metrics
+        self._abandoned = 0
 
     def queue_depth(self, depth: int) -> None:
+        """The queue depth gauge."""
         self._metrics.asr_queue_depth.set(depth)
 
-    def batch_started(self, worker: int, size: int, waits_s: Any) -> None:
+    def batch_started(self, worker: int, size: int, waits_s: Sequence[float]) -> None:
+        """Batch sizes, and each item's queue wait."""
         self._metrics.asr_batch_size.observe(size)
+        for wait in waits_s:
+            self._metrics.asr_queue_wait.observe(wait)
+
+    def batch_finished(
+        self, worker: int, size: int, duration_s: float, error: BaseException | None
+    ) -> None:
+        """Engine busy time (utilisation = its rate / workers)."""
+        self._metrics.asr_busy.inc(duration_s)
+
+    def worker_replaced(self, worker: int, timeout_s: float) -> None:
+        """A hung batch: count it and the abandoned thread, and say so in the log."""
+        self._abandoned += 1
+        self._metrics.asr_batch_timeouts.inc()
+        self._metrics.asr_abandoned_threads.set(self._abandoned)
+        log.error(
+            "asr worker %d: a batch ran past batch_timeout_s=%g; its items failed with "
+            "DEADLINE_EXCEEDED and the worker runs on a fresh thread (%d stuck thread(s) "
+            "abandoned so far)",
+            worker,
+            timeout_s,
+            self._abandoned,
+        )
 
 
 class AsrTranscriber:
@@ -177,7 +223,10 @@ class AsrTranscriber:
             )
         except QueueFullError as exc:
             raise CallError.exhausted(str(exc), quota="batcher.max_queue_size") from None
-        result = await fut
+        try:
+            result = await fut
+        except BatchTimeoutError as exc:
+            raise CallError(ErrorKind.DEADLINE_EXCEEDED, str(exc)) from None
         if request.is_final:  # interim re-decodes are not utterances
             self._metrics.utterances.labels(result.dropped_reason or "text").inc()
         return result
@@ -312,9 +361,17 @@ class EngineHubImpl:
         policy = BatchPolicy(
             max_batch_size=batch, max_wait_ms=bcfg.max_wait_ms, max_queue_size=bcfg.max_queue_size
         )
+        first = self._asr_engines[0]
         batcher: Batcher[AsrRequest, AsrResult] = Batcher(
-            engines, policy, observer=_MetricsObserver(self._metrics), name="asr"
+            engines,
+            policy,
+            observer=BatchMetrics(self._metrics),
+            name="asr",
+            batch_timeout_s=bcfg.batch_timeout_s or None,
+            # A hung worker gets a fresh engine object over the same model on a fresh thread.
+            replace=lambda _worker: first.sibling(),
         )
+        self._metrics.engine_workers.labels("asr").set(workers)
         await batcher.start()
         self._batcher = batcher
         self.transcriber = AsrTranscriber(

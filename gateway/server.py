@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import socket
 import sys
@@ -32,8 +33,10 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
+from gateway.admission import LoadSampler
 from gateway.base import EngineHub
 from gateway.config import GatewayConfig
+from gateway.degrade import DegradePolicy
 from gateway.metrics import GatewayMetrics
 from gateway.service import SERVICE_NAME, VoiceGatewayServicer, add_to_server
 
@@ -69,6 +72,9 @@ class GatewayServer:
         self._health = health_aio.HealthServicer()
         self._stopped = asyncio.Event()
         self._abort = asyncio.Event()
+        self._monitor: asyncio.Task[None] | None = None
+        #: Whether health reports the service NOT_SERVING because the replica is full.
+        self.full = False
 
     @property
     def target(self) -> str:
@@ -133,7 +139,61 @@ class GatewayServer:
             log.info("metrics on http://%s:%d/metrics", srv.host, self.metrics_port)
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._monitor = asyncio.create_task(self._monitor_load(), name="load-monitor")
         log.info("serving %s on %s", SERVICE_NAME, self.target)
+
+    async def _monitor_load(self) -> None:
+        """Sample the load; refresh admission, the degradation ladder, ``voxgate_load``, health.
+
+        Runs every ``admission.sample_interval_s`` until :meth:`stop`. Health goes NOT_SERVING
+        for the VoiceGateway service once a new call would be refused (``voxgate_load`` 1), and
+        SERVING again below 0.9, so that it does not flap with every call that ends.
+        """
+        servicer = self.servicer
+        assert servicer is not None
+        cfg = self.config
+        sampler = LoadSampler(self.metrics, cfg.admission.window_s)
+        ladder = DegradePolicy(cfg.degrade)
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            snap = sampler.sample(now)
+            servicer.load = snap
+            load = servicer.admission.load(snap, active_calls=servicer.active_calls)
+            self.metrics.load.set(load)
+            self.metrics.admission_capacity.set(servicer.admission.capacity(snap) or 0)
+            # As for admission: too few observations are no evidence (a cold first decode).
+            least = cfg.admission.min_samples
+            move = ladder.update(
+                now,
+                snap.final_p95_s if snap.finals >= least else math.nan,
+                snap.queue_wait_p95_s if snap.queue_waits >= least else math.nan,
+            )
+            if move is not None:
+                servicer.quality.level = move.level
+                self.metrics.degrade_level.set(move.level)
+                self.metrics.degrade_steps.labels(move.direction, move.step.name).inc()
+                log.warning(
+                    "degrade: %s %s (%s), level %d; p95 final %.2f s, queue wait %.2f s",
+                    move.direction,
+                    move.step.name,
+                    move.step.description,
+                    move.level,
+                    snap.final_p95_s,
+                    snap.queue_wait_p95_s,
+                )
+            if cfg.admission.health_when_full and servicer.accepting:
+                full = load >= 1.0 if not self.full else load >= 0.9
+                if full != self.full:
+                    self.full = full
+                    status = (
+                        health_pb2.HealthCheckResponse.NOT_SERVING
+                        if full
+                        else health_pb2.HealthCheckResponse.SERVING
+                    )
+                    await self._health.set(SERVICE_NAME, status)
+                    log.info("admission: %s (load %.2f)", "full" if full else "accepting", load)
+            await asyncio.sleep(cfg.admission.sample_interval_s)
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Graceful shutdown in the order documented at the top of this module."""
@@ -141,6 +201,10 @@ class GatewayServer:
         if server is None:
             return
         grace = self.config.server.grace_s if grace_s is None else grace_s
+        if self._monitor is not None:  # it must not report SERVING again from here on
+            self._monitor.cancel()
+            await asyncio.wait({self._monitor})
+            self._monitor = None
         # 1. stop accepting
         await self._health.enter_graceful_shutdown()
         servicer = self.servicer

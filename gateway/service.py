@@ -19,9 +19,11 @@ from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from engines.asr.base import AsrOptions
+from gateway.admission import AdmissionPolicy, LoadSnapshot, Refusal, StreamKind
 from gateway.audio import OutputEncoder
 from gateway.base import EngineInfo, Synthesizer, Transcriber
 from gateway.config import GatewayConfig, VadConfig
+from gateway.degrade import QualityLevel
 from gateway.errors import CallError, ErrorKind, echo
 from gateway.events import (
     AudioIn,
@@ -197,6 +199,11 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         self.outcomes: Counter[str] = Counter()
         self._sessions: dict[str, CallSession] = {}
         self._ending = False
+        #: Admission by measured load; the server's monitor refreshes ``load`` and ``quality``.
+        self.admission = AdmissionPolicy(config.admission, config.limits)
+        self.load = LoadSnapshot()
+        self.quality = QualityLevel()
+        self.active_synthesize = 0
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -217,6 +224,16 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
     ) -> None:
         """Text in, streamed audio out."""
         request_id = uuid.uuid4().hex[:16]
+        if self.synthesizer is not None:
+            if not self.accepting:
+                self.metrics.synthesize_refused.labels("shutting_down").inc()
+                await _abort(context, CallError(ErrorKind.UNAVAILABLE, "server is shutting down"))
+            refusal = self.refusal("synthesize")
+            if refusal is not None:
+                self.metrics.synthesize_refused.labels(refusal.reason).inc()
+                await _abort(context, _refused(refusal))
+        self.active_synthesize += 1
+        self.metrics.synthesize_active.inc()
         try:
             if isinstance(request, _Undecodable):
                 raise request.error()
@@ -234,6 +251,18 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             await _end_with(
                 context, _internal(request_id), self.config.limits.write_stall_timeout_s
             )
+        finally:
+            self.active_synthesize -= 1
+            self.metrics.synthesize_active.dec()
+
+    def refusal(self, kind: StreamKind) -> Refusal | None:
+        """Whether one more stream of ``kind`` would be refused now, and why."""
+        return self.admission.decide(
+            kind,
+            self.load,
+            active_calls=self.active_calls,
+            active_synthesize=self.active_synthesize,
+        )
 
     async def ListModels(  # noqa: N802
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
@@ -301,16 +330,11 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         if not self.accepting:
             self.metrics.calls_refused.labels("shutting_down").inc()
             await _abort(context, CallError(ErrorKind.UNAVAILABLE, "server is shutting down"))
-        if self.active_calls >= limits.max_concurrent_calls:
-            self.metrics.calls_refused.labels("max_concurrent_calls").inc()
-            await _abort(
-                context,
-                CallError.exhausted(
-                    f"server is at max_concurrent_calls={limits.max_concurrent_calls}; retry later "
-                    "or on another replica",
-                    quota="max_concurrent_calls",
-                ),
-            )
+        # Refused before reading anything, so a balancer can still retry it elsewhere.
+        refusal = self.refusal("call")
+        if refusal is not None:
+            self.metrics.calls_refused.labels(refusal.reason).inc()
+            await _abort(context, _refused(refusal))
         self.active_calls += 1
         self._idle.clear()
         self.metrics.calls_active.inc()
@@ -390,6 +414,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             self.synthesizer if mode == "converse" else None,
             log_id=session_id,
             metrics=self.metrics,
+            quality=self.quality,
         )
         self._sessions[session_id] = session
         if self._ending:
@@ -654,7 +679,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         cap = SynthesisCap(self.config.limits.max_synthesis_s, synth.sample_rate_hz)
         seq = 0
         offset_ms = 0.0
-        async for piece in cap.apply(synth.stream(speak)):
+        async for piece in cap.apply(synth.stream(self.quality.speak(speak))):
             data = encoder.encode(piece.samples, last=piece.is_last)
             seq += 1
             words = [pb.Word(word=w, end_ms=end) for w, end in piece.words]
@@ -859,10 +884,17 @@ def _forget(task: asyncio.Future[None]) -> None:
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: CallError) -> None:
-    """End the RPC with the mapped status (and a QuotaFailure detail for quotas)."""
+    """End the RPC with the mapped status (and a QuotaFailure detail for quotas).
+
+    A refusal with a retry hint also carries a ``RetryInfo`` detail and the
+    ``grpc-retry-pushback-ms`` trailer: gRPC clients with a retry policy in their service
+    config wait that long before their next attempt (gRFC A6). Envoy ignores the trailer; its
+    route retries a RESOURCE_EXHAUSTED at once on another replica (deploy/envoy/envoy.yaml).
+    """
     if exc.kind is ErrorKind.RESOURCE_EXHAUSTED and exc.quota:
-        detail = any_pb2.Any()
-        detail.Pack(
+        details = []
+        quota = any_pb2.Any()
+        quota.Pack(
             error_details_pb2.QuotaFailure(
                 violations=[
                     error_details_pb2.QuotaFailure.Violation(
@@ -871,14 +903,31 @@ async def _abort(context: grpc.aio.ServicerContext, exc: CallError) -> None:
                 ]
             )
         )
-        status = status_pb2.Status(code=_RPC_CODE[exc.kind], message=exc.message, details=[detail])
+        details.append(quota)
+        trailers: list[tuple[str, str | bytes]] = []
+        if exc.retry_after_ms:
+            retry = any_pb2.Any()
+            info = error_details_pb2.RetryInfo()
+            info.retry_delay.FromMilliseconds(exc.retry_after_ms)
+            retry.Pack(info)
+            details.append(retry)
+            trailers.append(("grpc-retry-pushback-ms", str(exc.retry_after_ms)))
+        status = status_pb2.Status(code=_RPC_CODE[exc.kind], message=exc.message, details=details)
         # The standard rich-error trailer; clients read it with grpc_status.rpc_status.from_call.
-        await context.abort(
-            STATUS_OF[exc.kind],
-            exc.message,
-            trailing_metadata=(("grpc-status-details-bin", status.SerializeToString()),),
-        )
+        trailers.append(("grpc-status-details-bin", status.SerializeToString()))
+        await context.abort(STATUS_OF[exc.kind], exc.message, trailing_metadata=tuple(trailers))
     await context.abort(STATUS_OF[exc.kind], exc.message)
+
+
+def _refused(refusal: Refusal) -> CallError:
+    """Admission's refusal as a RESOURCE_EXHAUSTED with a QuotaFailure and a retry hint."""
+    quota = refusal.reason if refusal.reason == "max_concurrent_calls" else "admission"
+    return CallError(
+        ErrorKind.RESOURCE_EXHAUSTED,
+        refusal.message,
+        quota=quota,
+        retry_after_ms=refusal.retry_after_ms,
+    )
 
 
 def _peer_gone(exc: BaseException) -> bool:

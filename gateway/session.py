@@ -31,6 +31,7 @@ from engines.asr.base import AsrOptions, AsrRequest, AsrResult
 from gateway.audio import AudioFormatError, InputDecoder, OutputEncoder
 from gateway.base import Synthesizer, Transcriber, TtsPiece
 from gateway.config import DtmfConfig, LimitsConfig, VadConfig
+from gateway.degrade import QualityLevel
 from gateway.dtmf import DtmfDigit, DtmfGate
 from gateway.errors import CallError, ErrorKind
 from gateway.events import (
@@ -161,6 +162,8 @@ class CallSession:
         log_id: the call's id in log lines (the server's session id).
         metrics: where to count speculation and final latency (a private registry if None).
         detector: the voice model behind the segmenter (default: the configured one).
+        quality: the server's degradation level (gateway/degrade.py), read at every request so
+            that shedding reaches calls in progress; full quality when omitted.
     """
 
     def __init__(
@@ -174,8 +177,10 @@ class CallSession:
         log_id: str = "-",
         metrics: GatewayMetrics | None = None,
         detector: VoiceDetector | None = None,
+        quality: QualityLevel | None = None,
     ) -> None:
         self.config = config
+        self._quality = quality if quality is not None else QualityLevel()
         self.log_id = log_id
         self._metrics = metrics if metrics is not None else GatewayMetrics()
         self.limits = limits
@@ -492,7 +497,7 @@ class CallSession:
         utt = seg.preview()
         if utt is None or utt.dropped:
             return
-        req = AsrRequest(utt.audio, utt.stats, self.config.asr_options, is_final=True)
+        req = AsrRequest(utt.audio, utt.stats, self._asr_options(), is_final=True)
         task = asyncio.create_task(transcriber.transcribe(req), name=f"speculative-{index}")
         self._specs[index] = _Speculation(utt.start_ms, utt.speech_end_ms, task)
 
@@ -518,7 +523,7 @@ class CallSession:
             spec.task.cancel()
             self._metrics.asr_speculative.labels("discarded").inc()
             spec = None
-        req = AsrRequest(utt.audio, utt.stats, self.config.asr_options, is_final=True)
+        req = AsrRequest(utt.audio, utt.stats, self._asr_options(), is_final=True)
         try:
             if spec is not None:
                 result = await spec.task
@@ -543,12 +548,18 @@ class CallSession:
             TranscriptOut(result, True, utt.start_ms, utt.end_ms, utt.index, latency_ms=latency)
         )
 
+    def _asr_options(self) -> AsrOptions:
+        """The call's decoding options with the server's degradation steps in force."""
+        return self._quality.asr_options(self.config.asr_options)
+
     async def _interim_loop(self) -> None:
         assert self._transcriber is not None
         interval_s = self.config.interim_interval_ms / 1000.0
         last_len = 0
         while True:
             await asyncio.sleep(interval_s)
+            if not self._quality.interim_results:
+                continue  # shed under load (gateway/degrade.py): finals only
             utt = self._segmenter.growing()
             if utt is None:
                 last_len = 0
@@ -557,7 +568,7 @@ class CallSession:
                 continue
             last_len = len(utt.audio)
             index = utt.index
-            req = AsrRequest(utt.audio, utt.stats, self.config.asr_options, is_final=False)
+            req = AsrRequest(utt.audio, utt.stats, self._asr_options(), is_final=False)
             try:
                 result = await self._transcriber.transcribe(req)
             except CallError:
@@ -622,7 +633,7 @@ class CallSession:
         async def produce() -> None:
             assert self._synth is not None
             try:
-                async for piece in cap.apply(self._synth.stream(pb.speak)):
+                async for piece in cap.apply(self._synth.stream(self._quality.speak(pb.speak))):
                     await pieces.put(piece)
             except asyncio.CancelledError:
                 raise

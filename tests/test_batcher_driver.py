@@ -22,6 +22,7 @@ from gateway.batcher import (
     BatchObserver,
     BatchPolicy,
     BatchResultLengthError,
+    BatchTimeoutError,
     QueueFullError,
 )
 from gateway.testing.fake_engines import FakeBatchEngine, FakeEngineError
@@ -465,3 +466,40 @@ async def _scenario(
             assert outcome == item * 10
             assert item in seen
     assert errors == []
+
+
+async def test_a_hung_batch_fails_its_items_and_the_worker_runs_on_a_fresh_thread() -> None:
+    engine: FakeBatchEngine[int, int] = FakeBatchEngine(times10, hang_calls={0})
+    replaced: list[int] = []
+
+    class Observer(BatchObserver):
+        def worker_replaced(self, worker: int, timeout_s: float) -> None:
+            replaced.append(worker)
+
+    def fresh(worker: int) -> FakeBatchEngine[int, int]:
+        return engine
+
+    batcher: Batcher[int, int] = Batcher(
+        [engine],
+        BatchPolicy(max_batch_size=1),
+        observer=Observer(),
+        batch_timeout_s=0.2,
+        replace=fresh,
+    )
+    try:
+        async with batcher:
+            hung = batcher.submit(1)
+            with pytest.raises(BatchTimeoutError, match="batch_timeout_s=0.2"):
+                await asyncio.wait_for(hung, HANG_S)
+            # One worker only, still stuck in call 0: the next item runs on the fresh thread.
+            assert await asyncio.wait_for(batcher.submit(2), HANG_S) == 20
+            assert engine.thread_ids[0] != engine.thread_ids[1]
+            assert batcher.stats.timed_out_batches == 1 and batcher.stats.abandoned_threads == 1
+            assert batcher.stats.failed_batches == 1 and replaced == [0]
+    finally:
+        engine.release()
+
+
+def test_batch_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="batch_timeout_s"):
+        Batcher([FakeBatchEngine(times10)], BatchPolicy(), batch_timeout_s=0.0)

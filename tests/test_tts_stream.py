@@ -56,6 +56,27 @@ def test_windowed_stream_matches_one_shot(streamer: VitsStreamer, text: str) -> 
     ]
 
 
+def test_larger_later_windows_keep_the_audio_and_the_first_window() -> None:
+    """The degradation ladder's tts_window step: fewer, larger windows, the same reply."""
+    engine = VitsStreamer.load(TtsConfig(cache_bytes=0))  # no cache: both runs really decode
+    try:
+        text = " ".join(SENTENCES)
+        cfg = engine.config
+        normal = list(engine.stream(text, QUIET))
+        wide = SpeakOptions(noise_scale=0.0, noise_w=0.0, window_frames=2 * cfg.window_frames)
+        shed = list(engine.stream(text, wide))
+        first = cfg.first_window_frames * engine.hop_length
+        assert len(shed[0].samples) == len(normal[0].samples) == first
+        assert len(shed) < len(normal)
+        a = np.concatenate([c.samples for c in normal])
+        b = np.concatenate([c.samples for c in shed])
+        assert a.shape == b.shape and snr_db(a, b) >= 60.0
+        with pytest.raises(TtsInputError, match="window_frames"):
+            engine.stream(text, SpeakOptions(window_frames=cfg.first_window_frames - 1))
+    finally:
+        engine.close()
+
+
 def test_chunks_are_contiguous_and_first_window_is_small(streamer: VitsStreamer) -> None:
     text = " ".join(SENTENCES)
     chunks = list(streamer.stream(text, QUIET))

@@ -196,6 +196,8 @@ def plan_decoding(
     num_hyp = max(1, mbr, 1 + options.num_alternatives)
     beam = max(beam, num_hyp)
     frames = math.ceil(stats.duration_ms * MEL_FRAMES_PER_S / 1000)
+    if options.encoder_margin_ms is not None and options.encoder_margin_ms != window.margin_ms:
+        window = window.model_copy(update={"margin_ms": max(0, options.encoder_margin_ms)})
     return DecodingPlan(
         beam_size=beam,
         num_hypotheses=num_hyp,

@@ -39,6 +39,9 @@ class AsrOptions:
         silence_aware: apply the silence-aware policy (skip, suppress, gate); on by default.
         context_tokens: ``initial_prompt`` and ``hotwords`` already tokenised (once per call,
             by the gateway); ``None`` makes the engine tokenise them itself.
+        encoder_margin_ms: padding that must fit after the utterance in its encoder bucket;
+            ``None`` = the engine's ``encoder.margin_ms``. The gateway lowers it under load
+            (a smaller bucket is a cheaper encode).
     """
 
     language: str | None = "en"
@@ -51,6 +54,7 @@ class AsrOptions:
     hotwords: tuple[str, ...] = ()
     silence_aware: bool = True
     context_tokens: tuple[int, ...] | None = None
+    encoder_margin_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,6 +67,8 @@ class _Resolved:
     noise_scale: float
     noise_w: float
     speaker_id: int | None
+    #: Later windows' size; not in the cache key: the audio is the same whatever the windows.
+    window_frames: int = 0
 
     @property
     def cache_key(self) -> Hashable:
@@ -238,7 +240,17 @@ class VitsStreamer:
             raise TtsInputError("speaker_id", f"{sid} is outside [0, {speakers - 1}]")
         if speakers > 1 and sid is None:
             sid = int(self._voice.default_speaker_id)
-        return _Resolved(float(length), float(noise), float(noise_w), sid if speakers > 1 else None)
+        window = (
+            self.config.window_frames if options.window_frames is None else options.window_frames
+        )
+        if not self.config.first_window_frames <= window <= 4096:
+            raise TtsInputError(
+                "window_frames",
+                f"{window} is outside [{self.config.first_window_frames}, 4096]",
+            )
+        return _Resolved(
+            float(length), float(noise), float(noise_w), sid if speakers > 1 else None, window
+        )
 
     def _inputs(self, ids: tuple[int, ...], resolved: _Resolved) -> dict[str, npt.NDArray[Any]]:
         feeds: dict[str, npt.NDArray[Any]] = {
@@ -285,8 +297,9 @@ class VitsStreamer:
         audio = np.asarray(self._decoder.run(None, feeds)[0], dtype=np.float32).reshape(-1)
         return audio[(start - lo) * self._hop : (stop - lo) * self._hop]
 
-    def _windows(self, total: int) -> Iterator[tuple[int, int]]:
+    def _windows(self, total: int, window_frames: int = 0) -> Iterator[tuple[int, int]]:
         """Window bounds: the first small, then doubling up to ``window_frames``."""
+        largest = window_frames or self.config.window_frames
         size = self.config.first_window_frames
         start = 0
         while start < total:
@@ -296,7 +309,7 @@ class VitsStreamer:
                 stop = total
             yield start, stop
             start = stop
-            size = min(self.config.window_frames, size * 2)
+            size = min(largest, size * 2)
 
     def _synthesize_unit(
         self, unit: TextUnit, resolved: _Resolved
@@ -311,7 +324,7 @@ class VitsStreamer:
             (w.source, s, min(max(e, 1), total * self._hop))
             for w, (s, e) in zip(unit.words, spans, strict=True)
         ]
-        for start, stop in self._windows(total):
+        for start, stop in self._windows(total, resolved.window_frames):
             audio = self._decode(frame, whole, start, stop)
             samples = soft_limit(audio, self._gain, self.config.limiter_threshold)
             # Chunks may be replayed from the cache to other callers: make them immutable.

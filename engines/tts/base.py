@@ -72,6 +72,9 @@ class SpeakOptions:
         noise_w: duration-predictor noise (rhythm variation); 0 is deterministic.
         speaker_id: speaker index for multi-speaker voices; must be ``None`` or 0 otherwise.
         voice: voice name from :meth:`TtsEngine.voices`; ``None`` is the default voice.
+        window_frames: size of the later decoder windows; ``None`` = ``TtsConfig.window_frames``.
+            Larger windows decode less thrown-away context per second of speech (the gateway
+            raises it under load); the first window, and so the first audio, is unchanged.
     """
 
     length_scale: float | None = None
@@ -79,6 +82,7 @@ class SpeakOptions:
     noise_w: float | None = None
     speaker_id: int | None = None
     voice: str | None = None
+    window_frames: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,8 @@ class FakeBatchEngine(Generic[T, R]):
     Args:
         fn: maps one item to its result when no output is scripted for a call.
         delay_s: sleep in the worker thread per call (for benchmarks and demos; tests should
-            prefer ``gate`` so that they never depend on timing).
+            prefer ``gate`` so that they never depend on timing). The attribute of the same
+            name may be changed while the engine runs (a latency the test controls).
         gate: when given, every call blocks until it is set (the test decides when batches
             finish). Use :meth:`wait_for_calls` to know a call has started.
         gate_timeout_s: a hang guard for ``gate``: a call still waiting after this long raises
@@ -59,6 +60,8 @@ class FakeBatchEngine(Generic[T, R]):
         fail_calls: call number -> exception to raise (instead of returning).
         outputs: call number -> exact list to return (may be the wrong length on purpose).
         short_calls: call numbers that return one result fewer than items (contract breach).
+        hang_calls: call numbers that block until :meth:`release` (a hung engine; release it
+            when the test ends, since Python waits for every executor thread at exit).
         name: shown in ``repr`` and used as the engine's ``name`` attribute.
 
     Attributes:
@@ -80,11 +83,14 @@ class FakeBatchEngine(Generic[T, R]):
         fail_calls: Mapping[int, BaseException] | None = None,
         outputs: Mapping[int, list[R]] | None = None,
         short_calls: Container[int] = (),
+        hang_calls: Container[int] = (),
         name: str = "fake-batch-engine",
     ) -> None:
         self.name = name
         self._fn = fn
-        self._delay_s = delay_s
+        self.delay_s = delay_s
+        self._hang_calls = hang_calls
+        self._released = threading.Event()
         self._gate = gate
         self._gate_timeout_s = gate_timeout_s
         self._barrier = barrier
@@ -113,6 +119,14 @@ class FakeBatchEngine(Generic[T, R]):
         """Every item handed to the engine, flattened in call order."""
         with self._cond:
             return [item for batch in self.batches for item in batch]
+
+    def release(self) -> None:
+        """Let every hung call (``hang_calls``) return."""
+        self._released.set()
+
+    def sibling(self) -> FakeBatchEngine[T, R]:
+        """This engine again (a real engine returns another object over the same model)."""
+        return self
 
     def warmup(self) -> None:
         """Count the warm-up; a real engine runs a tiny inference here."""
@@ -144,8 +158,10 @@ class FakeBatchEngine(Generic[T, R]):
                 self._barrier.wait()
             if self._gate is not None and not self._gate.wait(self._gate_timeout_s):
                 raise FakeEngineError(f"gate not opened within {self._gate_timeout_s} s")
-            if self._delay_s > 0.0:
-                time.sleep(self._delay_s)
+            if index in self._hang_calls:
+                self._released.wait()
+            if self.delay_s > 0.0:
+                time.sleep(self.delay_s)
             if index in self._fail_calls:
                 raise self._fail_calls[index]
             if index in self._outputs:

@@ -1,0 +1,177 @@
+"""Load-adaptive quality: a fixed ladder of cheaper settings, shed under load, restored slowly.
+
+Admission (``gateway/admission.py``) keeps new calls out before the admitted ones degrade; this
+is the safety net for when the admitted calls themselves get busier (everyone talks at once, a
+noisy neighbour takes a core). When the recent p95 of end of speech -> final passes
+``degrade.latency_s``, or the recent p95 of batch-queue wait passes ``degrade.queue_wait_s``, one
+more step of :data:`LADDER` is shed, at most one per ``step_interval_s``; once both are below
+``restore_ratio`` of their thresholds for ``restore_after_s``, the last step shed is restored
+(one step per calm period: hysteresis, so the ladder does not flap).
+
+The ladder, cheapest quality loss first:
+
+1. ``interim_results``: interim re-decodes stop; finals are unchanged (interims cost a decode
+   each and are superseded anyway).
+2. ``mbr``: MBR selection off: one hypothesis instead of N candidates scored against each other.
+3. ``beam``: beam search becomes greedy (beam 1, no N-best alternatives).
+4. ``encoder_window``: the encoder margin after an utterance drops from the engine's
+   ``encoder.margin_ms`` (2 s) to 0.5 s, so more utterances fit a smaller, cheaper bucket.
+5. ``tts_window``: later TTS decoder windows double in size (less real context decoded and
+   thrown away per second of speech; the first window, and so the first audio, is unchanged).
+
+Steps 2-3 change only calls that asked for MBR or a beam (the gateway's default is greedy), so
+on default traffic they cost nothing and save nothing. Every change is a metric
+(``voxgate_degrade_level``, ``voxgate_degrade_steps_total{direction,step}``) and one log line.
+
+:class:`DegradePolicy` is pure (time is passed in); :class:`QualityLevel` is the shared state
+that sessions read when they build each request, so a step reaches calls already in progress.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from engines.asr.base import AsrOptions
+from gateway.config import DegradeConfig
+from gateway.events import SpeakIn
+
+__all__ = ["LADDER", "DegradePolicy", "LadderMove", "QualityLevel", "Step"]
+
+#: Encoder margin at and past the ``encoder_window`` step, ms.
+DEGRADED_ENCODER_MARGIN_MS = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One rung of the ladder: its metric label and what it does."""
+
+    name: str
+    description: str
+
+
+#: The fixed shedding order (restored in reverse).
+LADDER: tuple[Step, ...] = (
+    Step("interim_results", "interim re-decodes off (finals only)"),
+    Step("mbr", "MBR selection off (one hypothesis)"),
+    Step("beam", "beam search -> greedy, no alternatives"),
+    Step("encoder_window", f"encoder margin -> {DEGRADED_ENCODER_MARGIN_MS} ms (smaller buckets)"),
+    Step("tts_window", "later TTS decoder windows x2"),
+)
+
+_INTERIM, _MBR, _BEAM, _ENCODER, _TTS = range(1, len(LADDER) + 1)
+
+
+class QualityLevel:
+    """How many ladder steps are in force; sessions and the servicer apply it per request.
+
+    Args:
+        level: steps shed, 0 (full quality) to ``len(LADDER)``.
+    """
+
+    def __init__(self, level: int = 0) -> None:
+        self.level = level
+
+    def __repr__(self) -> str:
+        return f"QualityLevel({self.level})"
+
+    @property
+    def interim_results(self) -> bool:
+        """Whether interim re-decodes may run."""
+        return self.level < _INTERIM
+
+    def asr_options(self, options: AsrOptions) -> AsrOptions:
+        """A call's decoding options with the steps in force applied (unchanged at level 0)."""
+        if self.level < _MBR:
+            return options
+        changes: dict[str, object] = {}
+        if options.mbr_candidates:
+            changes["mbr_candidates"] = 0
+        if self.level >= _BEAM and (options.beam_size > 1 or options.num_alternatives):
+            changes["beam_size"] = 1
+            changes["num_alternatives"] = 0
+        if self.level >= _ENCODER:
+            changes["encoder_margin_ms"] = DEGRADED_ENCODER_MARGIN_MS
+        return dataclasses.replace(options, **changes) if changes else options  # type: ignore[arg-type]
+
+    def speak(self, speak: SpeakIn) -> SpeakIn:
+        """A Speak with the synthesis step applied (unchanged below ``tts_window``)."""
+        if self.level < _TTS or speak.degraded:
+            return speak
+        return dataclasses.replace(speak, degraded=True)
+
+
+@dataclass(frozen=True, slots=True)
+class LadderMove:
+    """A change of level: shed (``level`` went up) or restore (down), and the step moved."""
+
+    direction: Literal["shed", "restore"]
+    step: Step
+    level: int
+    pressure: float
+
+
+class DegradePolicy:
+    """When to shed or restore a step, from the recent p95s; pure and synchronous.
+
+    ``pressure`` is the larger of (final p95 / ``latency_s``) and (queue-wait p95 /
+    ``queue_wait_s``); a signal with no observations in the window (NaN) counts as 0, since
+    nothing finished and nothing waited.
+
+    * pressure > 1: shed one step, unless one was shed less than ``step_interval_s`` ago;
+    * pressure < ``restore_ratio``: once that has held for ``restore_after_s`` (and as long
+      since the last move), restore one step; the calm period then starts again;
+    * in between: hold, and the calm period starts again.
+
+    Args:
+        config: thresholds and timings.
+        steps: the ladder's length.
+    """
+
+    def __init__(self, config: DegradeConfig, steps: int = len(LADDER)) -> None:
+        self.config = config
+        self.steps = steps
+        self.level = 0
+        self._last_move: float | None = None
+        self._calm_since: float | None = None
+
+    def pressure(self, final_p95_s: float, queue_wait_p95_s: float) -> float:
+        """The larger of the two signals over its threshold (0 for no observations)."""
+        cfg = self.config
+        parts = [0.0]
+        if not math.isnan(final_p95_s):
+            parts.append(final_p95_s / cfg.latency_s)
+        if not math.isnan(queue_wait_p95_s):
+            parts.append(queue_wait_p95_s / cfg.queue_wait_s)
+        return max(parts)
+
+    def update(self, now: float, final_p95_s: float, queue_wait_p95_s: float) -> LadderMove | None:
+        """Feed one sample; returns the move made, if any (``level`` is already updated)."""
+        cfg = self.config
+        if not cfg.enabled:
+            return None
+        p = self.pressure(final_p95_s, queue_wait_p95_s)
+        if p > 1.0:
+            self._calm_since = None
+            recent = self._last_move is not None and now - self._last_move < cfg.step_interval_s
+            if self.level < self.steps and not recent:
+                self.level += 1
+                self._last_move = now
+                return LadderMove("shed", LADDER[self.level - 1], self.level, p)
+            return None
+        if p >= cfg.restore_ratio:
+            self._calm_since = None
+            return None
+        if self._calm_since is None:
+            self._calm_since = now
+        if self.level == 0 or now - self._calm_since < cfg.restore_after_s:
+            return None
+        if self._last_move is not None and now - self._last_move < cfg.restore_after_s:
+            return None
+        step = LADDER[self.level - 1]
+        self.level -= 1
+        self._last_move = now
+        self._calm_since = now
+        return LadderMove("restore", step, self.level, p)
