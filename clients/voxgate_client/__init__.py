@@ -1,10 +1,13 @@
 """voxgate_client: a typed asyncio (and a small blocking) Python client for the voxgate gateway.
 
-Packaging choice: the client lives in the ``clients`` package of the voxgate distribution, not
-in a separate distribution, so that it shares the generated ``voxgate.v1`` protobuf modules and
-the bit-exact G.711 tables of :mod:`pcmcodec` with the server and cannot drift from the
-contract. ``from clients.voxgate_client import VoxgateClient`` is the public import path; names
-not listed in ``__all__`` (the ``_private`` modules) may change without notice.
+Packaging: this package is both ``clients.voxgate_client`` inside the voxgate server
+repository and the top-level ``voxgate_client`` of the separate ``voxgate-client`` distribution
+(``clients/voxgate-client/``), which installs beside Pipecat (protobuf < 7) or LiveKit Agents
+without the server. So it imports its siblings relatively, carries its own protobuf 5.29
+stubs (``_proto``, loadable on protobuf 5.29 through 7.x) and binds the RPCs itself
+(``_stub``); the only other first-party code it uses is the neutral :mod:`pcmcodec`, whose
+bit-exact G.711 tables the server shares. Names not listed in ``__all__`` (the ``_private``
+modules) may change without notice.
 
 Example: the README's "From Python" block, which a test runs as written against a real server
 (``tests/test_readme.py``): stream a WAV, ``flush()`` after the last audio so that an utterance
@@ -14,7 +17,7 @@ cut by the end of the clip still gets its final, answer each final with ``speak(
 
 from __future__ import annotations
 
-from clients.voxgate_client._audio import (
+from ._audio import (
     AS_FAST_AS_ALLOWED,
     REALTIME,
     UNPACED,
@@ -29,7 +32,7 @@ from clients.voxgate_client._audio import (
     stream_audio,
     write_wav,
 )
-from clients.voxgate_client._client import (
+from ._client import (
     TOKEN_ENV,
     Call,
     VoxgateClient,
@@ -38,9 +41,9 @@ from clients.voxgate_client._client import (
     read_token,
     tls_credentials,
 )
-from clients.voxgate_client._config import CallConfig, EncodingName, VadOptions
-from clients.voxgate_client._errors import CallEndedError, VoxgateError
-from clients.voxgate_client._events import (
+from ._config import CallConfig, EncodingName, VadOptions
+from ._errors import CallEndedError, VoxgateError
+from ._events import (
     Alternative,
     AudioOut,
     Dtmf,
@@ -57,7 +60,7 @@ from clients.voxgate_client._events import (
     Word,
     event_from_proto,
 )
-from clients.voxgate_client._sync import VoxgateSyncClient
+from ._sync import VoxgateSyncClient
 
 __all__ = [
     "AS_FAST_AS_ALLOWED",
@@ -109,4 +112,4 @@ def sample_call_path() -> str:
     """Path of the bundled sample caller recording (see ``data/ATTRIBUTION.md``)."""
     from importlib.resources import files  # noqa: PLC0415  (only needed here)
 
-    return str(files("clients.voxgate_client") / "data" / "sample_call.wav")
+    return str(files(__name__) / "data" / "sample_call.wav")

@@ -17,8 +17,6 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
-from clients.voxgate_client._config import EncodingName
-from clients.voxgate_client._events import AudioOut, SessionStarted
 from pcmcodec import (
     ALAW_DECODE,
     ALAW_ENCODE,
@@ -28,7 +26,10 @@ from pcmcodec import (
     float_to_pcm16,
     pcm16_to_float,
 )
-from voxgate.v1 import voxgate_pb2 as pb
+
+from ._config import EncodingName
+from ._events import AudioOut, SessionStarted
+from ._proto import voxgate_pb2 as pb
 
 __all__ = [
     "AS_FAST_AS_ALLOWED",

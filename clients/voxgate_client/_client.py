@@ -31,16 +31,16 @@ from typing import Any, Literal, Self
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from clients.voxgate_client._config import CallConfig, EncodingName, encoding_number
-from clients.voxgate_client._errors import CallEndedError, VoxgateError, quota_from_trailers
-from clients.voxgate_client._events import (
+from ._config import CallConfig, EncodingName, encoding_number
+from ._errors import CallEndedError, VoxgateError, quota_from_trailers
+from ._events import (
     ServerEvent,
     SessionStarted,
     SynthesisChunk,
     event_from_proto,
 )
-from voxgate.v1 import voxgate_pb2 as pb
-from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
+from ._proto import voxgate_pb2 as pb
+from ._stub import VoiceGatewayStub
 
 __all__ = [
     "TOKEN_ENV",
@@ -452,8 +452,7 @@ class VoxgateClient:
         self.target = target
         self._channel = open_channel(target, tls, options=options)
         self._metadata = auth_metadata(token)
-        # The generated stub is unannotated; its methods are typed by use below.
-        self._stub: Any = pb_grpc.VoiceGatewayStub(self._channel)  # type: ignore[no-untyped-call]
+        self._stub = VoiceGatewayStub(self._channel)
         self._calls: set[Call] = set()
 
     async def __aenter__(self) -> Self:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from voxgate.v1 import voxgate_pb2 as pb
+from ._proto import voxgate_pb2 as pb
 
 __all__ = ["CallConfig", "EncodingName", "VadOptions", "encoding_number"]
 

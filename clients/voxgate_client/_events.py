@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from clients.voxgate_client._errors import status_code_from_number
-from voxgate.v1 import voxgate_pb2 as pb
+from ._errors import status_code_from_number
+from ._proto import voxgate_pb2 as pb
 
 __all__ = [
     "Alternative",

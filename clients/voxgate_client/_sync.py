@@ -18,7 +18,7 @@ from typing import Any, Literal, Self, TypeVar
 import grpc
 import numpy as np
 
-from clients.voxgate_client._audio import (
+from ._audio import (
     AS_FAST_AS_ALLOWED,
     REALTIME,
     Pacing,
@@ -27,10 +27,10 @@ from clients.voxgate_client._audio import (
     stream_audio,
     write_wav,
 )
-from clients.voxgate_client._client import VoxgateClient
-from clients.voxgate_client._config import CallConfig
-from clients.voxgate_client._events import MarkReached, ServerEvent, Transcript
-from voxgate.v1 import voxgate_pb2 as pb
+from ._client import VoxgateClient
+from ._config import CallConfig
+from ._events import MarkReached, ServerEvent, Transcript
+from ._proto import voxgate_pb2 as pb
 
 __all__ = ["VoxgateSyncClient"]
 

@@ -1,0 +1,14 @@
+"""One real server for the session (see voxgate_client.testing for where it comes from)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from voxgate_client.testing import TEST_CONFIG_YAML, LocalServer
+
+
+@pytest.fixture(scope="session")
+def target() -> Iterator[str]:
+    with LocalServer(config_yaml=TEST_CONFIG_YAML) as srv:
+        yield srv.target

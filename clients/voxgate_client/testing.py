@@ -1,0 +1,201 @@
+"""A real voxgate server in a child process, for tests and benchmarks of code built on the client.
+
+The client distribution cannot import the server (and, beside Pipecat, cannot even share its
+protobuf), so tests of adapters start the server's own ``voxgate serve`` from the server's
+environment on a loopback port and talk to it over gRPC, as production code does. Which
+executable: ``$VOXGATE_TEST_SERVER`` (e.g. the server venv's ``bin/voxgate``), else ``voxgate`` on
+``PATH``. ``$VOXGATE_TEST_TARGET`` (``host:port``) uses an already running server instead, which is
+how one test run shares one loaded server across several test processes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Self
+
+__all__ = [
+    "METRICS_ENV",
+    "SERVER_ENV",
+    "TARGET_ENV",
+    "TEST_CONFIG_YAML",
+    "LocalServer",
+    "ServerStartError",
+    "server_command",
+]
+
+#: Server config for functional tests on a small shared machine: admission control (which
+#: refuses new calls while measured latency is high) and the degradation ladder (which sheds
+#: interim transcripts under load) off, so a loaded test machine changes no test's outcome;
+#: speed is measured by benchmarks, not asserted by tests.
+TEST_CONFIG_YAML = "admission:\n  enabled: false\ndegrade:\n  enabled: false\n"
+
+#: ``host:port`` of an already running server; when set no process is started.
+TARGET_ENV = "VOXGATE_TEST_TARGET"
+#: Path of the ``voxgate`` executable to run the server with.
+SERVER_ENV = "VOXGATE_TEST_SERVER"
+#: ``host:port`` of the running server's Prometheus endpoint (with ``VOXGATE_TEST_TARGET``).
+METRICS_ENV = "VOXGATE_TEST_METRICS"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class ServerStartError(RuntimeError):
+    """The server process could not be found, or exited before it was SERVING."""
+
+
+def server_command() -> list[str]:
+    """The command that runs ``voxgate``: ``$VOXGATE_TEST_SERVER`` or ``voxgate`` on ``PATH``."""
+    exe = os.environ.get(SERVER_ENV) or shutil.which("voxgate")
+    if not exe or not Path(exe).exists():
+        raise ServerStartError(
+            f"no voxgate server to start: set {SERVER_ENV} to the server environment's "
+            f"voxgate executable (in the repository: .venv/bin/voxgate), or {TARGET_ENV} "
+            "to host:port of a running server"
+        )
+    return [exe]
+
+
+class LocalServer:
+    """``with LocalServer() as srv: VoxgateClient(srv.target)``.
+
+    Starts ``voxgate serve --host 127.0.0.1 --port 0`` (real models unless ``args`` say
+    otherwise), waits for its ``listening on HOST:PORT`` line (printed once health is SERVING,
+    i.e. after the models are loaded and warmed), and on exit stops it with SIGTERM (the
+    server's graceful drain), killing it only if it outlives ``stop_timeout_s``.
+
+    Args:
+        args: extra ``serve`` flags (e.g. ``["--engines", "tts"]``).
+        config_yaml: a server config file's content, passed with ``--config``.
+        start_timeout_s: how long loading and warm-up may take.
+    """
+
+    def __init__(
+        self,
+        args: Sequence[str] = (),
+        *,
+        config_yaml: str = "",
+        start_timeout_s: float = 300.0,
+        stop_timeout_s: float = 30.0,
+    ) -> None:
+        self._args = list(args)
+        self._config_yaml = config_yaml
+        self._config_file: IO[str] | None = None
+        self._start_timeout_s = start_timeout_s
+        self._stop_timeout_s = stop_timeout_s
+        self._proc: subprocess.Popen[str] | None = None
+        self._log: IO[str] | None = None
+        self.target = ""
+        #: ``host:port`` of the server's /metrics ("" when unknown).
+        self.metrics = ""
+
+    def __enter__(self) -> Self:
+        existing = os.environ.get(TARGET_ENV)
+        if existing:
+            self.target = existing
+            self.metrics = os.environ.get(METRICS_ENV, "")
+            return self
+        metrics_port = _free_port()
+        cmd = [
+            *server_command(),
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--metrics-port",
+            str(metrics_port),
+            *self._args,
+        ]
+        if self._config_yaml:
+            self._config_file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in __exit__
+                "w", suffix=".yaml"
+            )
+            self._config_file.write(self._config_yaml)
+            self._config_file.flush()
+            cmd += ["--config", self._config_file.name]
+        # stderr to a file, not a pipe: a chatty server must never block on a full pipe.
+        self._log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed in __exit__
+        # The server reads VOXGATE_* variables as its configuration: keep ours out of it.
+        ours = (TARGET_ENV, SERVER_ENV, METRICS_ENV)
+        env = {k: v for k, v in os.environ.items() if k not in ours}
+        self._proc = subprocess.Popen(  # noqa: S603 - our own executable
+            cmd, stdout=subprocess.PIPE, stderr=self._log, text=True, env=env
+        )
+        found: list[str] = []
+        assert self._proc.stdout is not None
+        stdout = self._proc.stdout
+
+        def read() -> None:
+            for line in stdout:
+                if line.startswith("listening on "):
+                    found.append(line.split()[-1])
+                    return
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(self._start_timeout_s)
+        if not found:
+            tail = self._stderr_tail()
+            self.__exit__(None, None, None)
+            raise ServerStartError(
+                f"voxgate serve did not start within {self._start_timeout_s:.0f} s: {tail}"
+            )
+        self.target = found[0]
+        self.metrics = f"127.0.0.1:{metrics_port}"
+        return self
+
+    def metric(self, name: str) -> float:
+        """The current value of an unlabelled metric (e.g. ``voxgate_synthesize_active``).
+
+        Raises:
+            LookupError: no metrics endpoint is known, or it does not export ``name``.
+        """
+        if not self.metrics:
+            raise LookupError(f"no metrics endpoint: set {METRICS_ENV} with {TARGET_ENV}")
+        with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        for line in text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise LookupError(f"{name} is not exported by {self.metrics}")
+
+    def _stderr_tail(self) -> str:
+        if self._log is None:
+            return ""
+        self._log.seek(0)
+        return self._log.read()[-2000:]
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(self._stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        for f in (self._log, self._config_file):
+            if f is not None:
+                f.close()
+        self._log = self._config_file = None
