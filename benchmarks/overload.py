@@ -26,12 +26,15 @@ hangover) and p95 of the client's clip end -> final received (which includes mos
 restored (from the server log). A missing final counts as an infinite latency. Percentiles are
 nearest rank (``benchmarks/_stats.py``).
 
-    .venv/bin/python -m benchmarks.overload --capacity 12
-    .venv/bin/python -m benchmarks.overload --capacity 12 --rounds 2 --out overload.json
+    .venv/bin/python -m benchmarks.overload
+    .venv/bin/python -m benchmarks.overload --capacity 8 --rounds 2 --out overload.json
     .venv/bin/python -m benchmarks.overload --tiny      # seconds: the test's smoke run
 
-``--capacity`` is the replica's measured capacity (``benchmarks/asr_capacity.py``; it depends on
-the machine); the goal is that the admitted calls' p95 stays within the 1 s budget at 2x.
+Capacity: by default (``--capacity 0``) it is measured first, in the same run, on a server
+without admission: the most callers, all starting at once, whose server p95 end of speech ->
+final stays within ``--budget`` (1 s), found by doubling K from 2 and one bisection (30 s per
+probe). It is measured each run because it moves with the CPU that other work leaves free. The
+goal is that the admitted calls' p95 stays within the 1 s budget at 2x that load.
 """
 
 from __future__ import annotations
@@ -298,6 +301,49 @@ async def run_mode(
     return list(results), offsets
 
 
+def measure_capacity(
+    clips: Sequence[Clip], budget_s: float, probe_s: float, seed: int
+) -> tuple[int, list[dict[str, Any]]]:
+    """The most callers (all starting at once) whose server p95 end of speech -> final is within
+    ``budget_s``, on a server without admission: K doubles from 2 while probes pass, then one
+    bisection between the last pass and the first failure (to within 1 when that gap is 2).
+
+    Measured in the same run because the machine's spare CPU, and so the capacity, changes.
+    """
+    log_path = Path(tempfile.gettempdir()) / "voxgate-overload-capacity.log"
+    server = ServerProcess(MODES["static"], log_path)
+    probes: list[dict[str, Any]] = []
+
+    def probe(k: int) -> bool:
+        results, _ = asyncio.run(run_mode(server, clips, k, 0.0, probe_s, seed, 10.0))
+        srv = [u.server_ms for r in results for u in r.utts]
+        p95 = percentile(srv, 95) if srv else math.inf
+        ok = p95 <= 1000.0 * budget_s
+        probes.append({"k": k, "server_p95_ms": p95, "utterances": len(srv), "ok": ok})
+        print(
+            f"capacity probe: {k} callers, server p95 {_ms(p95)} ms, {len(srv)} utterances, "
+            f"{'within' if ok else 'over'} {budget_s:g} s",
+            flush=True,
+        )
+        server.wait_idle()
+        return ok
+
+    try:
+        asyncio.run(_warm_gateway(server.target, clips[0]))
+        server.wait_idle()
+        good, k = 0, 2
+        while probe(k):
+            good, k = k, 2 * k
+        bad = k
+        if bad - good > 2:
+            mid = (good + bad) // 2
+            if probe(mid):
+                good = mid
+    finally:
+        server.stop()
+    return max(1, good), probes
+
+
 # ------------------------------------------------------------------------------------------------
 # Report
 # ------------------------------------------------------------------------------------------------
@@ -339,7 +385,14 @@ def print_table(rows: Sequence[PhaseRow], steps: dict[str, Counter[str]]) -> Non
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--capacity", type=int, default=12, help="measured capacity (callers)")
+    ap.add_argument(
+        "--capacity",
+        type=int,
+        default=0,
+        help="the replica's capacity in callers; 0 = measure it first (see measure_capacity)",
+    )
+    ap.add_argument("--budget", type=float, default=1.0, help="p95 budget for --capacity 0, s")
+    ap.add_argument("--probe", type=float, default=30.0, help="seconds per capacity probe")
     ap.add_argument("--overload", type=float, default=2.0, help="peak offered load x capacity")
     ap.add_argument("--ramp", type=float, default=60.0, help="seconds to reach the peak")
     ap.add_argument("--hold", type=float, default=30.0, help="seconds held at the peak")
@@ -358,13 +411,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         if m not in MODES:
             sys.exit(f"unknown mode {m!r}; use {', '.join(MODES)}")
     order = modes if args.rounds == 1 else modes + modes[::-1]
-    n = max(args.capacity + 1, round(args.overload * args.capacity))
     command = shlex.join([sys.executable, "-m", "benchmarks.overload", *(argv or sys.argv[1:])])
     print(f"command: {command}", flush=True)
     print(f"commit: {_git_head()}", flush=True)
     clips = load_clips(args.speech_dir)
     if args.tiny:
         clips = sorted(clips, key=lambda c: c.duration_s)[:3]
+    report: dict[str, Any] = {"command": command, "commit": _git_head(), "runs": []}
+    if args.capacity <= 0:
+        args.capacity, probes = measure_capacity(clips, args.budget, args.probe, args.seed)
+        report["capacity_probes"] = probes
+    n = max(args.capacity + 1, round(args.overload * args.capacity))
     print(
         f"{len(clips)} clips; capacity {args.capacity}, ramp to {n} callers over "
         f"{args.ramp:g} s, hold {args.hold:g} s; modes {' '.join(order)}; "
@@ -373,7 +430,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     rows: list[PhaseRow] = []
     steps: dict[str, Counter[str]] = {}
-    report: dict[str, Any] = {"command": command, "commit": _git_head(), "runs": []}
     for i, mode in enumerate(order):
         label = mode if order.count(mode) == 1 else f"{mode}{order[: i + 1].count(mode)}"
         log_path = Path(tempfile.gettempdir()) / f"voxgate-overload-{label}.log"

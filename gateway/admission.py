@@ -15,8 +15,8 @@ the engines are measured to be doing, over the last ``admission.window_s``:
   of an average call; the replica holds ``calls x target_utilisation / utilisation`` calls.
   The live call count is checked against it at every admission, so a burst of callers between
   two samples cannot overshoot it;
-* a ramp limit: while new calls' cost is still being measured, the call count may at most
-  double per window (slow start), so a burst at start-up cannot get in unmeasured;
+* optionally (``ramp_doubling``), a slow start: the call count may at most double per window,
+  so a burst cannot get in before its cost is measured;
 * synthesis: ``Synthesize`` streams run as fast as the CPU allows (they are not paced), so they
   get at most ``max_synthesize_streams`` at once (default: TTS threads - 1, one thread stays free
   for calls' replies), and none while recognition is past its refusal point.

@@ -312,9 +312,11 @@ class AdmissionConfig(_Frozen):
         10.0, ge=1.0, le=600.0, description="How far back 'recent' p95 and utilisation look, s."
     )
     ramp_doubling: bool = Field(
-        True,
+        False,
         description="Slow start: the call count may at most double per window_s (from one "
-        "call per recogniser worker) while new calls' cost is being measured.",
+        "call per recogniser worker), so a burst cannot get in before its cost is measured. "
+        "Off by default: with short calls the mean stays low and it would refuse bursts on an "
+        "idle replica; turn it on behind a balancer that retries elsewhere.",
     )
     min_samples: int = Field(
         3,

@@ -123,8 +123,8 @@ def test_a_calm_replica_admits_and_reports_its_load() -> None:
     assert p.decide("call", calm(), active_calls=4, active_synthesize=0) is None
     # 4 calls cost 0.2 of the engine: 0.05 each, 15 fit at 0.75 utilisation.
     assert p.capacity(calm()) == 15
-    # The largest part: 4 calls of the 8 the ramp allows (latency is 0.3/0.7, capacity 4/15).
-    assert p.load(calm(), active_calls=4) == pytest.approx(0.5)
+    # The largest part: latency 0.3 s of the 0.7 s refusal point (capacity is 4/15).
+    assert p.load(calm(), active_calls=4) == pytest.approx(0.43, abs=0.01)
 
 
 def test_the_hard_ceiling_holds_with_admission_off() -> None:
@@ -183,8 +183,9 @@ def test_no_estimate_without_enough_measured_work(snap: LoadSnapshot) -> None:
 
 
 def test_unmeasured_load_may_at_most_double_per_window() -> None:
-    """A burst of callers at start-up cannot get in before their cost is measured."""
-    p = policy()
+    """With slow start on, a burst of callers cannot get in before their cost is measured."""
+    assert policy().ramp_limit(calm()) is None  # off by default
+    p = policy(ramp_doubling=True)
     idle = calm(calls=0, calls_mean=0.0, asr_utilisation=0.0, finals=0, queue_waits=0)
     assert p.ramp_limit(idle) == 2  # one call per worker to start with
     assert p.decide("call", idle, active_calls=1, active_synthesize=0) is None
@@ -195,7 +196,7 @@ def test_unmeasured_load_may_at_most_double_per_window() -> None:
     assert p.ramp_limit(grown) == 6
     assert p.decide("call", grown, active_calls=5, active_synthesize=0) is None
     assert p.decide("call", grown, active_calls=6, active_synthesize=0) is not None
-    assert policy(ramp_doubling=False).ramp_limit(idle) is None
+    assert policy().ramp_limit(idle) is None
 
 
 def test_no_finals_yet_is_not_pressure() -> None:
