@@ -7,6 +7,22 @@ Either side hanging up ends the other: BYE → ``hangup``; stream end or error �
 Transactions (RFC 3261 17.2) are matched by the top Via branch and method; a retransmitted
 request is answered from the cached response. INVITE final responses are retransmitted
 (T1 doubling to T2) until the ACK; a 2xx never ACKed within 64*T1 ends the call with BYE.
+
+Lifetime and media security (each ends the call with BYE, closes the gateway stream and
+releases the RTP port):
+
+* no RTP is sent before the ACK that carries our To-tag (only who received the 200 knows it,
+  so a spoofed INVITE whose SDP names a victim cannot make us stream there);
+* RTP inactivity: nothing accepted from the caller for ``rtp_timeout_s`` (counted from the
+  ACK; suspended while the media is inactive) ends the call;
+* RFC 4028 session timers when the INVITE asks for them (or supports them): the caller
+  refreshes and we end the call when it stops, or we refresh (UPDATE when allowed, else
+  re-INVITE) and end it when a refresh fails;
+* ``max_call_s`` after the answer;
+* the RTP source and SSRC latch once (see :class:`~clients.sip._rtp.RtpLatch`); only a
+  re-INVITE/UPDATE with new media re-opens it;
+* Contact and request-URIs are validated before anything is copied from them (the BYE's
+  request-URI is the caller's validated Contact).
 """
 
 from __future__ import annotations
@@ -29,16 +45,26 @@ from clients.sip._media import RtpSession, bind_rtp_socket
 from clients.sip._message import (
     SipMessage,
     SipParseError,
+    UriError,
     add_tag,
+    contact_uri,
     header_tag,
     header_uri,
     make_response,
     new_branch,
     new_tag,
+    option_tags,
+    parse_sip_uri,
     reply_address,
 )
 from clients.sip._rtp import DtmfEvent
 from clients.sip._sdp import MediaChoice, SdpError, build_answer, negotiate, parse_sdp
+from clients.sip._session_timer import (
+    SessionIntervalTooSmall,
+    SessionTimer,
+    SessionTimerError,
+    negotiate_session_timer,
+)
 from clients.sip.base import Bot
 from clients.voxgate_client import auth_metadata, open_channel, tls_credentials
 from voxgate.v1 import voxgate_pb2 as pb
@@ -49,7 +75,10 @@ __all__ = ["BridgeConfig", "SipBridge"]
 log = logging.getLogger("voxgate.sip")
 
 T = TypeVar("T")
-_ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO"
+_ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, UPDATE"
+_SUPPORTED = "timer"
+#: Longest Call-ID accepted on an INVITE (it is logged and copied into every request of the call).
+_MAX_CALL_ID = 256
 _USER_AGENT = "voxgate-sip/0.1"
 _ENCODINGS = {"PCMU": pb.MULAW, "PCMA": pb.ALAW}
 
@@ -115,12 +144,50 @@ class BridgeConfig(BaseModel):
         "debugging aid: transcripts and digits are personal data, so they are never logged "
         "otherwise).",
     )
+    rtp_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="End a call (BYE) when no RTP has come from the caller for this long, "
+        "counted from the ACK (suspended while the media is on hold, a=inactive).",
+    )
+    max_call_s: float = Field(
+        default=3600.0,
+        gt=0,
+        le=172_800,
+        description="End any call (BYE) this long after it was answered.",
+    )
+    session_expires_s: int = Field(
+        default=1800,
+        ge=0,
+        le=86_400,
+        description="RFC 4028 session interval: the most we accept, and what we ask of a "
+        "caller that supports timers but asked none (0: only honour the caller's).",
+    )
+    min_se_s: int = Field(
+        default=90,
+        ge=1,
+        le=86_400,
+        description="Shortest session interval accepted; shorter gets 422 (RFC 4028 says "
+        "at least 90 on a network; lower values are for tests).",
+    )
+    latch_probation: int = Field(
+        default=4,
+        ge=1,
+        le=50,
+        description="RTP packets in a row (one SSRC, consecutive sequence numbers) that a "
+        "source other than the SDP or signalling address needs before the call latches to it.",
+    )
 
     @model_validator(mode="after")
     def _ports(self) -> BridgeConfig:
         if self.rtp_port_min > self.rtp_port_max:
             raise ValueError(
                 f"rtp_port_min={self.rtp_port_min} > rtp_port_max={self.rtp_port_max}; swap them"
+            )
+        if 0 < self.session_expires_s < self.min_se_s:
+            raise ValueError(
+                f"session_expires_s={self.session_expires_s} < min_se_s={self.min_se_s}"
             )
         return self
 
@@ -153,7 +220,9 @@ class _Retransmit:
         self._handle: asyncio.TimerHandle | None = loop.call_later(t1_s, self._fire)
 
     def _fire(self) -> None:
-        if self._loop.time() >= self._deadline:
+        # A millisecond of slack: the last timer is set to the deadline itself, and float
+        # rounding must not turn it into a burst of resends just before it.
+        if self._loop.time() >= self._deadline - 0.001:
             self._handle = None
             if self._on_timeout is not None:
                 self._on_timeout()
@@ -191,6 +260,12 @@ class _Call:
     remote_tag: str | None
     choice: MediaChoice
     bot: Bot
+    remote_target: str = ""  # the validated Contact URI: request-URI of our in-dialog requests
+    session_timer: SessionTimer | None = None
+    peer_allows_update: bool = False
+    sdp_origin: str = ""  # the caller's last offer's o= (unchanged: the media did not change)
+    rtp_since: float = 0.0  # loop time the RTP inactivity clock counts from (ACK, new media)
+    timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
     local_ip: str = ""
     state: CallState = "setup"
     media: RtpSession | None = None
@@ -261,6 +336,7 @@ class SipBridge:
         self._server_tx: dict[str, _ServerTx] = {}
         self._await_ack: dict[tuple[str, int], _Retransmit] = {}
         self._client_tx: dict[str, asyncio.Future[int]] = {}
+        self._acks: dict[str, tuple[bytes, tuple[str, int]]] = {}
         self._supervisors: set[asyncio.Task[None]] = set()
         self._byes: set[asyncio.Task[None]] = set()
         self._timers: set[asyncio.TimerHandle] = set()
@@ -454,14 +530,18 @@ class SipBridge:
             self._on_cancel(req, source)
             return
         require = req.get("Require")
-        if require and method != "CANCEL":
+        unsupported = [t.strip() for t in (require or "").split(",") if t.strip()]
+        unsupported = [t for t in unsupported if t.lower() != "timer"]
+        if unsupported:
+            # Echo only well-formed short option tags, so the reply stays bounded.
+            shown = ", ".join(t for t in option_tags(require) if t != "timer")
             self._respond(
                 req,
                 source,
                 420,
                 "Bad Extension",
                 to_tag=new_tag(),
-                headers=[("Unsupported", require)],
+                headers=[("Unsupported", shown or "unknown")],
             )
             return
         to_tag = header_tag(req.get("To") or "")
@@ -477,7 +557,11 @@ class SipBridge:
                 200,
                 "OK",
                 to_tag=to_tag or new_tag(),
-                headers=[("Allow", _ALLOW), ("Accept", "application/sdp"), ("Supported", "")],
+                headers=[
+                    ("Allow", _ALLOW),
+                    ("Accept", "application/sdp"),
+                    ("Supported", _SUPPORTED),
+                ],
             )
         elif method in ("BYE", "INFO", "UPDATE"):
             call = self._dialog(req)
@@ -486,6 +570,8 @@ class SipBridge:
             elif method == "BYE":
                 self._respond(req, source, 200, "OK")
                 call.end("caller hung up (BYE)", bye=False)
+            elif method == "UPDATE":
+                self._on_update(call, req, source)
             else:
                 self._respond(req, source, 200, "OK")
         else:
@@ -510,13 +596,26 @@ class SipBridge:
 
     def _on_ack(self, req: SipMessage) -> None:
         num, _ = req.cseq()
+        call = self.calls.get(req.call_id)
+        if call is not None and (
+            header_tag(req.get("To") or "") != call.local_tag
+            or header_tag(req.get("From") or "") != call.remote_tag
+        ):
+            # Only the one who received our response knows our To-tag: an ACK without it is
+            # blind (e.g. after a spoofed INVITE) and must not confirm the call or stop the 200.
+            self.stats["ack_bad_tag"] += 1
+            log.info("ACK for %s with the wrong tags ignored", call.call_id)
+            return
         retrans = self._await_ack.pop((req.call_id, num), None)
         if retrans is not None:
             retrans.cancel()
-        call = self.calls.get(req.call_id)
         if call is not None and call.state == "answered" and num == call.invite.cseq()[0]:
             call.state = "confirmed"
             log.info("call %s confirmed (ACK)", call.call_id)
+            if call.media is not None:
+                call.media.arm()  # the first moment we may send RTP
+            call.rtp_since = asyncio.get_running_loop().time()
+            self._timer(call, "rtp", self.config.rtp_timeout_s, lambda: self._check_rtp(call))
 
     def _on_cancel(self, req: SipMessage, source: tuple[str, int]) -> None:
         inv = self._server_tx.get(self._tx_key(req, "INVITE"))
@@ -546,9 +645,47 @@ class SipBridge:
             self._final(req, source, 482, "Loop Detected", local_tag)
             return
         try:
-            choice = negotiate(parse_sdp(req.body)) if req.body else None
+            parse_sip_uri(req.uri or "")
+        except UriError as exc:
+            self.stats["bad_uri"] += 1
+            if exc.unsupported_scheme:
+                self._final(req, source, 416, "Unsupported URI Scheme", local_tag)
+            else:
+                self._final(req, source, 400, f"Bad Request-URI ({exc})", local_tag)
+            return
+        if len(req.call_id) > _MAX_CALL_ID:
+            self._final(req, source, 400, "Bad Request (Call-ID too long)", local_tag)
+            return
+        try:
+            target = contact_uri(req.get("Contact"))
+        except UriError as exc:
+            # The reason is one of a few fixed phrases: the Contact itself is never echoed.
+            self.stats["bad_contact"] += 1
+            log.info("INVITE from %s:%d: bad Contact (%s)", *source, exc)
+            self._final(req, source, 400, f"Bad Contact ({exc})", local_tag)
+            return
+        try:
+            timer = self._session_timer(req)
+        except SessionIntervalTooSmall as exc:
+            self._final(
+                req,
+                source,
+                422,
+                "Session Interval Too Small",
+                local_tag,
+                [("Min-SE", str(exc.min_se_s))],
+            )
+            return
+        except SessionTimerError as exc:
+            self._final(req, source, 400, f"Bad Request ({exc})", local_tag)
+            return
+        origin = ""
+        try:
+            sdp = parse_sdp(req.body) if req.body else None
+            choice = negotiate(sdp) if sdp is not None else None
+            origin = sdp.origin if sdp is not None else ""
         except SdpError as exc:
-            log.info("INVITE %s: unreadable SDP (%s)", req.call_id, exc)
+            log.info("INVITE %s: unreadable SDP (%s)", _short(req.call_id), exc)
             choice = None
         if choice is None:
             self._final(
@@ -570,7 +707,6 @@ class SipBridge:
                 [("Retry-After", str(self.config.retry_after_s))],
             )
             return
-        contact = req.get("Contact")
         call = _Call(
             call_id=req.call_id,
             invite=req,
@@ -581,6 +717,10 @@ class SipBridge:
             remote_tag=header_tag(req.get("From") or ""),
             choice=choice,
             bot=self._bot_factory(),
+            remote_target=target.text,
+            session_timer=timer,
+            peer_allows_update=_allows(req, "UPDATE"),
+            sdp_origin=origin,
         )
         call.local_ip = self._local_ip(source[0])
         self._server_tx[key].call = call
@@ -590,11 +730,22 @@ class SipBridge:
         self._supervisors.add(task)
         task.add_done_callback(self._supervisors.discard)
         log.info(
-            "INVITE %s from %s (%s, contact %s)",
+            "INVITE %s from %s (%s, contact %s%s)",
             call.call_id,
-            header_uri(req.get("From") or ""),
+            _short(header_uri(req.get("From") or "")),
             choice.encoding,
-            contact,
+            target.text,
+            f", session timer {timer.interval_s} s by {timer.refresher}" if timer else "",
+        )
+
+    def _session_timer(self, req: SipMessage) -> SessionTimer | None:
+        tags = option_tags(req.get("Supported")) + option_tags(req.get("Require"))
+        return negotiate_session_timer(
+            req.get("Session-Expires"),
+            req.get("Min-SE"),
+            uac_supports="timer" in tags,
+            default_s=self.config.session_expires_s,
+            min_se_s=self.config.min_se_s,
         )
 
     def _final(  # noqa: PLR0917  # the response's (request, source, status, reason, tag)
@@ -644,73 +795,260 @@ class SipBridge:
         if call is None or call.media is None:
             self._respond(req, source, 481, "Call/Transaction Does Not Exist")
             return
-        if req.body:
-            try:
-                choice = negotiate(parse_sdp(req.body), prefer=call.choice.encoding)
-            except SdpError:
-                choice = None
-            if choice is None:
-                self._final(req, source, 488, "Not Acceptable Here", call.local_tag)
-                return
-            call.choice = choice
-            call.media.remote = choice.remote
-            call.media.sending_enabled = choice.we_send
-            if not choice.we_send:
-                call.media.clear()
-            log.info("re-INVITE %s: %s to %s:%d", call.call_id, choice.direction, *choice.remote)
+        refused = self._in_dialog_offer(call, req, "re-INVITE")
+        if refused is not None:
+            self._final(req, source, *refused[:2], call.local_tag, refused[2])
+            return
         call.sdp_version += 1
         self._final(
             req, source, 200, "OK", call.local_tag, self._answer_headers(call), body=self._sdp(call)
         )
 
+    def _on_update(self, call: _Call, req: SipMessage, source: tuple[str, int]) -> None:
+        """RFC 3311 UPDATE: a session refresh (RFC 4028) and/or a new offer, no ACK."""
+        if call.media is None:
+            self._respond(req, source, 481, "Call/Transaction Does Not Exist")
+            return
+        refused = self._in_dialog_offer(call, req, "UPDATE")
+        if refused is not None:
+            self._respond(req, source, refused[0], refused[1], headers=refused[2])
+            return
+        headers = [
+            ("Contact", f"<sip:voxgate@{call.local_ip}:{self.address[1]}>"),
+            ("Supported", _SUPPORTED),
+            *(call.session_timer.response_headers() if call.session_timer else []),
+        ]
+        body = b""
+        if req.body:
+            call.sdp_version += 1
+            headers.append(("Content-Type", "application/sdp"))
+            body = self._sdp(call)
+        self._respond(req, source, 200, "OK", headers=headers, body=body)
+
+    def _in_dialog_offer(
+        self, call: _Call, req: SipMessage, what: str
+    ) -> tuple[int, str, list[tuple[str, str]]] | None:
+        """Check, then apply, a re-INVITE or UPDATE: target refresh, session timer, new media.
+
+        Returns the refusal (status, reason, headers) when any part is unacceptable; nothing
+        is applied then. Accepted, it counts as a session refresh (RFC 4028 re-arms the timer).
+        """
+        target = None
+        if req.get("Contact") is not None:
+            try:
+                target = contact_uri(req.get("Contact"))
+            except UriError as exc:
+                self.stats["bad_contact"] += 1
+                return 400, f"Bad Contact ({exc})", []
+        try:
+            timer = self._session_timer(req)
+        except SessionIntervalTooSmall as exc:
+            return 422, "Session Interval Too Small", [("Min-SE", str(exc.min_se_s))]
+        except SessionTimerError as exc:
+            return 400, f"Bad Request ({exc})", []
+        choice: MediaChoice | None = None
+        origin = call.sdp_origin
+        if req.body:
+            try:
+                sdp = parse_sdp(req.body)
+                choice = negotiate(sdp, prefer=call.choice.encoding)
+                origin = sdp.origin
+            except SdpError:
+                choice = None
+            if choice is None:
+                return 488, "Not Acceptable Here", []
+        if target is not None:
+            call.remote_target = target.text
+        if req.get("Allow") is not None:
+            call.peer_allows_update = _allows(req, "UPDATE")
+        media = call.media
+        assert media is not None
+        if choice is not None and (origin != call.sdp_origin or not origin):
+            # New media (a new o= version): the only way the RTP latch may move.
+            call.choice, call.sdp_origin = choice, origin
+            media.relearn(choice.remote)
+            media.sending_enabled = choice.we_send
+            if not choice.we_send:
+                media.clear()
+            call.rtp_since = asyncio.get_running_loop().time()
+            log.info("%s %s: %s to %s:%d", what, call.call_id, choice.direction, *choice.remote)
+        if timer is not None or call.session_timer is not None:
+            self.stats["session_refreshed"] += 1
+        call.session_timer = timer
+        self._arm_session_timer(call)
+        return None
+
     # -- responses (to our BYEs) ------------------------------------------------------------------
 
     def _on_response(self, resp: SipMessage) -> None:
         branch = resp.vias()[0].branch or ""
+        ack = self._acks.get(branch)
+        if ack is not None and resp.status is not None and 200 <= resp.status < 300:
+            self._send(*ack)  # a 2xx to our re-INVITE retransmitted: our ACK was lost
+            return
         fut = self._client_tx.get(branch)
         if fut is not None and resp.status is not None and resp.status >= 200 and not fut.done():
             fut.set_result(resp.status)
 
-    def _send_bye(self, call: _Call) -> None:
+    def _in_dialog_request(
+        self,
+        call: _Call,
+        method: str,
+        headers: list[tuple[str, str]] | None = None,
+        body: bytes = b"",
+    ) -> tuple[SipMessage, str]:
+        """A request inside the call's dialog, to its validated remote target."""
         branch = new_branch()
         ip, port = call.local_ip, self.address[1]
-        req = SipMessage(
-            method="BYE",
-            uri=header_uri(call.invite.get("Contact") or call.invite.get("From") or ""),
-        )
+        req = SipMessage(method=method, uri=call.remote_target, body=body)
         req.add("Via", f"SIP/2.0/UDP {ip}:{port};branch={branch};rport")
         req.add("Max-Forwards", "70")
         req.add("From", call.to_header)
         req.add("To", call.invite.get("From") or "")
         req.add("Call-ID", call.call_id)
-        req.add("CSeq", f"{call.local_cseq} BYE")
+        req.add("CSeq", f"{call.local_cseq} {method}")
         call.local_cseq += 1
         req.add("User-Agent", _USER_AGENT)
+        for k, v in headers or []:
+            req.add(k, v)
+        return req, branch
+
+    async def _transact(self, call: _Call, req: SipMessage, branch: str) -> int:
+        """Send a client request until its final response (408 after 64*T1); the status.
+
+        A 2xx to our INVITE is ACKed, and the ACK resent to any retransmission of that 2xx.
+        """
         data = req.encode()
         # In-dialog requests go back where the INVITE came from (no Record-Route support).
         dest = call.source
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._client_tx[branch] = fut
+        self._send(data, dest)
+        r = _Retransmit(
+            asyncio.get_running_loop(),
+            lambda: self._send(data, dest),
+            t1_s=self.config.t1_ms / 1000,
+            t2_s=self.config.t2_ms / 1000,
+            deadline_s=64 * self.config.t1_ms / 1000,
+            on_timeout=lambda: _resolve(fut, 408),
+        )
+        try:
+            status = await fut
+        finally:
+            r.cancel()
+            self._client_tx.pop(branch, None)
+        if req.method == "INVITE" and 200 <= status < 300:
+            ack = SipMessage(method="ACK", uri=req.uri)
+            ack.add("Via", f"SIP/2.0/UDP {call.local_ip}:{self.address[1]};branch={new_branch()}")
+            for name in ("Max-Forwards", "From", "To", "Call-ID"):
+                ack.add(name, req.get(name) or "")
+            ack.add("CSeq", f"{req.cseq()[0]} ACK")
+            ack_data = ack.encode()
+            self._send(ack_data, dest)
+            self._acks[branch] = (ack_data, dest)
+            self._later(64 * self.config.t1_ms / 1000, lambda: self._forget_ack(branch))
+        return status
+
+    def _forget_ack(self, branch: str) -> None:
+        self._acks.pop(branch, None)
+
+    def _send_bye(self, call: _Call) -> None:
+        req, branch = self._in_dialog_request(call, "BYE")
         self.stats["bye_sent"] += 1
 
         async def run() -> None:
-            self._send(data, dest)
-            r = _Retransmit(
-                asyncio.get_running_loop(),
-                lambda: self._send(data, dest),
-                t1_s=self.config.t1_ms / 1000,
-                t2_s=self.config.t2_ms / 1000,
-                deadline_s=64 * self.config.t1_ms / 1000,
-                on_timeout=lambda: _resolve(fut, 408),
-            )
-            try:
-                status = await fut
-                log.info("BYE %s answered %d", call.call_id, status)
-            finally:
-                r.cancel()
-                self._client_tx.pop(branch, None)
+            status = await self._transact(call, req, branch)
+            log.info("BYE %s answered %d", call.call_id, status)
 
         task = asyncio.create_task(run(), name=f"sip-bye-{call.call_id}")
+        self._byes.add(task)
+        task.add_done_callback(self._byes.discard)
+
+    # -- call lifetime ----------------------------------------------------------------------------
+
+    def _timer(self, call: _Call, name: str, delay_s: float, fn: Callable[[], None]) -> None:
+        """(Re)arm the call's named timer; teardown cancels them all."""
+        old = call.timers.pop(name, None)
+        if old is not None:
+            old.cancel()
+        if call.state != "ended":
+            call.timers[name] = asyncio.get_running_loop().call_later(delay_s, fn)
+
+    def _max_duration(self, call: _Call) -> None:
+        self.stats["max_duration"] += 1
+        call.end(f"maximum call duration ({self.config.max_call_s:g} s)", bye=True)
+
+    def _check_rtp(self, call: _Call) -> None:
+        """The RTP inactivity timeout: end the call when nothing came back for too long.
+
+        Only packets the latch accepted count (a stranger's packets must not keep a dead call
+        alive). While the media is inactive (``a=inactive`` or the old ``c=0.0.0.0`` hold)
+        nothing is expected, so the clock restarts instead.
+        """
+        if call.ended.is_set() or call.media is None:
+            return
+        timeout = self.config.rtp_timeout_s
+        now = asyncio.get_running_loop().time()
+        if call.choice.direction == "inactive" or call.choice.remote[0] == "0.0.0.0":
+            call.rtp_since = now
+            self._timer(call, "rtp", timeout, lambda: self._check_rtp(call))
+            return
+        idle = now - max(call.rtp_since, call.media.last_rx or 0.0)
+        if idle >= timeout - 1e-3:
+            self.stats["rtp_timeout"] += 1
+            call.end(f"no RTP for {timeout:g} s", bye=True)
+            return
+        self._timer(call, "rtp", timeout - idle, lambda: self._check_rtp(call))
+
+    def _arm_session_timer(self, call: _Call) -> None:
+        st = call.session_timer
+        if st is None:
+            old = call.timers.pop("session", None)
+            if old is not None:
+                old.cancel()
+        elif st.refresher == "uac":
+            self._timer(call, "session", st.expire_after_s, lambda: self._session_expired(call))
+        else:
+            self._timer(call, "session", st.refresh_after_s, lambda: self._refresh_session(call))
+
+    def _session_expired(self, call: _Call) -> None:
+        self.stats["session_expired"] += 1
+        call.end("session timer expired (no refresh)", bye=True)
+
+    def _refresh_session(self, call: _Call) -> None:
+        """We refresh the session (RFC 4028 7.4): UPDATE when the caller allows it.
+
+        Otherwise a re-INVITE with our unchanged SDP. A refusal or no answer ends the call;
+        491 (glare) retries.
+        """
+        st = call.session_timer
+        if st is None or call.ended.is_set() or call.state != "confirmed":
+            return
+        headers = [("Session-Expires", st.header()), ("Supported", _SUPPORTED)]
+        headers.append(("Contact", f"<sip:voxgate@{call.local_ip}:{self.address[1]}>"))
+        body = b""
+        if call.peer_allows_update:
+            method = "UPDATE"
+        else:
+            method = "INVITE"
+            headers += [("Allow", _ALLOW), ("Content-Type", "application/sdp")]
+            body = self._sdp(call)  # the same version: the media does not change
+        req, branch = self._in_dialog_request(call, method, headers, body)
+        self.stats["session_refresh_sent"] += 1
+
+        async def run() -> None:
+            status = await self._transact(call, req, branch)
+            if call.ended.is_set():
+                return
+            if 200 <= status < 300:
+                self._arm_session_timer(call)
+            elif status == 491:  # glare: try again shortly (RFC 3261 14.1)
+                self._timer(call, "session", 1.0, lambda: self._refresh_session(call))
+            else:
+                self.stats["session_refresh_failed"] += 1
+                call.end(f"session refresh ({method}) answered {status}", bye=True)
+
+        task = asyncio.create_task(run(), name=f"sip-refresh-{call.call_id}")
         self._byes.add(task)
         task.add_done_callback(self._byes.discard)
 
@@ -742,6 +1080,8 @@ class SipBridge:
         return [
             ("Contact", f"<sip:voxgate@{call.local_ip}:{self.address[1]}>"),
             ("Allow", _ALLOW),
+            ("Supported", _SUPPORTED),
+            *(call.session_timer.response_headers() if call.session_timer else []),
             ("Content-Type", "application/sdp"),
         ]
 
@@ -801,6 +1141,9 @@ class SipBridge:
             on_dtmf=lambda ev: self._caller_dtmf(call, ev),
             jitter_ms=self.config.jitter_ms,
             symmetric=self.config.symmetric_rtp,
+            # Behind NAT, RTP comes from the host the INVITE came from, not the SDP's c=.
+            trusted_hosts=frozenset({src[0]}),
+            latch_probation=self.config.latch_probation,
         )
         call.media.sending_enabled = call.choice.we_send
         try:
@@ -851,6 +1194,9 @@ class SipBridge:
             body=self._sdp(call),
             call=call,
         )
+        max_s = self.config.max_call_s
+        self._timer(call, "max_call", max_s, lambda: self._max_duration(call))
+        self._arm_session_timer(call)
         call.tasks += [
             asyncio.create_task(self._gateway_reader(call), name="gw-read"),
             asyncio.create_task(self._gateway_writer(call), name="gw-write"),
@@ -897,6 +1243,9 @@ class SipBridge:
 
     async def _teardown(self, call: _Call) -> None:
         prev, call.state = call.state, "ended"
+        for handle in call.timers.values():
+            handle.cancel()
+        call.timers.clear()
         if not call.ended.is_set():
             call.end("setup failed", bye=False)
         log.info("call %s ended: %s", call.call_id, call.end_reason)
@@ -924,7 +1273,8 @@ class SipBridge:
             st = call.media.stats
             log.info(
                 "call %s RTP: sent=%d spurts=%d max_lateness_ms=%.1f "
-                "max_interval_dev_ms=%.1f p99_interval_dev_ms=%.1f received=%d dtmf=%d",
+                "max_interval_dev_ms=%.1f p99_interval_dev_ms=%.1f received=%d dtmf=%d "
+                "dropped_foreign=%d",
                 call.call_id,
                 st.sent,
                 st.talk_spurts,
@@ -933,7 +1283,9 @@ class SipBridge:
                 st.p99_interval_dev_ms(),
                 st.received,
                 st.dtmf,
+                st.dropped_foreign,
             )
+            self.stats["rtp_dropped_foreign"] += st.dropped_foreign
             await call.media.aclose()
         if self.calls.get(call.call_id) is call:
             del self.calls[call.call_id]
@@ -1034,6 +1386,16 @@ class SipBridge:
                 msg.error.message,
                 msg.error.scope,
             )
+
+
+def _allows(req: SipMessage, method: str) -> bool:
+    """The request's Allow header lists ``method``."""
+    return method in (m.strip().upper() for m in (req.get("Allow") or "").split(","))
+
+
+def _short(text: str, limit: int = 80) -> str:
+    """A caller-supplied string for a log line: repr'd (no control characters) and bounded."""
+    return repr(text[:limit]) + ("…" if len(text) > limit else "")
 
 
 def _resolve(fut: asyncio.Future[int], value: int) -> None:

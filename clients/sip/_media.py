@@ -17,6 +17,7 @@ from clients.sip._rtp import (
     DtmfEvent,
     JitterBuffer,
     RtpError,
+    RtpLatch,
     RtpPacket,
     RtpPacketizer,
 )
@@ -62,7 +63,10 @@ class MediaStats:
         intervals_ms: those intervals (the first 10 000).
         received: audio packets received.
         dtmf: key presses decoded.
-        latched: times the send address was learned from received packets.
+        latched: times the send address was learned from received packets (once per call,
+            again only after a re-INVITE with new media).
+        dropped_foreign: packets dropped by the latch (another source or SSRC, or an
+            untrusted source still on probation).
     """
 
     sent: int = 0
@@ -73,6 +77,7 @@ class MediaStats:
     received: int = 0
     dtmf: int = 0
     latched: int = 0
+    dropped_foreign: int = 0
 
     def p99_interval_dev_ms(self) -> float:
         """99th percentile of |interval - 20 ms| between packets of a spurt (0 if none)."""
@@ -91,6 +96,13 @@ class RtpSession(asyncio.DatagramProtocol):
     frames on an absolute 20 ms grid (``loop.time()`` based, so sleeps never accumulate drift),
     with the marker bit on the first packet of each talk spurt.
 
+    Nothing is sent before :meth:`arm` (the bridge arms on the caller's ACK: an INVITE nobody
+    confirmed must not make us stream to the address in its SDP); audio queued before that
+    waits. Received packets pass an :class:`~clients.sip._rtp.RtpLatch` first: the call's RTP
+    source and SSRC are learned once, then packets from anywhere else are dropped, and with
+    ``symmetric`` the send address is the latched source. :attr:`last_rx` (loop time of the
+    last accepted packet) is what the bridge's RTP inactivity timeout reads.
+
     Callbacks run on the event loop and must not block.
 
     Args:
@@ -102,8 +114,11 @@ class RtpSession(asyncio.DatagramProtocol):
         on_audio: called with each played-out frame's bytes.
         on_dtmf: called with each decoded key press.
         jitter_ms: receive buffering at the start of a burst (40-80 ms is typical).
-        symmetric: learn the send address from received RTP (symmetric RTP / NAT latching).
+        symmetric: send to where the caller's (latched) RTP comes from (NAT traversal).
         out_prebuffer_ms: outgoing audio held before a spurt starts, to absorb gateway jitter.
+        trusted_hosts: hosts besides the SDP address whose first packet latches at once (the
+            host the INVITE came from: behind NAT, RTP comes from there, not from ``c=``).
+        latch_probation: consecutive packets any other host needs to latch.
     """
 
     def __init__(
@@ -119,6 +134,8 @@ class RtpSession(asyncio.DatagramProtocol):
         jitter_ms: int = 60,
         symmetric: bool = True,
         out_prebuffer_ms: int = 40,
+        trusted_hosts: frozenset[str] = frozenset(),
+        latch_probation: int = 4,
     ) -> None:
         self._sock = sock
         self.local_port: int = sock.getsockname()[1]
@@ -126,7 +143,14 @@ class RtpSession(asyncio.DatagramProtocol):
         self.payload_type = payload_type
         self.dtmf_payload_type = dtmf_payload_type
         self.remote = remote
+        self.sdp_remote = remote
         self.sending_enabled = True
+        self._trusted = trusted_hosts
+        self.latch = RtpLatch(trusted_hosts | {remote[0]}, latch_probation)
+        #: Loop time of the last packet the latch accepted (None: none yet).
+        self.last_rx: float | None = None
+        self._armed = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._on_audio = on_audio
         self._on_dtmf = on_dtmf
         self._jitter_s = jitter_ms / 1000
@@ -148,12 +172,34 @@ class RtpSession(asyncio.DatagramProtocol):
     async def start(self) -> None:
         """Attach the socket to the loop and start the playout and send clocks."""
         loop = asyncio.get_running_loop()
+        self._loop = loop
         transport, _ = await loop.create_datagram_endpoint(lambda: self, sock=self._sock)
         self._transport = transport
         self._tasks = [
             asyncio.create_task(self._playout(), name="rtp-playout"),
             asyncio.create_task(self._sender(), name="rtp-send"),
         ]
+
+    def arm(self) -> None:
+        """Allow sending (the dialog is confirmed); audio queued so far goes out now."""
+        self._armed.set()
+
+    @property
+    def armed(self) -> bool:
+        """True once :meth:`arm` was called."""
+        return self._armed.is_set()
+
+    def relearn(self, remote: tuple[str, int]) -> None:
+        """New media from a re-INVITE/UPDATE: send to ``remote`` and open the latch again.
+
+        The same SDP address keeps the latched source (a hold/resume may restart the SSRC, so
+        the next SSRC from that source is taken); a new one learns the source again.
+        """
+        same = remote == self.sdp_remote
+        self.sdp_remote = remote
+        if not same:
+            self.remote = remote
+        self.latch.relearn(self._trusted | {remote[0]}, same_address=same)
 
     async def aclose(self) -> None:
         """Stop the clocks and close the socket."""
@@ -177,11 +223,31 @@ class RtpSession(asyncio.DatagramProtocol):
             pkt = RtpPacket.parse(data)
         except RtpError:
             return  # stray or malformed datagram (RTCP arrives on the next port, not here)
+        if 72 <= pkt.payload_type <= 76:
+            return  # RTCP sent to the RTP port (RFC 5761 range): not media, and no SSRC to learn
         src = (str(addr[0]), int(addr[1]))
-        if self._symmetric and src != self.remote:
-            log.info("RTP from %s:%d, not %s:%d: sending there (symmetric RTP)", *src, *self.remote)
-            self.remote = src
-            self.stats.latched += 1
+        negotiated = pkt.payload_type in (self.payload_type, self.dtmf_payload_type)
+        if not negotiated and self.latch.source is None:
+            return  # an unnegotiated format (comfort noise, ...) never teaches the latch
+        verdict = self.latch.check(src, pkt.ssrc, pkt.sequence)
+        if verdict not in ("accept", "latched"):
+            self.stats.dropped_foreign += 1
+            n = self.stats.dropped_foreign
+            if n == 1 or n % 500 == 0:  # the header only: never the payload
+                log.debug(
+                    "RTP from %s:%d ssrc %08x dropped (%s; %d so far)", *src, pkt.ssrc, verdict, n
+                )
+            return
+        if verdict == "latched":
+            log.info("RTP latched to %s:%d ssrc %08x", *src, pkt.ssrc)
+            if self._symmetric and src != self.remote:
+                log.info(
+                    "RTP sent to %s:%d, not the SDP's %s:%d (symmetric RTP)", *src, *self.remote
+                )
+                self.remote = src
+                self.stats.latched += 1
+        if self._loop is not None:
+            self.last_rx = self._loop.time()
         if self.dtmf_payload_type is not None and pkt.payload_type == self.dtmf_payload_type:
             for ev in self._dtmf.push(pkt):
                 self.stats.dtmf += 1
@@ -240,6 +306,7 @@ class RtpSession(asyncio.DatagramProtocol):
 
     async def _sender(self) -> None:
         loop = asyncio.get_running_loop()
+        await self._armed.wait()
         t0 = loop.time()
         tick = 0
         spurt = False

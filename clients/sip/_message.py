@@ -14,16 +14,22 @@ from dataclasses import dataclass, field
 __all__ = [
     "BRANCH_COOKIE",
     "MAX_DATAGRAM_BYTES",
+    "MAX_URI_CHARS",
     "SipMessage",
     "SipParseError",
+    "SipUri",
+    "UriError",
     "Via",
     "add_tag",
-    "header_tag",
     "canonical_name",
+    "contact_uri",
+    "header_tag",
     "header_uri",
     "make_response",
     "new_branch",
     "new_tag",
+    "option_tags",
+    "parse_sip_uri",
     "reply_address",
 ]
 
@@ -41,6 +47,7 @@ _COMPACT = {
     "k": "Supported",
     "s": "Subject",
     "e": "Content-Encoding",
+    "x": "Session-Expires",
 }
 _CANONICAL = {
     name.lower(): name
@@ -67,6 +74,8 @@ _CANONICAL = {
         "Accept",
         "Subject",
         "Content-Encoding",
+        "Session-Expires",
+        "Min-SE",
     )
 }
 _TOKEN = re.compile(r"^[A-Za-z0-9.!%*_+`'~-]+$")
@@ -194,7 +203,7 @@ class Via:
         proto, _, sent_by = parts[0].strip().partition(" ")
         bits = [b.strip() for b in proto.split("/")]
         if len(bits) != 3 or bits[0].upper() != "SIP" or not sent_by.strip():
-            raise SipParseError(f"malformed Via {value!r}")
+            raise SipParseError(f"malformed Via {value[:60]!r}")
         sent_by = sent_by.strip()
         port: int | None = None
         if sent_by.startswith("["):  # IPv6 reference
@@ -205,10 +214,10 @@ class Via:
             host, _, port_s = sent_by.partition(":")
         if port_s:
             if not port_s.isdigit() or not 0 < int(port_s) < 65536:
-                raise SipParseError(f"bad Via port in {value!r}")
+                raise SipParseError(f"bad Via port in {value[:60]!r}")
             port = int(port_s)
         if not host:
-            raise SipParseError(f"malformed Via {value!r}")
+            raise SipParseError(f"malformed Via {value[:60]!r}")
         params: dict[str, str | None] = {}
         for p in parts[1:]:
             k, eq, v = p.partition("=")
@@ -279,7 +288,7 @@ class SipMessage:
         """(sequence number, method) of the CSeq header."""
         value = (self.get("CSeq") or "").split()
         if len(value) != 2 or not value[0].isdigit() or len(value[0]) > 10:
-            raise SipParseError(f"malformed CSeq {self.get('CSeq')!r}")
+            raise SipParseError(f"malformed CSeq {(self.get('CSeq') or '')[:40]!r}")
         return int(value[0]), value[1].upper()
 
     def add(self, name: str, value: str) -> None:
@@ -328,7 +337,7 @@ class SipMessage:
         length_s = msg.get("Content-Length")
         if length_s is not None:
             if not length_s.strip().isdigit() or len(length_s.strip()) > 6:
-                raise SipParseError(f"bad Content-Length {length_s!r}", msg._answerable())
+                raise SipParseError(f"bad Content-Length {length_s[:20]!r}", msg._answerable())
             length = int(length_s)
             if length > len(body):
                 raise SipParseError(
@@ -428,3 +437,128 @@ def reply_address(request: SipMessage, source: tuple[str, int]) -> tuple[str, in
     if "rport" in top.params:
         return source
     return source[0], top.port or 5060
+
+
+#: Longest SIP URI accepted (Contact, request-URI): what we copy into our own requests is bounded.
+MAX_URI_CHARS = 512
+#: Longest Contact header value accepted (display name and parameters included).
+MAX_CONTACT_CHARS = 1024
+# RFC 3261 25.1: unreserved, escaped (%HH), user-unreserved, param-unreserved, hnv-unreserved,
+# and the delimiters between them. No spaces, quotes, angle brackets or controls.
+_URI_CHARS = re.compile(r"^[A-Za-z0-9\-_.!~*'()%&=+$,;?/:@\[\]]+$")
+_HOSTNAME = re.compile(
+    r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*"
+    r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?$"
+)
+_IPV6 = re.compile(r"^\[[0-9A-Fa-f:.]{2,45}\]$")
+
+
+class UriError(ValueError):
+    """A URI the bridge will not use. The message is a short fixed phrase (never the input).
+
+    Attributes:
+        unsupported_scheme: the URI is well formed but not ``sip:``/``sips:`` (→ 416).
+    """
+
+    def __init__(self, reason: str, *, unsupported_scheme: bool = False) -> None:
+        super().__init__(reason)
+        self.unsupported_scheme = unsupported_scheme
+
+
+@dataclass(frozen=True, slots=True)
+class SipUri:
+    """A validated SIP or SIPS URI (RFC 3261 19.1).
+
+    Attributes:
+        text: the URI as received (known to be safe to copy into a request line).
+        scheme: ``sip`` or ``sips``.
+        user: the user part ('' when absent).
+        host: hostname, IPv4 address or bracketed IPv6 reference.
+        port: the port, or None.
+    """
+
+    text: str
+    scheme: str
+    user: str
+    host: str
+    port: int | None
+
+
+def parse_sip_uri(value: str) -> SipUri:
+    """Validate a SIP/SIPS URI; raises :class:`UriError` with a short reason.
+
+    Strict where the bridge copies the URI into its own requests (the BYE's request-URI comes
+    from the caller's Contact): bounded length, printable ASCII from the RFC 3261 URI alphabet
+    only (so no CR/LF, spaces or brackets that could break a request line), scheme sip or sips,
+    a syntactically valid host and port.
+    """
+    if len(value) > MAX_URI_CHARS:
+        raise UriError("URI too long")
+    if not value:
+        raise UriError("empty URI")
+    scheme, colon, rest = value.partition(":")
+    if not colon or not scheme or not re.match(r"^[A-Za-z][A-Za-z0-9+.-]*$", scheme):
+        raise UriError("not a URI")
+    if scheme.lower() not in ("sip", "sips"):
+        raise UriError("URI scheme is not sip or sips", unsupported_scheme=True)
+    if not _URI_CHARS.match(rest):
+        raise UriError("forbidden character in URI")
+    if rest.count("@") > 1:
+        raise UriError("malformed URI user part")
+    user, at, hostpart = rest.partition("@")
+    if not at:
+        user, hostpart = "", rest
+    elif not user:
+        raise UriError("malformed URI user part")
+    cut = min((i for i in (hostpart.find(";"), hostpart.find("?")) if i != -1), default=-1)
+    hostport = hostpart if cut == -1 else hostpart[:cut]
+    if hostport.startswith("["):
+        end = hostport.find("]")
+        host, port_s = hostport[: end + 1], hostport[end + 1 :]
+        if end == -1 or not _IPV6.match(host) or (port_s and not port_s.startswith(":")):
+            raise UriError("malformed URI host")
+        port_s = port_s[1:]
+    else:
+        host, _, port_s = hostport.partition(":")
+        if not _HOSTNAME.match(host):
+            raise UriError("malformed URI host")
+    port: int | None = None
+    if port_s or hostport.endswith(":"):
+        if not port_s.isdigit() or len(port_s) > 5 or not 0 < int(port_s) < 65536:
+            raise UriError("bad URI port")
+        port = int(port_s)
+    return SipUri(value, scheme.lower(), user, host, port)
+
+
+def contact_uri(value: str | None) -> SipUri:
+    """The one SIP URI of an INVITE's Contact header (RFC 3261 8.1.1.8), validated.
+
+    Raises:
+        UriError: missing, ``*``, several values, unbalanced brackets, too long, or a URI that
+            :func:`parse_sip_uri` refuses.
+    """
+    if value is None or not value.strip():
+        raise UriError("missing Contact")
+    if len(value) > MAX_CONTACT_CHARS:
+        raise UriError("Contact too long")
+    if any(ch in value for ch in "\r\n\0"):
+        raise UriError("forbidden character in Contact")
+    if value.strip() == "*":
+        raise UriError("Contact * is only for REGISTER")
+    if len(_split_commas(value)) != 1:
+        raise UriError("more than one Contact")
+    lt, gt = value.find("<"), value.find(">")
+    if (lt == -1) != (gt == -1) or gt < lt or value.count("<") > 1 or value.count(">") > 1:
+        raise UriError("malformed Contact")
+    return parse_sip_uri(header_uri(value))
+
+
+def option_tags(value: str | None, *, limit: int = 16) -> list[str]:
+    """The option tags of a Require/Supported header, lower-cased.
+
+    At most ``limit``, each a short token: what we echo back in Unsupported stays bounded.
+    """
+    if not value:
+        return []
+    tags = [t.strip().lower() for t in value.split(",")]
+    return [t for t in tags if t and len(t) <= 32 and _TOKEN.match(t)][:limit]

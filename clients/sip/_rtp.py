@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import secrets
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 __all__ = [
     "DTMF_EVENTS",
     "DtmfDecoder",
     "DtmfEvent",
     "JitterBuffer",
+    "LatchVerdict",
     "RtpError",
+    "RtpLatch",
     "RtpPacket",
     "RtpPacketizer",
     "dtmf_payload",
@@ -198,6 +201,95 @@ class JitterBuffer:
             self.stats["lost"] += 1
         self._next += 1
         return payload
+
+
+LatchVerdict = Literal["accept", "latched", "probation", "foreign_source", "foreign_ssrc"]
+
+
+@dataclass(slots=True)
+class RtpLatch:
+    """Which source a call's RTP is taken from: learned once, early, then fixed.
+
+    Symmetric RTP (answer where the caller's RTP comes from) is what makes calls work behind
+    NAT: softphones advertise a private ``c=`` address their packets never come from. But a
+    latch that follows *every* new source lets anyone who can reach the RTP port take the call's
+    audio with one packet. So the latch is learned once and then never moves on its own:
+
+    * a packet from a *trusted* host (the SDP ``c=`` address or the host the INVITE came from)
+      latches at once, on its source address and SSRC;
+    * a packet from any other host is held on probation: only ``probation`` packets in a row
+      from one source, one SSRC, with consecutive sequence numbers latch (a NAT that maps media
+      to another public address than signalling still works, a stray or sprayed packet does
+      not); they are dropped until then;
+    * once latched, packets from another source address or with another SSRC are dropped;
+    * only :meth:`relearn` (a re-INVITE or UPDATE with new media) opens the latch again.
+
+    Pure and synchronous: the media session feeds it ``(source, ssrc, sequence)`` and acts on
+    the verdict.
+
+    Attributes:
+        trusted_hosts: hosts whose first packet latches at once.
+        probation: consecutive packets an untrusted source needs to latch.
+        source: the latched address, or None while learning.
+        ssrc: the latched SSRC, or None while learning.
+        counts: verdicts so far, by name.
+    """
+
+    trusted_hosts: frozenset[str]
+    probation: int = 4
+    source: tuple[str, int] | None = None
+    ssrc: int | None = None
+    counts: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(
+            ("accept", "latched", "probation", "foreign_source", "foreign_ssrc"), 0
+        )
+    )
+    _candidate: tuple[tuple[str, int], int, int, int] | None = None  # src, ssrc, next seq, n
+
+    def check(self, src: tuple[str, int], ssrc: int, sequence: int) -> LatchVerdict:
+        """The verdict on one received packet: ``accept``/``latched`` keep it, others drop it."""
+        verdict = self._verdict(src, ssrc, sequence)
+        self.counts[verdict] += 1
+        return verdict
+
+    def _verdict(self, src: tuple[str, int], ssrc: int, sequence: int) -> LatchVerdict:
+        if self.source is not None:
+            if src != self.source:
+                return "foreign_source"
+            if self.ssrc is None:  # relearn() kept the address: take its next SSRC
+                self.ssrc = ssrc
+                return "latched"
+            return "accept" if ssrc == self.ssrc else "foreign_ssrc"
+        if src[0] in self.trusted_hosts or self.probation <= 1:
+            return self._latch(src, ssrc)
+        cand = self._candidate
+        if cand is not None and cand[0] == src and cand[1] == ssrc and cand[2] == sequence:
+            n = cand[3] + 1
+        else:
+            n = 1
+        if n >= self.probation:
+            return self._latch(src, ssrc)
+        self._candidate = (src, ssrc, (sequence + 1) & 0xFFFF, n)
+        return "probation"
+
+    def _latch(self, src: tuple[str, int], ssrc: int) -> LatchVerdict:
+        self.source, self.ssrc, self._candidate = src, ssrc, None
+        return "latched"
+
+    def relearn(self, trusted_hosts: frozenset[str], *, same_address: bool) -> None:
+        """Open the latch again after a re-INVITE/UPDATE with new media.
+
+        Args:
+            trusted_hosts: the new offer's hosts.
+            same_address: the new offer keeps the media address: keep the latched source and
+                take only a new SSRC from it (hold/resume may restart the stream); otherwise
+                learn the source again too.
+        """
+        self.trusted_hosts = trusted_hosts
+        self.ssrc = None
+        self._candidate = None
+        if not same_address:
+            self.source = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,9 @@ class SdpOffer:
         formats: payload types in the offerer's order of preference.
         rtpmap: payload type → (encoding name upper-cased, clock rate Hz).
         direction: the media direction attribute (default sendrecv).
+        origin: the ``o=`` line's username, session id and version: an offer that repeats
+            the previous one's origin describes unchanged media (RFC 3264 8), as a session
+            refresh does.
     """
 
     address: str
@@ -40,6 +43,7 @@ class SdpOffer:
     formats: tuple[int, ...]
     rtpmap: dict[int, tuple[str, int]] = field(default_factory=dict)
     direction: Direction = "sendrecv"
+    origin: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,12 +85,15 @@ def parse_sdp(body: bytes) -> SdpOffer:
     media_dir: Direction | None = None
     in_audio = False
     seen_audio = False
+    origin = ""
     for raw in text.splitlines():
         line = raw.strip()
         if len(line) < 2 or line[1] != "=":
             continue
         kind, value = line[0], line[2:].strip()
-        if kind == "m":
+        if kind == "o" and not origin:
+            origin = " ".join(value.split()[:3])[:200]
+        elif kind == "m":
             parts = value.split()
             in_audio = not seen_audio and len(parts) >= 4 and parts[0] == "audio"
             if in_audio:
@@ -125,7 +132,7 @@ def parse_sdp(body: bytes) -> SdpOffer:
     address = media_addr or session_addr
     if address is None:
         raise SdpError("no c= connection address")
-    return SdpOffer(address, port, formats, rtpmap, media_dir or session_dir)
+    return SdpOffer(address, port, formats, rtpmap, media_dir or session_dir, origin)
 
 
 def negotiate(offer: SdpOffer, *, prefer: str | None = None) -> MediaChoice | None:

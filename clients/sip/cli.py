@@ -101,6 +101,35 @@ def add_sip_arguments(parser: argparse.ArgumentParser) -> None:
         "by default)",
     )
     parser.add_argument(
+        "--rtp-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="end a call when no RTP has come from the caller for S seconds (default 30)",
+    )
+    parser.add_argument(
+        "--max-call",
+        type=float,
+        default=3600.0,
+        metavar="S",
+        help="end any call S seconds after it was answered (default 3600)",
+    )
+    parser.add_argument(
+        "--session-expires",
+        type=int,
+        default=1800,
+        metavar="S",
+        help="RFC 4028 session interval: the most accepted, and asked of callers that "
+        "support timers (default 1800; 0: only honour the caller's)",
+    )
+    parser.add_argument(
+        "--min-se",
+        type=int,
+        default=90,
+        metavar="S",
+        help="shortest session interval accepted; shorter gets 422 (default 90)",
+    )
+    parser.add_argument(
         "--sip-log-level",
         default=None,
         help="log level when run standalone (python -m clients.sip)",
@@ -131,6 +160,10 @@ async def run_sip(args: argparse.Namespace) -> int:
             language=args.language,
             voice=args.voice,
             log_content=args.log_content,
+            rtp_timeout_s=args.rtp_timeout,
+            max_call_s=args.max_call,
+            session_expires_s=args.session_expires,
+            min_se_s=args.min_se,
         )
     except (BotFileError, ValidationError, ValueError) as exc:
         print(f"voxgate sip: {exc}", file=sys.stderr)
