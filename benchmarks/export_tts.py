@@ -23,11 +23,12 @@ What it does:
    the extremes of its input shapes, then at the streamer's window shapes. TensorRT builds one
    engine per input-shape profile and widens the profile when a shape falls outside it, so
    after the extremes every later shape reuses the cached engine. The decoder sees
-   ``first_window_frames`` (16) frames plus ``context_frames`` (28) on each side where the
-   sentence has them, doubling up to ``window_frames`` (96): from 1 up to 96 + 2 x 28 = 152
-   latent frames. Point the gateway at the same directory (``tts.trt_cache_dir`` in the YAML
-   config, or ``VOXGATE_TTS__TRT_CACHE_DIR``) so a restart loads the engines instead of
-   building them (minutes). The cache is specific to the GPU model, TensorRT and ONNX Runtime
+   ``first_window_frames`` (8) frames plus ``context_frames`` (24) on each side where the
+   sentence has them, then windows sized by the synthesis scheduler up to twice
+   ``window_frames`` (192), batched up to 8 on a GPU: from 1 up to 192 + 2 x 24 = 240 latent
+   frames, batch 1 to 8. Point the gateway at the same directory (``tts.trt_cache_dir`` in
+   the YAML config, or ``VOXGATE_TTS__TRT_CACHE_DIR``) so a restart loads the engines instead
+   of building them (minutes). The cache is specific to the GPU model, TensorRT and ONNX Runtime
    versions: build it on the machine type that serves (or in the image's first start).
 
 Whisper large-v3 (or a fine-tune) for the GPU path. voxgate never downloads models at run time;
@@ -279,6 +280,7 @@ def prebuild_trt(
     cache_dir: Path,
     config: TtsConfig | None = None,
     max_ids: int = 600,
+    batch: int = 8,
 ) -> list[dict[str, Any]]:
     """Run each half under TensorRT at its extreme and usual shapes so the cache holds them.
 
@@ -333,12 +335,20 @@ def prebuild_trt(
             latent = {c.name: outputs[i] for i, c in enumerate(exported.split.crossing)}
     assert latent is not None
     total = int(latent[exported.split.latent].shape[-1])
-    widest = cfg.window_frames + 2 * cfg.context_frames
-    shapes = [widest, 1, *sorted(set(decoder_window_lengths(min(total, 400), cfg)))]
-    for wanted in shapes:
+    # The synthesis scheduler's largest window is twice window_frames, and on a GPU it batches
+    # up to 8 windows (gateway/synthesis.py): widest first, at the largest batch, so that one
+    # profile covers every later shape.
+    widest = 2 * cfg.window_frames + 2 * cfg.context_frames
+    shapes = [(widest, batch), (1, 1)]
+    shapes += [(n, 1) for n in sorted(set(decoder_window_lengths(min(total, 400), cfg)))]
+    for wanted, rows_in_batch in shapes:
         frames = min(wanted, total)
         feeds = {
-            c.name: (latent[c.name][..., :frames] if c.frame_indexed else latent[c.name])
+            c.name: np.repeat(
+                latent[c.name][..., :frames] if c.frame_indexed else latent[c.name],
+                rows_in_batch,
+                axis=0,
+            )
             for c in exported.split.crossing
         }
         extra = front_feeds(decoder, base_ids)
@@ -346,7 +356,12 @@ def prebuild_trt(
         start = time.perf_counter()
         decoder.run(None, feeds)
         rows.append(
-            {"half": "decoder", "frames_or_ids": frames, "seconds": time.perf_counter() - start}
+            {
+                "half": "decoder",
+                "frames_or_ids": frames,
+                "batch": rows_in_batch,
+                "seconds": time.perf_counter() - start,
+            }
         )
     return rows
 

@@ -405,7 +405,21 @@ class SessionConfig(_Frozen):
         0,
         ge=0,
         le=64,
-        description="Replies synthesized in parallel across calls; 0 = min(4, CPU cores).",
+        description="Synthesis worker threads shared by all calls; 0 = by device (one per CPU "
+        "core, one on a GPU).",
+    )
+    tts_scheduling: Literal["deadline", "fifo"] = Field(
+        "deadline",
+        description="How replies share the synthesis workers: 'deadline' runs every reply's "
+        "steps earliest playout deadline first (first audio first, window size from slack); "
+        "'fifo' is the earlier plain thread pool, kept for comparison.",
+    )
+    tts_max_batch_size: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Decoder windows of several replies per ONNX Runtime call under 'deadline' "
+        "scheduling; 0 = by device (1 on CPU, where batching does not pay; 8 on GPU).",
     )
 
 

@@ -152,6 +152,35 @@ class GatewayMetrics:
             buckets=(0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0),
             registry=r,
         )
+        # -- the synthesis scheduler (gateway/synthesis.py) --
+        self.tts_playout_slack = Histogram(
+            "voxgate_tts_playout_slack_seconds",
+            "Per reply chunk after the first: its play time minus the time it was ready "
+            "(negative = late, the caller heard a gap).",
+            buckets=(-0.1, -0.02, 0.0, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
+            registry=r,
+        )
+        self.tts_late_chunks = Counter(
+            "voxgate_tts_late_chunks_total",
+            "Reply chunks ready after their play time (an underrun at the caller's player).",
+            registry=r,
+        )
+        self.tts_starvation = Counter(
+            "voxgate_tts_starvation_seconds_total",
+            "Silence inside replies: time players waited for late chunks, summed.",
+            registry=r,
+        )
+        self.tts_batch_size = Histogram(
+            "voxgate_tts_batch_size",
+            "Decoder windows per ONNX Runtime call (several replies' windows batched).",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16),
+            registry=r,
+        )
+        self.tts_queue_depth = Gauge(
+            "voxgate_tts_queue_depth",
+            "Replies whose next synthesis step waits for a worker.",
+            registry=r,
+        )
 
     def value(self, name: str, **labels: str) -> float:
         """The current value of one sample, 0 if it was never set.

@@ -12,8 +12,9 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
 
 from engines.asr import BUNDLED_MODELS, ModelFilesError, WhisperEngine, resolve_model_dir
 from engines.asr.base import AsrEngine, AsrRequest, AsrResult
@@ -26,6 +27,7 @@ from engines.tts import (
     VitsStreamer,
     resolve_voice,
 )
+from engines.tts._scheduler import default_synth_plan
 from gateway.base import (
     EngineInfo,
     ModelDescription,
@@ -48,6 +50,7 @@ from gateway.config import GatewayConfig
 from gateway.errors import CallError, ErrorKind
 from gateway.events import SpeakIn
 from gateway.metrics import GatewayMetrics
+from gateway.synthesis import ReplyStats, SynthesisScheduler, policy_for
 
 __all__ = [
     "AsrTranscriber",
@@ -70,64 +73,121 @@ class EngineLoadError(RuntimeError):
 class TtsSynthesizer:
     """The VITS streamer as sessions see it: an async stream of audio pieces per Speak.
 
+    Two ways to run the replies, chosen by ``scheduling``:
+
+    * ``deadline`` (the default): :class:`~gateway.synthesis.SynthesisScheduler` runs every
+      reply's front-end runs and decoder windows on ``threads`` workers, earliest playout
+      deadline first, first audio ahead of everything, window sizes from each reply's slack;
+    * ``fifo``: the earlier design, kept for comparison (``benchmarks/tts_concurrency.py``):
+      a plain thread pool that advances each reply's fixed-schedule generator a window at a
+      time, in the order the ``next()`` calls arrive.
+
     Args:
         streamer: a loaded, warmed voice engine (thread-safe across streams).
-        threads: replies synthesized in parallel; more queue for a free thread.
+        threads: engine worker threads.
+        metrics: where first audio, streams, slack, lateness and batches are counted.
+        scheduling: ``deadline`` or ``fifo`` (see above).
+        max_batch_size: decoder windows per ONNX Runtime call under ``deadline``.
     """
 
-    def __init__(self, streamer: TtsEngine, threads: int, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self,
+        streamer: TtsEngine,
+        threads: int,
+        metrics: GatewayMetrics,
+        *,
+        scheduling: Literal["deadline", "fifo"] = "deadline",
+        max_batch_size: int = 1,
+    ) -> None:
         self.streamer = streamer
         self._metrics = metrics
         self.sample_rate_hz = streamer.sample_rate_hz
         self.max_text_chars = streamer.max_text_chars
         self._window_frames = int(getattr(getattr(streamer, "config", None), "window_frames", 96))
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tts")
+        self.scheduler: SynthesisScheduler | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        if scheduling == "deadline":
+            if not isinstance(streamer, VitsStreamer):
+                raise TypeError("deadline scheduling needs a VitsStreamer (open/decode_windows)")
+            policy = policy_for(streamer, max_batch_size)
+            self.scheduler = SynthesisScheduler(streamer, threads, policy, metrics)
+        else:
+            self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tts")
         metrics.engine_workers.labels("tts").set(threads)
 
-    async def stream(self, speak: SpeakIn) -> AsyncIterator[TtsPiece]:
-        """Synthesize ``speak``; window by window, each ``next()`` on a TTS thread."""
-        loop = asyncio.get_running_loop()
-        options = SpeakOptions(
+    def _options(self, speak: SpeakIn) -> SpeakOptions:
+        return SpeakOptions(
             length_scale=1.0 / speak.rate if speak.rate else None,
             speaker_id=speak.speaker_id or None,
             voice=speak.voice or None,
-            # The degradation ladder's tts_window step (gateway/degrade.py).
+            # The degradation ladder's tts_window step (gateway/degrade.py), for the fifo
+            # pool; the deadline scheduler sizes windows from slack, up to this size anyway.
             window_frames=2 * self._window_frames if speak.degraded else None,
         )
+
+    async def stream(
+        self, speak: SpeakIn, stats: ReplyStats | None = None
+    ) -> AsyncIterator[TtsPiece]:
+        """Synthesize ``speak``, window by window, on the engine threads.
+
+        ``stats`` (deadline scheduling only) receives what the caller's player experiences.
+        """
+        options = self._options(speak)
         t0 = time.perf_counter()
-        try:
-            it = await loop.run_in_executor(self._pool, self.streamer.stream, speak.text, options)
-        except TtsInputError as exc:
-            raise CallError.invalid(f"speak.{exc.field}: {exc}") from None
+        chunks = (
+            self._scheduled(speak.text, options, stats)
+            if self.scheduler
+            else self._fifo(speak.text, options)
+        )
         # Counted until the consumer stops (end, error or a barge-in's cancel): the synthesis
         # load admission reads (voxgate_tts_streams_active).
         self._metrics.tts_streams_active.inc()
         try:
             first = True
-            while True:
-                try:
-                    chunk = await loop.run_in_executor(self._pool, next, it, _END)
-                except TtsInputError as exc:
-                    raise CallError.invalid(f"speak.{exc.field}: {exc}") from None
-                except TtsError as exc:
-                    raise CallError(ErrorKind.INTERNAL, f"speech synthesis failed: {exc}") from None
-                if chunk is _END:
-                    return
-                assert isinstance(chunk, TtsChunk)
-                if first:
-                    self._metrics.tts_first_audio.observe(time.perf_counter() - t0)
-                    first = False
-                yield TtsPiece(
-                    samples=chunk.samples,
-                    words=tuple((w.text, round(w.end_ms)) for w in chunk.words),
-                    is_last=chunk.is_last,
-                )
+            try:
+                async for chunk in chunks:
+                    if first:
+                        self._metrics.tts_first_audio.observe(time.perf_counter() - t0)
+                        first = False
+                    yield TtsPiece(
+                        samples=chunk.samples,
+                        words=tuple((w.text, round(w.end_ms)) for w in chunk.words),
+                        is_last=chunk.is_last,
+                    )
+            except TtsInputError as exc:
+                raise CallError.invalid(f"speak.{exc.field}: {exc}") from None
+            except TtsError as exc:
+                raise CallError(ErrorKind.INTERNAL, f"speech synthesis failed: {exc}") from None
+            finally:
+                await chunks.aclose()
         finally:
             self._metrics.tts_streams_active.dec()
 
-    def close(self) -> None:
+    async def _scheduled(
+        self, text: str, options: SpeakOptions, stats: ReplyStats | None
+    ) -> AsyncGenerator[TtsChunk]:
+        assert self.scheduler is not None
+        async for chunk in self.scheduler.stream(text, options, stats):
+            yield chunk
+
+    async def _fifo(self, text: str, options: SpeakOptions) -> AsyncGenerator[TtsChunk]:
+        """The earlier pool: each ``next()`` of the reply's generator on a TTS thread."""
+        assert self._pool is not None
+        loop = asyncio.get_running_loop()
+        it = await loop.run_in_executor(self._pool, self.streamer.stream, text, options)
+        while True:
+            chunk = await loop.run_in_executor(self._pool, next, it, _END)
+            if chunk is _END:
+                return
+            assert isinstance(chunk, TtsChunk)
+            yield chunk
+
+    async def aclose(self) -> None:
         """Stop the threads (after the server stopped calling)."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self.scheduler is not None:
+            await self.scheduler.aclose()
+        if self._pool is not None:
+            await asyncio.to_thread(self._pool.shutdown, wait=True, cancel_futures=True)
 
 
 class BatchMetrics(BatchObserver):
@@ -286,11 +346,27 @@ class EngineHubImpl:
             raise EngineLoadError(f"tts.voice: {exc}") from None
 
     def _load_tts(self) -> None:
-        threads = self.config.session.tts_threads or max(1, min(4, os.cpu_count() or 1))
+        scfg = self.config.session
         streamer = VitsStreamer.load(self.config.tts)
         streamer.warmup()
+        # Workers and batch size by device, as measured (engines/tts/_scheduler.py).
+        workers, batch = default_synth_plan(streamer.device, os.cpu_count() or 1)
+        threads = scfg.tts_threads or workers
         self._streamer = streamer
-        self._tts = TtsSynthesizer(streamer, threads, self._metrics)
+        self._tts = TtsSynthesizer(
+            streamer,
+            threads,
+            self._metrics,
+            scheduling=scfg.tts_scheduling,
+            max_batch_size=scfg.tts_max_batch_size or batch,
+        )
+        log.info(
+            "tts: %s scheduling, %d worker(s), up to %d window(s) per decoder call on %s",
+            scfg.tts_scheduling,
+            threads,
+            scfg.tts_max_batch_size or batch,
+            streamer.device,
+        )
         self.synthesizer = self._tts
         self.info.voices = [
             VoiceDescription(
@@ -384,7 +460,7 @@ class EngineHubImpl:
         if self._batcher is not None:
             await self._batcher.aclose()
         if self._tts is not None:
-            await asyncio.to_thread(self._tts.close)
+            await self._tts.aclose()
         for engine in self._asr_engines[:1]:
             await asyncio.to_thread(engine.close)
         if self._streamer is not None:

@@ -67,7 +67,7 @@ def test_files_and_manifest(exported: object) -> None:
     assert manifest["windows"] == {
         "first_window_frames": TtsConfig().first_window_frames,
         "window_frames": 96,
-        "context_frames": 28,
+        "context_frames": TtsConfig().context_frames,
     }
 
 
@@ -129,6 +129,9 @@ def test_prebuild_code_path_runs_without_tensorrt(
     assert rows[0]["half"] == "sessions"
     assert "CPUExecutionProvider" in rows[0]["providers"]
     decoder_frames = [r["frames_or_ids"] for r in rows if r["half"] == "decoder"]
-    assert decoder_frames[:2] == [96 + 2 * 28, 1]  # widest, then narrowest: one profile
-    assert TtsConfig().first_window_frames + 28 in decoder_frames  # a sentence's first window
+    ctx = TtsConfig().context_frames
+    # Widest (the scheduler's largest window, at the largest GPU batch), then narrowest.
+    assert decoder_frames[:2] == [2 * 96 + 2 * ctx, 1]
+    assert [r["batch"] for r in rows if r["half"] == "decoder"][:2] == [8, 1]
+    assert TtsConfig().first_window_frames + ctx in decoder_frames  # a sentence's first window
     assert all(r["seconds"] >= 0 for r in rows)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from engines.tts._graph import CrossingTensor, GraphSplit, split_vits_graph
 from engines.tts._session import select_providers
-from engines.tts._streamer import VitsStreamer, soft_limit
+from engines.tts._streamer import ReplyJob, VitsStreamer, WindowPlan, soft_limit
 from engines.tts._text import cardinal, ordinal, year
 from engines.tts._voice import VoiceFiles, resolve_voice
 from engines.tts.base import (
@@ -32,6 +32,7 @@ from engines.tts.config import TtsConfig
 __all__ = [
     "CrossingTensor",
     "GraphSplit",
+    "ReplyJob",
     "SpeakOptions",
     "TtsChunk",
     "TtsConfig",
@@ -42,6 +43,7 @@ __all__ = [
     "VoiceFiles",
     "VoiceGraphError",
     "VoiceInfo",
+    "WindowPlan",
     "WordSpan",
     "cardinal",
     "ordinal",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -16,6 +16,7 @@ import onnxruntime as ort
 from engines.base import FloatArray
 from engines.tts._cache import ByteLruCache
 from engines.tts._graph import GraphSplit, split_vits_graph
+from engines.tts._scheduler import window_bounds
 from engines.tts._session import make_session, select_providers
 from engines.tts._text import TextUnit, prepare_text
 from engines.tts._voice import PhonemizedUnit, load_voice_config, phonemize_unit, resolve_voice
@@ -33,7 +34,7 @@ from engines.tts.base import (
 )
 from engines.tts.config import TtsConfig
 
-__all__ = ["VitsStreamer", "soft_limit"]
+__all__ = ["ReplyJob", "VitsStreamer", "WindowPlan", "soft_limit"]
 
 _LOGGER = logging.getLogger(__name__)
 _WARMUP_TEXT = "Hello, this is a warm up."
@@ -197,6 +198,13 @@ class VitsStreamer:
         return self._hop
 
     @property
+    def device(self) -> str:
+        """``cuda`` when the decoder runs on a GPU provider, else ``cpu`` (for the scheduler)."""
+        if self._decoder is None:
+            return "cpu"
+        return "cpu" if self._decoder.get_providers()[0] == "CPUExecutionProvider" else "cuda"
+
+    @property
     def graph_split(self) -> GraphSplit:
         """How the voice graph was split (for tests and diagnostics)."""
         return self._split
@@ -311,34 +319,12 @@ class VitsStreamer:
             start = stop
             size = min(largest, size * 2)
 
-    def _synthesize_unit(
-        self, unit: TextUnit, resolved: _Resolved
-    ) -> Iterator[tuple[_Piece, bool]]:
-        """Yield the unit's windows and whether each is the unit's last."""
-        phonemized = phonemize_unit(unit, self._voice)
-        frame, whole, durations = self._run_front_end(phonemized, resolved)
-        total = int(frame[self._split.latent].shape[-1])
-        spans = phonemized.word_sample_spans(durations, self._hop)
-        # A word ends inside the unit; clamp so rounding never pushes it past the last sample.
-        ends = [
-            (w.source, s, min(max(e, 1), total * self._hop))
-            for w, (s, e) in zip(unit.words, spans, strict=True)
-        ]
-        for start, stop in self._windows(total, resolved.window_frames):
-            audio = self._decode(frame, whole, start, stop)
-            samples = soft_limit(audio, self._gain, self.config.limiter_threshold)
-            # Chunks may be replayed from the cache to other callers: make them immutable.
-            samples.flags.writeable = False
-            lo, hi = start * self._hop, stop * self._hop
-            words = tuple((t, s, e) for t, s, e in ends if lo < e <= hi)
-            yield _Piece(samples, words), stop == total
+    def open(self, text: str, options: SpeakOptions | None = None) -> ReplyJob:
+        """Validate ``text`` and ``options`` now; return the reply as a job a scheduler steps.
 
-    def stream(self, text: str, options: SpeakOptions | None = None) -> Iterator[TtsChunk]:
-        """Validate ``text`` and ``options`` now, then return a lazy chunk iterator.
-
-        Text policy: markup tags are stripped (not interpreted), entities decoded, numbers,
-        currency, times and abbreviations spoken as words; text longer than
-        ``TtsConfig.max_chars``, empty, or with nothing speakable raises.
+        The gateway's synthesis scheduler advances many such jobs, choosing each window's size
+        from the reply's playout slack and batching windows of several replies into one
+        decoder call (:meth:`decode_windows`); :meth:`stream` steps one job by itself.
 
         Raises:
             TtsInputError: invalid text or options (``field`` says which).
@@ -353,34 +339,68 @@ class VitsStreamer:
             max_unit_chars=self.config.max_unit_chars,
             first_unit_max_chars=self.config.first_unit_max_chars,
         )
-        return self._stream(units, resolved)
+        return ReplyJob(self, units, resolved)
 
-    def _stream(self, units: list[TextUnit], resolved: _Resolved) -> Iterator[TtsChunk]:
-        offset = 0
-        rate = self.sample_rate_hz
-        for index, unit in enumerate(units):
-            key = (unit.words, self._name, resolved.cache_key)
-            cached = self._cache.get(key) if self.config.cache_bytes else None
-            pieces: Iterator[tuple[_Piece, bool]] = (
-                ((p, i == len(cached) - 1) for i, p in enumerate(cached))
-                if cached is not None
-                else self._synthesize_unit(unit, resolved)
+    def stream(self, text: str, options: SpeakOptions | None = None) -> Iterator[TtsChunk]:
+        """Validate ``text`` and ``options`` now, then return a lazy chunk iterator.
+
+        Text policy: markup tags are stripped (not interpreted), entities decoded, numbers,
+        currency, times and abbreviations spoken as words; text longer than
+        ``TtsConfig.max_chars``, empty, or with nothing speakable raises. Windows follow the
+        fixed schedule of :meth:`_windows` (first small, then doubling).
+
+        Raises:
+            TtsInputError: invalid text or options (``field`` says which).
+            TtsError: the streamer is closed.
+        """
+        return self._stream(self.open(text, options))
+
+    def _stream(self, job: ReplyJob) -> Iterator[TtsChunk]:
+        while not job.done:
+            if job.needs_front_end:
+                yield from job.run_front_end()
+                continue
+            plan = job.plan(job.scheduled_frames())
+            (audio,) = self.decode_windows([(job, plan)])
+            yield job.finish_window(plan, audio)
+
+    def decode_windows(self, windows: Sequence[tuple[ReplyJob, WindowPlan]]) -> list[FloatArray]:
+        """Decode planned windows of one or more replies; raw audio of each window, in order.
+
+        Windows whose decoder inputs have the same length run as one ONNX Runtime call (the
+        decoder's batch axis is dynamic); each item's samples are bit-identical to decoding it
+        alone (tests/test_tts_scheduler.py checks it), so batching is purely a speed choice.
+        """
+        if self._decoder is None:
+            raise TtsError("the streamer is closed")
+        out: list[FloatArray | None] = [None] * len(windows)
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for index, (job, plan) in enumerate(windows):
+            shapes = tuple(v.shape[1] for v in job.frame.values()) + tuple(
+                int(np.prod(v.shape)) for v in job.whole.values()
             )
-            made: list[_Piece] = []
-            unit_start = offset
-            last_unit = index == len(units) - 1
-            for piece, unit_done in pieces:
-                made.append(piece)
-                words = tuple(
-                    WordSpan(t, 1000.0 * (unit_start + s) / rate, 1000.0 * (unit_start + e) / rate)
-                    for t, s, e in piece.words
-                )
-                # Yield at once (no look-ahead): the window schedule says which chunk is last.
-                yield TtsChunk(piece.samples, rate, offset, words, index, last_unit and unit_done)
-                offset += len(piece.samples)
-            if cached is None and self.config.cache_bytes:
-                # Only complete units are stored: a stream abandoned mid-unit stores nothing.
-                self._cache.put(key, tuple(made), sum(p.samples.nbytes + 64 for p in made))
+            groups.setdefault((plan.hi - plan.lo, *shapes), []).append(index)
+        batchable = not self._split.decoder_graph_inputs  # per-request graph inputs stay alone
+        for members in groups.values():
+            chunks = [members] if batchable else [[m] for m in members]
+            for chunk in chunks:
+                feeds: dict[str, npt.NDArray[Any]] = {}
+                for name in windows[chunk[0]][0].frame:
+                    parts = [
+                        windows[m][0].frame[name][..., windows[m][1].lo : windows[m][1].hi]
+                        for m in chunk
+                    ]
+                    feeds[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+                for name in windows[chunk[0]][0].whole:
+                    parts = [windows[m][0].whole[name] for m in chunk]
+                    feeds[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+                audio = np.asarray(self._decoder.run(None, feeds)[0], dtype=np.float32)
+                audio = audio.reshape(len(chunk), -1)
+                for row, m in enumerate(chunk):
+                    plan = windows[m][1]
+                    a, b = (plan.start - plan.lo) * self._hop, (plan.stop - plan.lo) * self._hop
+                    out[m] = audio[row, a:b]
+        return [a for a in out if a is not None]
 
     def synthesize_oneshot(self, text: str, options: SpeakOptions | None = None) -> TtsChunk:
         """Synthesise the whole reply with the unsplit graph (the reference for streaming).
@@ -438,3 +458,150 @@ class VitsStreamer:
                     model.SerializeToString(), self._providers, self.config.onnx_threads
                 )
             return self._whole
+
+
+@dataclass(frozen=True, slots=True)
+class WindowPlan:
+    """A decoder window of the current unit: frames ``[start, stop)``, input ``[lo, hi)``."""
+
+    start: int
+    stop: int
+    lo: int
+    hi: int
+
+    @property
+    def input_frames(self) -> int:
+        return self.hi - self.lo
+
+
+class ReplyJob:
+    """One reply's synthesis, advanced one step at a time by whoever schedules it.
+
+    A step is either :meth:`run_front_end` (the next unit's phonemes and front end, or the
+    whole unit from the phrase cache) or one decoder window (:meth:`plan`, then
+    :meth:`VitsStreamer.decode_windows`, then :meth:`finish_window`). The job holds the current
+    unit's front-end tensors between windows so the front end runs once per unit, whatever the
+    window sizes. Not thread-safe: one thread at a time steps a job (the scheduler never runs
+    two steps of one reply at once, since each step needs the one before).
+    """
+
+    def __init__(self, streamer: VitsStreamer, units: list[TextUnit], resolved: _Resolved) -> None:
+        self._streamer = streamer
+        self._units = units
+        self._resolved = resolved
+        self._index = 0  # the unit being synthesised
+        self._offset = 0  # samples yielded so far (reply-relative)
+        self._unit_start = 0
+        self.frame: dict[str, npt.NDArray[Any]] = {}
+        self.whole: dict[str, npt.NDArray[Any]] = {}
+        self._total = 0
+        self._position = 0
+        self._ends: list[tuple[str, int, int]] = []
+        self._made: list[_Piece] = []
+        self._key: Hashable = None
+        self._size = 0  # the fixed schedule's next window size (see scheduled_frames)
+
+    # -- state the scheduler reads ----------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        """Every unit has been synthesised."""
+        return self._index >= len(self._units)
+
+    @property
+    def needs_front_end(self) -> bool:
+        """The next step is a front-end run (or a cache replay) for the next unit."""
+        return not self.done and not self.frame
+
+    @property
+    def samples_out(self) -> int:
+        """Samples of the reply produced so far."""
+        return self._offset
+
+    @property
+    def position(self) -> int:
+        """Frames of the current unit already decoded."""
+        return self._position
+
+    @property
+    def unit_frames(self) -> int:
+        """Frames of the current unit (0 before its front end ran)."""
+        return self._total
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def run_front_end(self) -> list[TtsChunk]:
+        """Prepare the next unit; a unit found in the phrase cache comes back whole, at once."""
+        s = self._streamer
+        unit = self._units[self._index]
+        self._key = (unit.words, s._name, self._resolved.cache_key)
+        cached = s._cache.get(self._key) if s.config.cache_bytes else None
+        self._unit_start = self._offset
+        if cached is not None:
+            chunks = [self._chunk(p, i == len(cached) - 1) for i, p in enumerate(cached)]
+            self._index += 1
+            return chunks
+        phonemized = phonemize_unit(unit, s._voice)
+        frame, whole, durations = s._run_front_end(phonemized, self._resolved)
+        total = int(frame[s._split.latent].shape[-1])
+        spans = phonemized.word_sample_spans(durations, s._hop)
+        # A word ends inside the unit; clamp so rounding never pushes it past the last sample.
+        self._ends = [
+            (w.source, st, min(max(e, 1), total * s._hop))
+            for w, (st, e) in zip(unit.words, spans, strict=True)
+        ]
+        self.frame, self.whole, self._total = frame, whole, total
+        self._position, self._made = 0, []
+        self._size = s.config.first_window_frames
+        return []
+
+    def scheduled_frames(self) -> int:
+        """The next window's size on the fixed schedule (first small, then doubling)."""
+        return self._size
+
+    def plan(self, frames: int, pad_to: int = 0) -> WindowPlan:
+        """Where the next window of ``frames`` frames sits (see ``window_bounds``)."""
+        s = self._streamer
+        start, stop, lo, hi = window_bounds(
+            self._position,
+            frames,
+            self._total,
+            s.config.context_frames,
+            min_tail=s.config.first_window_frames // 2,
+            pad_to=pad_to,
+        )
+        return WindowPlan(start, stop, lo, hi)
+
+    def finish_window(self, plan: WindowPlan, audio: FloatArray) -> TtsChunk:
+        """Limit the window's audio and turn it into the reply's next chunk."""
+        s = self._streamer
+        samples = soft_limit(audio, s._gain, s.config.limiter_threshold)
+        # Chunks may be replayed from the cache to other callers: make them immutable.
+        samples.flags.writeable = False
+        lo, hi = plan.start * s._hop, plan.stop * s._hop
+        piece = _Piece(samples, tuple((t, a, e) for t, a, e in self._ends if lo < e <= hi))
+        self._made.append(piece)
+        self._position = plan.stop
+        self._size = min(self._resolved.window_frames or s.config.window_frames, self._size * 2)
+        unit_done = plan.stop >= self._total
+        chunk = self._chunk(piece, unit_done)
+        if unit_done:
+            if s.config.cache_bytes:
+                # Only complete units are stored: a reply abandoned mid-unit stores nothing.
+                made = tuple(self._made)
+                s._cache.put(self._key, made, sum(p.samples.nbytes + 64 for p in made))
+            self.frame, self.whole, self._total, self._made = {}, {}, 0, []
+            self._index += 1
+        return chunk
+
+    def _chunk(self, piece: _Piece, unit_done: bool) -> TtsChunk:
+        rate = self._streamer.sample_rate_hz
+        base = self._unit_start
+        words = tuple(
+            WordSpan(t, 1000.0 * (base + a) / rate, 1000.0 * (base + e) / rate)
+            for t, a, e in piece.words
+        )
+        last = unit_done and self._index == len(self._units) - 1
+        chunk = TtsChunk(piece.samples, rate, self._offset, words, self._index, last)
+        self._offset += len(piece.samples)
+        return chunk

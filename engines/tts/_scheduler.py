@@ -1,0 +1,339 @@
+"""Deadline scheduling of synthesis work across replies: a pure policy, no clock, no threads.
+
+Every reply being synthesised has exactly one next step: a front-end run (its next sentence) or
+a decoder window (the next frames of the current sentence). Once a reply's first audio is out,
+the caller's player consumes its samples in real time, so the next step has a *playout
+deadline*: the moment its first sample must be ready or the player runs dry. The policy
+answers, from a snapshot of those steps and the time, "what runs next on a free worker":
+
+* replies that have not started (no audio yet) go ahead of everything, oldest first: first
+  audio is what a caller waits for, and it costs one small window;
+* the rest run earliest deadline first (optionally, a reply further ahead than
+  ``max_lead_s`` waits: work for audio due in minutes is wasted if the caller barges in);
+* the window size comes from the slack: a reply about to starve gets a small window (out
+  sooner), one far ahead a large one (less context decoded per second of speech), bounded so
+  that no window occupies a worker past the deadline of the next most urgent reply;
+* where a device gains from it (``max_batch_size`` > 1, set by measurement per device),
+  windows of several replies with the same input length run as one decoder call.
+
+:func:`next_work` is the whole policy; :func:`window_bounds` is the window geometry that both
+the policy (to know which windows can share a batch) and the engine (to slice the latent) use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "CostModel",
+    "Dispatch",
+    "SynthItem",
+    "SynthPolicy",
+    "WaitUntil",
+    "Work",
+    "default_synth_plan",
+    "next_work",
+    "window_bounds",
+]
+
+#: Window sizes (latent frames) the policy picks from. A short list so that windows of
+#: different replies often have the same length (and can share a batch, and an accelerator
+#: sees few shapes).
+WINDOW_LADDER = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+def window_bounds(
+    start: int, frames: int, total: int, context: int, *, min_tail: int = 0, pad_to: int = 0
+) -> tuple[int, int, int, int]:
+    """Where a window of ``frames`` from ``start`` sits in a unit of ``total`` frames.
+
+    Returns ``(start, stop, lo, hi)``: the window ``[start, stop)`` and the decoder input
+    ``[lo, hi)`` with ``context`` real frames each side where the unit has them. A remainder
+    shorter than ``min_tail`` after the window is folded into it (a sliver costs a full context
+    decode). ``pad_to`` widens the input to that many frames with more real context (right
+    first, then left), so that windows of several replies have one common input length and
+    can be batched; units shorter than ``pad_to`` keep their whole length.
+    """
+    stop = min(total, start + max(1, frames))
+    if total - stop < min_tail:
+        stop = total
+    lo = max(0, start - context)
+    hi = min(total, stop + context)
+    want = min(max(pad_to, hi - lo), total)
+    if hi - lo < want:
+        hi = min(total, lo + want)
+        lo = max(0, hi - want)
+    return start, stop, lo, hi
+
+
+@dataclass(frozen=True, slots=True)
+class SynthItem:
+    """A reply's next step, as the policy sees it.
+
+    Attributes:
+        key: the reply's id (returned in :class:`Work`).
+        arrival: when the reply was queued (orders replies that have not started).
+        deadline: when the step's first sample must be ready for the player; ``None`` until
+            the reply's first audio is out (the step is then "first audio", due now).
+        kind: ``front`` (a sentence's front end, or a cached sentence) or ``window``.
+        position: frames of the current sentence already decoded (windows only).
+        unit_frames: frames of the current sentence (windows only).
+    """
+
+    key: int
+    arrival: float
+    deadline: float | None
+    kind: Literal["front", "window"]
+    position: int = 0
+    unit_frames: int = 0
+
+    @property
+    def started(self) -> bool:
+        return self.deadline is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """One item of a dispatch: which reply, and for a window its geometry."""
+
+    key: int
+    kind: Literal["front", "window"]
+    frames: int = 0
+    pad_to: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Run these on one free worker now: a front end alone, or windows as one decoder call."""
+
+    work: tuple[Work, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WaitUntil:
+    """Nothing to run now; ask again at ``time`` (``None``: only when something changes)."""
+
+    time: float | None
+
+
+@dataclass
+class CostModel:
+    """Seconds a decoder call and a front-end run take on this device, learnt as they run.
+
+    The policy needs costs to size windows against other replies' deadlines; they are moving
+    averages of measured runs (the machine's load changes them), seeded with what the bundled
+    voice costs on one core here.
+    """
+
+    fixed_s: float = 0.006
+    per_frame_s: float = 0.0011
+    front_s: float = 0.012
+    alpha: float = 0.2
+
+    def window_s(self, input_frames: int, batch: int = 1) -> float:
+        """Estimated decoder time for ``batch`` windows of ``input_frames`` each."""
+        return self.fixed_s + self.per_frame_s * input_frames * batch
+
+    def observe_window(self, input_frames: int, seconds: float) -> None:
+        """Learn from one decoder call over ``input_frames`` frames in all."""
+        if input_frames > 0:
+            per = max(0.0, seconds - self.fixed_s) / input_frames
+            self.per_frame_s += self.alpha * (per - self.per_frame_s)
+
+    def observe_front(self, seconds: float) -> None:
+        """Learn from one front-end run."""
+        self.front_s += self.alpha * (seconds - self.front_s)
+
+
+@dataclass(frozen=True, slots=True)
+class SynthPolicy:
+    """The scheduling knobs (see the module docstring for what each rule is for).
+
+    Attributes:
+        context_frames: real frames decoded each side of a window and discarded.
+        first_window_frames: a reply's first window (first audio).
+        min_window_frames: the smallest later window (a smaller one wastes most of its compute
+            on context).
+        max_window_frames: the largest window.
+        max_window_s: a window may occupy a worker at most this long (estimated), so that
+            other replies are never held up long.
+        max_batch_size: windows per decoder call; 1 on a small CPU, where parallel workers beat
+            batching (measured by ``benchmarks/tts_concurrency.py --batch-gain``).
+        max_lead_s: a reply with more audio than this ready ahead of its player waits, even
+            when a worker is free (saves work that a barge-in would throw away). Unbounded by
+            default: idle workers building a reply's lead cost nothing and absorb later bursts,
+            and a Synthesize stream (no player) should run as fast as the device allows.
+        batch_horizon_s: windows due within this of the most urgent join its batch.
+        sustain_ratio: the smallest window chosen is one whose estimated decode takes at
+            most this fraction of its audio (larger on a slow or loaded device).
+        frame_s: seconds of audio per latent frame (hop / rate of the voice).
+        ladder: the window sizes to choose from.
+    """
+
+    context_frames: int = 24
+    first_window_frames: int = 8
+    min_window_frames: int = 32
+    max_window_frames: int = 192
+    max_window_s: float = 0.3
+    max_batch_size: int = 1
+    max_lead_s: float = float("inf")
+    batch_horizon_s: float = 0.5
+    sustain_ratio: float = 0.7
+    frame_s: float = 256 / 22050
+    ladder: tuple[int, ...] = field(default=WINDOW_LADDER)
+
+
+def default_synth_plan(device: str, cpu_cores: int) -> tuple[int, int]:
+    """(workers, max_batch_size) before anything is measured on this machine.
+
+    CPU: one worker per core, one window per call; measured on 2 cores with the bundled voice
+    (``benchmarks/tts_concurrency.py --batch-gain``), a batch of 2 windows in one call took as
+    long as the two alone (0.99-1.08x), while two workers on two cores do both at once. GPU:
+    one worker and batches of 8, where a decoder call costs little more for 8 windows than one.
+    """
+    if device == "cuda":
+        return 1, 8
+    return max(1, cpu_cores), 1
+
+
+def _class_of(frames: int, ladder: Sequence[int]) -> int:
+    """The smallest ladder size holding ``frames`` (the largest size if none does)."""
+    for size in ladder:
+        if size >= frames:
+            return size
+    return ladder[-1]
+
+
+def _floor_ladder(frames: float, ladder: Sequence[int]) -> int:
+    """The largest ladder size not above ``frames`` (the smallest size if none is)."""
+    best = ladder[0]
+    for size in ladder:
+        if size <= frames:
+            best = size
+    return best
+
+
+def _urgency(item: SynthItem) -> tuple[int, float]:
+    # Not started: first audio, oldest first; then earliest deadline.
+    if item.deadline is None:
+        return (0, item.arrival)
+    return (1, item.deadline)
+
+
+def _window_frames(
+    item: SynthItem, now: float, policy: SynthPolicy, cost: CostModel, blocking_s: float
+) -> int:
+    """Frames for ``item``'s next window, from its slack and what the others can wait."""
+    left = item.unit_frames - item.position
+    if item.deadline is None:
+        return min(left, policy.first_window_frames)
+    ctx = 2 * policy.context_frames
+    # The largest window that is ready before this reply's player runs dry, holds no other
+    # reply past its deadline, and stays under the time limit: far ahead, a big window that
+    # wastes little on context; about to starve, a small one, out sooner. Never below the
+    # smallest window that still decodes faster than real time by ``sustain_ratio`` on this
+    # device at its current speed: a reply that is late anyway needs throughput, and small
+    # windows (mostly context) on a slow or loaded machine would make every reply later.
+    sizes = [w for w in policy.ladder if policy.min_window_frames <= w <= policy.max_window_frames]
+    floor = next(
+        (w for w in sizes if cost.window_s(w + ctx) <= policy.sustain_ratio * w * policy.frame_s),
+        sizes[-1],
+    )
+    budget = min(item.deadline - now, blocking_s, policy.max_window_s)
+    frames = floor
+    for size in sizes:
+        if size > floor and cost.window_s(size + ctx) <= budget:
+            frames = size
+    if left - frames < policy.min_window_frames // 2:
+        return left  # a sliver after this window would cost a whole context decode
+    return max(1, min(left, frames))
+
+
+def next_work(
+    queue: Sequence[SynthItem],
+    now: float,
+    policy: SynthPolicy,
+    cost: CostModel,
+    *,
+    idle_workers: int = 1,
+    urgent_only: bool = False,
+) -> Dispatch | WaitUntil:
+    """What a free worker runs next: see the module docstring for the rules.
+
+    ``queue`` holds the next step of every reply that is waiting (not running); the caller
+    removes the dispatched replies before asking again for another free worker.
+    ``idle_workers`` counts the free workers, this one included: replies that another free
+    worker can take at once are not held up by this dispatch, so they do not shorten it.
+    ``urgent_only`` asks for first-audio work alone (the driver's extra lane, which runs even
+    while every regular worker is busy, so a new reply never waits behind a long window).
+    """
+    if urgent_only:
+        fresh = [item for item in queue if item.deadline is None]
+        if not fresh:
+            return WaitUntil(None)
+        head = min(fresh, key=_urgency)
+        if head.kind == "front":
+            return Dispatch((Work(head.key, "front"),))
+        return Dispatch(
+            (
+                Work(
+                    head.key,
+                    "window",
+                    min(head.unit_frames - head.position, policy.first_window_frames),
+                ),
+            )
+        )
+    ready = [
+        item for item in queue if item.deadline is None or item.deadline - now <= policy.max_lead_s
+    ]
+    if not ready:
+        later = [item.deadline for item in queue if item.deadline is not None]
+        return WaitUntil(min(later) - policy.max_lead_s if later else None)
+    ready.sort(key=_urgency)
+    head = ready[0]
+    if head.kind == "front":
+        return Dispatch((Work(head.key, "front"),))
+    rest = ready[1:]
+    # Replies beyond what the other free workers take at once wait for this one's window.
+    held = rest[max(0, idle_workers - 1) :]
+    blocking_s = min(
+        (
+            (o.deadline - now if o.deadline is not None else 0.0)
+            - (
+                cost.front_s
+                if o.kind == "front"
+                else cost.window_s(policy.min_window_frames + 2 * policy.context_frames)
+            )
+            for o in held
+            if o.deadline is not None
+        ),
+        default=float("inf"),
+    )
+    frames = _window_frames(head, now, policy, cost, blocking_s)
+    if policy.max_batch_size <= 1:
+        return Dispatch((Work(head.key, "window", frames),))
+    # Batch: windows of the same size class, padded with real context to one input length.
+    size = _class_of(frames, policy.ladder)
+    pad_to = size + 2 * policy.context_frames
+    work = [Work(head.key, "window", frames, pad_to)]
+    if head.unit_frames < pad_to:
+        return Dispatch((Work(head.key, "window", frames),))
+    horizon = (head.deadline if head.deadline is not None else now) + policy.batch_horizon_s
+    for other in rest:
+        if len(work) >= policy.max_batch_size:
+            break
+        if other.kind != "window" or other.unit_frames < pad_to:
+            continue
+        if other.deadline is not None and other.deadline > horizon:
+            continue
+        left = other.unit_frames - other.position
+        if other.deadline is None:
+            take = min(left, policy.first_window_frames)
+            if _class_of(take, policy.ladder) != size:
+                continue
+        else:
+            take = min(left, size)
+        work.append(Work(other.key, "window", take, pad_to))
+    return Dispatch(tuple(work))

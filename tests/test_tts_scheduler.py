@@ -1,0 +1,377 @@
+"""The synthesis scheduler: the pure policy, the window geometry, batched decoding, the driver.
+
+The policy tests drive :func:`engines.tts._scheduler.next_work` with hand-made snapshots and a
+fixed cost model (no clock, no threads). The engine and driver tests use the bundled Piper
+voice and real worker threads: batched windows must equal each window decoded alone, the
+scheduler's slack-sized windows must keep the one-shot waveform, a cancelled reply must leave
+the queue at once, and a new reply's first audio must go ahead of replies already playing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from engines.tts import SpeakOptions, TtsConfig, VitsStreamer, WindowPlan
+from engines.tts._scheduler import (
+    CostModel,
+    Dispatch,
+    SynthItem,
+    SynthPolicy,
+    WaitUntil,
+    Work,
+    default_synth_plan,
+    next_work,
+    window_bounds,
+)
+from gateway.errors import CallError, ErrorKind
+from gateway.events import SpeakIn
+from gateway.metrics import GatewayMetrics
+from gateway.runtime import TtsSynthesizer
+from gateway.synthesis import ReplyStats, SynthesisScheduler, policy_for
+
+POLICY = SynthPolicy()
+COST = CostModel(fixed_s=0.005, per_frame_s=0.001, front_s=0.01)  # a fixed, fast device
+QUIET = SpeakOptions(noise_scale=0.0, noise_w=0.0)  # deterministic, so comparisons are exact
+LONG = (
+    "Thanks for calling, your order has shipped. It should arrive on Tuesday, March 3rd. "
+    "The total came to $42.50, including tax. Is there anything else I can help you with?"
+)
+
+
+def window(key: int, deadline: float | None, *, position: int = 0, frames: int = 400) -> SynthItem:
+    return SynthItem(key, arrival=0.0, deadline=deadline, kind="window", position=position,
+                     unit_frames=frames)  # fmt: skip
+
+
+def dispatch(decision: Dispatch | WaitUntil) -> tuple[Work, ...]:
+    assert isinstance(decision, Dispatch), decision
+    return decision.work
+
+
+# -- the policy ----------------------------------------------------------------------------
+
+
+def test_first_audio_goes_ahead_of_every_deadline() -> None:
+    queue = [window(1, 10.0), window(2, 10.01), SynthItem(3, 9.0, None, "front")]
+    (work,) = dispatch(next_work(queue, 10.0, POLICY, COST))
+    assert (work.key, work.kind) == (3, "front")
+
+
+def test_replies_not_started_go_oldest_first_then_earliest_deadline() -> None:
+    queue = [
+        SynthItem(1, 5.0, None, "window", unit_frames=100),
+        SynthItem(2, 4.0, None, "window", unit_frames=100),
+    ]
+    assert dispatch(next_work(queue, 6.0, POLICY, COST))[0].key == 2
+    started = [window(1, 7.0), window(2, 6.5), window(3, 6.9)]
+    assert dispatch(next_work(started, 6.0, POLICY, COST))[0].key == 2
+
+
+def test_a_first_window_is_small_and_never_past_the_unit() -> None:
+    (work,) = dispatch(next_work([window(1, None)], 0.0, POLICY, COST))
+    assert work.frames == POLICY.first_window_frames
+    (short,) = dispatch(next_work([window(1, None, frames=5)], 0.0, POLICY, COST))
+    assert short.frames == 5
+
+
+def test_replies_far_ahead_wait_until_their_lead_is_spent_when_capped() -> None:
+    queue = [window(1, 10.0), window(2, 12.0)]
+    capped = SynthPolicy(max_lead_s=2.0)
+    assert next_work(queue, 5.0, capped, COST) == WaitUntil(8.0)
+    assert next_work([], 5.0, capped, COST) == WaitUntil(None)
+    # A reply that has not started is never held back.
+    assert isinstance(next_work([*queue, window(3, None)], 5.0, capped, COST), Dispatch)
+    # By default idle workers run ahead (work-conserving).
+    assert dispatch(next_work(queue, 5.0, POLICY, COST))[0].key == 1
+
+
+def test_window_size_grows_with_slack() -> None:
+    sizes = [
+        dispatch(next_work([window(1, 10.0 + slack)], 10.0, POLICY, COST))[0].frames
+        for slack in (-0.5, 0.0, 0.05, 0.1, 0.2, 0.3, 1.0, 2.0)
+    ]
+    assert sizes == sorted(sizes)
+    assert sizes[0] == POLICY.min_window_frames  # starving: the smallest sustainable window
+    assert sizes[-1] == POLICY.max_window_frames
+    # Every chosen window is decoded before its deadline when the slack allows it.
+    for slack, size in zip((0.1, 0.2, 0.3), sizes[3:6], strict=True):
+        assert COST.window_s(size + 2 * POLICY.context_frames) <= slack
+
+
+def test_a_slow_device_gets_windows_that_keep_up_with_real_time() -> None:
+    """On a loaded CPU small windows (mostly context) would fall further behind every time."""
+    slow = CostModel(fixed_s=0.005, per_frame_s=0.008, front_s=0.05)
+    (work,) = dispatch(next_work([window(1, 9.9)], 10.0, POLICY, slow))  # already late
+    ctx = 2 * POLICY.context_frames
+    assert slow.window_s(work.frames + ctx) <= work.frames * POLICY.frame_s
+    assert work.frames > POLICY.min_window_frames
+
+
+def test_a_window_never_holds_a_waiting_reply_past_its_deadline() -> None:
+    far, near = window(1, 11.5), window(2, 11.0)
+    queue = [far, near, window(3, 10.12)]
+    # One free worker: reply 3 runs first; its window must leave room for nobody else's
+    # deadline, here reply 2 at 11.0 s, so it may be large.
+    (work,) = dispatch(next_work(queue, 10.0, POLICY, COST, idle_workers=1))
+    assert work.key == 3
+    alone = dispatch(next_work([window(3, 10.12)], 10.0, POLICY, COST))[0].frames
+    # A waiting reply due soon shrinks the head's window...
+    tight = [window(3, 10.5), window(4, 10.09)]
+    (head,) = dispatch(next_work(tight, 10.0, POLICY, COST, idle_workers=1))
+    assert head.key == 4
+    (big,) = dispatch(next_work([window(4, 10.09)], 10.0, POLICY, COST))
+    blocked_budget = 10.5 - 10.0 - COST.window_s(POLICY.min_window_frames + 48)
+    assert COST.window_s(head.frames + 48) <= max(
+        blocked_budget, COST.window_s(POLICY.min_window_frames + 48)
+    )
+    assert head.frames <= big.frames and alone >= POLICY.min_window_frames
+    # ...unless another free worker takes that reply at once.
+    (free,) = dispatch(next_work(tight, 10.0, POLICY, COST, idle_workers=2))
+    assert free.frames == big.frames
+
+
+def test_the_tail_of_a_unit_is_never_left_as_a_sliver() -> None:
+    item = window(1, 12.0, position=100, frames=100 + POLICY.max_window_frames + 5)
+    (work,) = dispatch(next_work([item], 10.0, POLICY, COST))
+    assert work.frames == POLICY.max_window_frames + 5
+
+
+def test_the_first_audio_lane_takes_only_replies_that_have_not_started() -> None:
+    started = [window(1, 10.0), window(2, 10.1)]
+    assert next_work(started, 10.0, POLICY, COST, urgent_only=True) == WaitUntil(None)
+    fresh = [*started, SynthItem(3, 9.5, None, "window", unit_frames=50)]
+    (work,) = dispatch(next_work(fresh, 10.0, POLICY, COST, urgent_only=True))
+    assert (work.key, work.frames) == (3, POLICY.first_window_frames)
+
+
+def test_front_ends_run_alone_and_unbatched_devices_get_one_window() -> None:
+    queue = [SynthItem(1, 0.0, 10.2, "front"), window(2, 10.25), window(3, 10.3)]
+    assert dispatch(next_work(queue, 10.0, POLICY, COST)) == (Work(1, "front"),)
+    assert len(dispatch(next_work(queue[1:], 10.0, POLICY, COST))) == 1
+
+
+def test_windows_of_one_size_class_are_batched_with_a_common_input_length() -> None:
+    policy = SynthPolicy(max_batch_size=3)
+    queue = [
+        window(1, 10.05),
+        window(2, 10.06),
+        window(3, 10.07, frames=40),  # too short to pad: not in the batch
+        window(4, 10.08),
+        window(5, 10.09),  # beyond max_batch_size
+        window(6, 20.0),  # far beyond the horizon
+    ]
+    work = dispatch(next_work(queue, 10.0, policy, COST))
+    assert [w.key for w in work] == [1, 2, 4]
+    pads = {w.pad_to for w in work}
+    assert len(pads) == 1 and pads.pop() >= work[0].frames + 2 * policy.context_frames
+    assert len(dispatch(next_work(queue, 10.0, SynthPolicy(max_batch_size=1), COST))) == 1
+
+
+def test_cost_model_learns_from_measured_runs() -> None:
+    cost = CostModel(fixed_s=0.0, per_frame_s=0.001, front_s=0.01, alpha=0.5)
+    for _ in range(20):
+        cost.observe_window(100, 0.4)
+        cost.observe_front(0.03)
+    assert cost.per_frame_s == pytest.approx(0.004, rel=1e-3)
+    assert cost.front_s == pytest.approx(0.03, rel=1e-3)
+    assert cost.window_s(50, batch=2) == pytest.approx(0.4, rel=1e-3)
+
+
+def test_default_plan_by_device() -> None:
+    assert default_synth_plan("cpu", 2) == (2, 1)
+    assert default_synth_plan("cpu", 0) == (1, 1)
+    assert default_synth_plan("cuda", 16) == (1, 8)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ((0, 8, 100, 24), (0, 8, 0, 32)),  # first window: no left context
+        ((40, 32, 200, 24), (40, 72, 16, 96)),  # interior: context both sides
+        ((180, 16, 200, 24), (180, 196, 156, 200)),  # near the end: right context clipped
+        ((0, 10, 12, 24, 4), (0, 12, 0, 12)),  # a 2-frame tail folded in; short unit
+    ],
+)
+def test_window_bounds(args: tuple[int, ...], expected: tuple[int, int, int, int]) -> None:
+    start, frames, total, context, *tail = args
+    got = window_bounds(start, frames, total, context, min_tail=tail[0] if tail else 0)
+    assert got == expected
+
+
+def test_window_bounds_pads_with_real_context_right_then_left() -> None:
+    assert window_bounds(0, 8, 200, 24, pad_to=80) == (0, 8, 0, 80)
+    assert window_bounds(180, 20, 200, 24, pad_to=80) == (180, 200, 120, 200)
+    assert window_bounds(10, 8, 50, 24, pad_to=80) == (10, 18, 0, 50)  # unit too short
+
+
+# -- the engine: batched windows and slack-sized windows -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def streamer() -> Iterator[VitsStreamer]:
+    engine = VitsStreamer.load(TtsConfig(cache_bytes=0))
+    engine.warmup()
+    yield engine
+    engine.close()
+
+
+def snr_db(reference: np.ndarray, test: np.ndarray) -> float:
+    noise = float(np.sum((reference - test) ** 2))
+    return float(10 * np.log10(float(np.sum(reference**2)) / max(noise, 1e-30)))
+
+
+@pytest.mark.model
+def test_batched_windows_equal_each_window_decoded_alone(streamer: VitsStreamer) -> None:
+    a = streamer.open("The quick brown fox jumps over the lazy dog.", QUIET)
+    b = streamer.open("Your appointment is confirmed for nine thirty tomorrow.", SpeakOptions())
+    for job in (a, b):
+        assert job.run_front_end() == []
+    pad = 32 + 2 * streamer.config.context_frames
+    assert min(a.unit_frames, b.unit_frames) >= pad
+    items = [
+        (a, a.plan(32, pad)),
+        (b, b.plan(8, pad)),
+        (a, WindowPlan(10, 30, 0, 60)),  # another input length: its own call
+    ]
+    assert items[0][1].input_frames == items[1][1].input_frames == pad
+    batched = streamer.decode_windows(items)
+    alone = [streamer.decode_windows([item])[0] for item in items]
+    for one, ref, (_, plan) in zip(batched, alone, items, strict=True):
+        assert len(one) == (plan.stop - plan.start) * streamer.hop_length
+        assert np.array_equal(one, ref)
+
+
+@pytest.mark.model
+def test_slack_sized_windows_keep_the_one_shot_waveform(streamer: VitsStreamer) -> None:
+    reference = streamer.synthesize_oneshot(LONG, QUIET)
+    job = streamer.open(LONG, QUIET)
+    sizes = iter([8, 32, 192, 48, 16, 96, 128, 24] * 20)
+    chunks = []
+    while not job.done:
+        if job.needs_front_end:
+            chunks.extend(job.run_front_end())
+            continue
+        plan = job.plan(next(sizes))
+        chunks.append(job.finish_window(plan, streamer.decode_windows([(job, plan)])[0]))
+    audio = np.concatenate([c.samples for c in chunks])
+    assert len(audio) == len(reference.samples)
+    assert snr_db(reference.samples, audio) >= 60.0
+    assert [w.text for c in chunks for w in c.words] == [w.text for w in reference.words]
+    assert chunks[-1].is_last and not any(c.is_last for c in chunks[:-1])
+    assert [c.offset_samples for c in chunks] == list(
+        np.cumsum([0] + [len(c.samples) for c in chunks[:-1]])
+    )
+
+
+# -- the driver ------------------------------------------------------------------------------
+
+
+async def _collect(
+    scheduler: SynthesisScheduler, text: str, stats: ReplyStats | None = None
+) -> np.ndarray:
+    parts = [c.samples async for c in scheduler.stream(text, QUIET, stats)]
+    return np.concatenate(parts)
+
+
+@pytest.mark.model
+async def test_the_scheduler_streams_replies_like_the_one_shot(streamer: VitsStreamer) -> None:
+    metrics = GatewayMetrics()
+    scheduler = SynthesisScheduler(streamer, 2, policy_for(streamer), metrics)
+    try:
+        stats = [ReplyStats() for _ in range(3)]
+        texts = [LONG, "Okay.", "Please hold while I look up your account."]
+        audio = await asyncio.gather(
+            *(_collect(scheduler, t, s) for t, s in zip(texts, stats, strict=True))
+        )
+        for text, got, st in zip(texts, audio, stats, strict=True):
+            ref = streamer.synthesize_oneshot(text, QUIET).samples
+            assert len(got) == len(ref) and snr_db(ref, got) >= 60.0
+            assert st.first_audio_s is not None and st.chunks >= 1
+        assert scheduler.queue_depth == 0
+        chunks_after_first = sum(s.chunks - 1 for s in stats)
+        assert metrics.value("voxgate_tts_playout_slack_seconds_count") == chunks_after_first
+        assert metrics.value("voxgate_tts_batch_size_count") == sum(
+            1 for d in scheduler.dispatches if d[0][1] == "window"
+        )
+        assert metrics.value("voxgate_tts_queue_depth") == 0
+    finally:
+        await scheduler.aclose()
+
+
+@pytest.mark.model
+async def test_a_cancelled_reply_leaves_the_queue_at_once(streamer: VitsStreamer) -> None:
+    scheduler = SynthesisScheduler(streamer, 1, policy_for(streamer))
+    try:
+        stats = ReplyStats()
+        stream = scheduler.stream(LONG, QUIET, stats)
+        await anext(stream)
+        await stream.aclose()  # what a barge-in's cancel of the consumer does
+        assert scheduler.queue_depth == 0
+        ran = len(scheduler.dispatches)
+        # The step in flight (at most one) finishes; nothing else of that reply runs.
+        await _collect(scheduler, "Okay.")
+        assert all(d[0][0] != stats.reply_id for d in list(scheduler.dispatches)[ran:])
+    finally:
+        await scheduler.aclose()
+
+
+@pytest.mark.model
+async def test_a_new_reply_goes_ahead_of_replies_already_playing(streamer: VitsStreamer) -> None:
+    """One worker: once a long reply plays, a new reply's first steps are next in line."""
+    scheduler = SynthesisScheduler(streamer, 1, policy_for(streamer))
+    try:
+        long_stats, new_stats = ReplyStats(), ReplyStats()
+        first_chunk = asyncio.Event()
+
+        async def long_reply() -> None:
+            async for _ in scheduler.stream(LONG, QUIET, long_stats):
+                first_chunk.set()
+
+        task = asyncio.create_task(long_reply())
+        await first_chunk.wait()
+        before = len(scheduler.dispatches)
+        await _collect(scheduler, "Sure.", new_stats)
+        await task
+        later = list(scheduler.dispatches)[before:]
+        mine = [i for i, d in enumerate(later) if d[0][0] == new_stats.reply_id]
+        assert [later[i][0][1] for i in mine[:2]] == ["front", "window"]
+        assert later[mine[1]][0][2] == streamer.config.first_window_frames
+        # Its front end and first window start without waiting for the long reply's windows:
+        # the first-audio lane takes them while the worker is busy; at most one long-reply
+        # window starts in between (when the worker frees while the front end runs).
+        assert mine[1] - mine[0] <= 2
+        assert new_stats.first_audio_s is not None and long_stats.chunks > 2
+    finally:
+        await scheduler.aclose()
+
+
+@pytest.mark.model
+async def test_bad_text_fails_only_its_own_reply(streamer: VitsStreamer) -> None:
+    synth = TtsSynthesizer(streamer, 2, GatewayMetrics())
+    try:
+
+        async def speak(text: str) -> int:
+            return sum(
+                [len(p.samples) async for p in synth.stream(SpeakIn(text=text, speak_id="s"))]
+            )
+
+        bad, good = await asyncio.gather(speak("<b></b>"), speak("Okay."), return_exceptions=True)
+        assert isinstance(bad, CallError) and bad.kind is ErrorKind.INVALID_ARGUMENT
+        assert "speak.text" in bad.message
+        assert isinstance(good, int) and good > 0
+    finally:
+        await synth.aclose()
+
+
+@pytest.mark.model
+async def test_the_fifo_pool_is_kept_for_comparison(streamer: VitsStreamer) -> None:
+    synth = TtsSynthesizer(streamer, 2, GatewayMetrics(), scheduling="fifo")
+    try:
+        pieces = [p async for p in synth.stream(SpeakIn(text="Okay, one moment.", speak_id="s"))]
+        assert pieces and pieces[-1].is_last and synth.scheduler is None
+    finally:
+        await synth.aclose()
