@@ -27,6 +27,7 @@ __all__ = [
     "EngineName",
     "GatewayConfig",
     "LimitsConfig",
+    "SecurityConfig",
     "ServerConfig",
     "SessionConfig",
     "VadConfig",
@@ -208,22 +209,6 @@ class LimitsConfig(_Frozen):
         le=7 * 86_400.0,
         description="Longest call, s (0 = no limit); at the limit the call ends like a "
         "shutdown: the open utterance's final is delivered, then DEADLINE_EXCEEDED.",
-    )
-    write_stall_timeout_s: float = Field(
-        10.0,
-        ge=0.0,
-        le=3_600.0,
-        description="A write to the client that does not complete within this ends the call "
-        "(or Synthesize stream) with DEADLINE_EXCEEDED, s (0 = no limit); a client that stops "
-        "reading holds its call slot and buffers otherwise.",
-    )
-    max_synthesis_s: float = Field(
-        600.0,
-        ge=1.0,
-        le=86_400.0,
-        description="Longest audio one Speak or Synthesize may produce, s; a reply that would "
-        "be longer is cut at exactly this length and the client is told (an ErrorEvent on "
-        "Converse, INVALID_ARGUMENT after the audio on Synthesize).",
     )
     write_stall_timeout_s: float = Field(
         10.0,
@@ -432,8 +417,14 @@ class ServerConfig(_Frozen):
         None,
         ge=0,
         le=65535,
-        description="Prometheus /metrics port on ``host``; 0 picks a free one (as ``port`` "
-        "does); unset (null) serves no metrics. The address is logged at start-up.",
+        description="Prometheus /metrics port on ``metrics_host``; 0 picks a free one (as "
+        "``port`` does); unset (null) serves no metrics. The address is logged at start-up.",
+    )
+    metrics_host: str = Field(
+        "127.0.0.1",
+        description="Address to bind /metrics to, apart from ``host``: plain HTTP without "
+        "authentication, so it stays on loopback unless a scraper on another host needs it "
+        "(containers: 0.0.0.0 behind a network policy; see docs/security.md).",
     )
     grace_s: float = Field(
         10.0, ge=0.0, le=600.0, description="SIGTERM drain period for active calls, s."
@@ -501,6 +492,73 @@ class ServerConfig(_Frozen):
     )
 
 
+def _readable_file(path: Path | None) -> Path | None:
+    """Fail at start-up, naming the file, rather than at the first TLS handshake."""
+    if path is None:
+        return None
+    try:
+        with path.open("rb") as f:
+            f.read(1)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return path
+
+
+class SecurityConfig(_Frozen):
+    """TLS, mutual TLS and bearer tokens on the gRPC port (see docs/security.md).
+
+    Token values never appear in a config file, a log line or an error message: the file or
+    environment variable named here holds them, and errors name the entry by its position.
+    """
+
+    tls_cert: Path | None = Field(
+        None, description="PEM server certificate chain; with tls_key, the port speaks TLS."
+    )
+    tls_key: Path | None = Field(None, description="PEM private key of tls_cert (unencrypted).")
+    client_ca: Path | None = Field(
+        None,
+        description="PEM CA bundle for mutual TLS: when set, every client must present a "
+        "certificate signed by it (the TLS handshake fails otherwise).",
+    )
+    tokens_file: Path | None = Field(
+        None,
+        description="YAML list of bearer tokens (each a string, or {token, tenant, max_calls}); "
+        "re-read on SIGHUP. Setting it turns authentication on.",
+    )
+    tokens_env: str = Field(
+        "VOXGATE_TOKENS",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Environment variable that may hold tokens in the same format (a plain "
+        "comma-separated list works); when it is set, authentication is on.",
+    )
+    max_calls_per_token: int = Field(
+        0,
+        ge=0,
+        description="Calls (Converse, StreamingRecognize, Synthesize) one token may have open "
+        "at once on this replica, unless its entry sets max_calls; 0 = no per-token limit.",
+    )
+    open_health: bool = Field(
+        True,
+        description="grpc.health.v1 answers without a token (load balancers and kubelet "
+        "probes carry none); false puts it behind the tokens too.",
+    )
+    reflection: bool = Field(
+        True, description="Serve gRPC reflection (behind the tokens when they are on)."
+    )
+
+    _check_files = field_validator("tls_cert", "tls_key", "client_ca", "tokens_file")(
+        _readable_file
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: set both for TLS, or neither")
+        if self.client_ca is not None and self.tls_cert is None:
+            raise ValueError("client_ca (mutual TLS) needs tls_cert and tls_key")
+        return self
+
+
 class GatewayConfig(BaseSettings):
     """Everything ``voxgate serve`` needs, composed from the component configs.
 
@@ -520,6 +578,7 @@ class GatewayConfig(BaseSettings):
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)  # type: ignore[arg-type]
     degrade: DegradeConfig = Field(default_factory=DegradeConfig)  # type: ignore[arg-type]
     session: SessionConfig = Field(default_factory=SessionConfig)  # type: ignore[arg-type]
+    security: SecurityConfig = Field(default_factory=SecurityConfig)  # type: ignore[arg-type]
     asr: WhisperConfig = Field(
         default_factory=WhisperConfig,
         description="Whisper engine settings (engines.asr.config.WhisperConfig).",

@@ -38,6 +38,7 @@ from gateway.base import EngineHub
 from gateway.config import GatewayConfig
 from gateway.degrade import DegradePolicy
 from gateway.metrics import GatewayMetrics
+from gateway.security import GatewaySecurity
 from gateway.service import SERVICE_NAME, VoiceGatewayServicer, add_to_server
 
 __all__ = ["SERVICE_NAME", "GatewayServer", "serve"]
@@ -70,6 +71,8 @@ class GatewayServer:
         self.servicer: VoiceGatewayServicer | None = None
         self._server: grpc.aio.Server | None = None
         self._health = health_aio.HealthServicer()
+        #: TLS credentials and the token interceptor; built in :meth:`start`.
+        self.security: GatewaySecurity | None = None
         self._stopped = asyncio.Event()
         self._abort = asyncio.Event()
         self._monitor: asyncio.Task[None] | None = None
@@ -86,8 +89,11 @@ class GatewayServer:
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         srv = self.config.server
-        # Fail before minutes of model loading when the port is taken.
+        # Fail before minutes of model loading when the port is taken or a certificate or
+        # token file is bad (ConfigError).
         _check_bindable(srv.host, srv.port)
+        security = GatewaySecurity(self.config.security, SERVICE_NAME, self.metrics)
+        self.security = security
         if self.hub is not None:
             await self.hub.start(self.metrics)
         self.servicer = VoiceGatewayServicer(
@@ -98,26 +104,32 @@ class GatewayServer:
             metrics=self.metrics,
         )
         server = grpc.aio.server(
+            interceptors=security.interceptors(),
             options=[
                 # gRPC sets SO_REUSEPORT by default: a second server on the same port then
                 # "listens" too and the kernel splits calls between two processes.
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", 4 * 1024 * 1024),
                 *connection_options(self.config),
-            ]
+            ],
         )
         add_to_server(self.servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        reflection.enable_server_reflection(
-            (
-                SERVICE_NAME,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ),
-            server,
-        )
+        if self.config.security.reflection:
+            reflection.enable_server_reflection(
+                (
+                    SERVICE_NAME,
+                    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                    reflection.SERVICE_NAME,
+                ),
+                server,
+            )
         try:
-            self.port = server.add_insecure_port(f"{srv.host}:{srv.port}")
+            address = f"{srv.host}:{srv.port}"
+            if security.credentials is not None:
+                self.port = server.add_secure_port(address, security.credentials)
+            else:
+                self.port = server.add_insecure_port(address)
         except RuntimeError:
             self.port = 0
         if self.port == 0:
@@ -127,16 +139,16 @@ class GatewayServer:
         if srv.metrics_port is not None:
             try:
                 http, _ = start_http_server(
-                    srv.metrics_port, addr=srv.host, registry=self.metrics.registry
+                    srv.metrics_port, addr=srv.metrics_host, registry=self.metrics.registry
                 )
             except OSError as exc:
                 await server.stop(0)
                 raise OSError(
-                    f"cannot serve metrics on {srv.host}:{srv.metrics_port}: {exc.strerror}"
+                    f"cannot serve metrics on {srv.metrics_host}:{srv.metrics_port}: {exc.strerror}"
                 ) from None
             self._metrics_http = http
             self.metrics_port = int(http.server_port)
-            log.info("metrics on http://%s:%d/metrics", srv.host, self.metrics_port)
+            log.info("metrics on http://%s:%d/metrics", srv.metrics_host, self.metrics_port)
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._monitor = asyncio.create_task(self._monitor_load(), name="load-monitor")
@@ -226,6 +238,10 @@ class GatewayServer:
             await self.hub.aclose()
         self._stopped.set()
 
+    def reload_security(self) -> bool:
+        """Re-read the tokens (SIGHUP); calls in progress are not touched."""
+        return self.security.reload() if self.security is not None else False
+
     def abort(self) -> None:
         """Cut a graceful :meth:`stop` short: skip the rest of the drain and flush."""
         self._abort.set()
@@ -276,6 +292,9 @@ async def serve(config: GatewayConfig, hub: EngineHub | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, on_signal)
+    # SIGHUP re-reads the token list (the usual daemon convention), not a shutdown.
+    with contextlib.suppress(NotImplementedError, AttributeError):
+        loop.add_signal_handler(signal.SIGHUP, server.reload_security)
     await server.start()
     print(f"listening on {server.target}", flush=True)
     await stop.wait()
