@@ -12,7 +12,15 @@ loopback. Reported per N:
 
 "Held" means: server ≤ 1 core, no frame late by more than 100 ms and endpointing lag ≤ 100 ms.
 
-Usage: python benchmarks/vad_streams.py [--seconds 20] [--max-n 256]
+Both voice models run side by side in one run, one server process each (``vad.model: webrtc``
+and ``silero``), probes alternating between them so that both see the same machine load:
+
+1. CPU per stream-minute at the same N (``--cpu-n``), ``--repeats`` times each: median, and the
+   silero/webrtc ratio;
+2. the largest N each model holds, by doubling and then bisection down to ``--resolution``
+   streams (probes alternate between the two searches).
+
+Usage: python -m benchmarks.vad_streams [--seconds 15] [--models webrtc,silero] [--max-n 256]
 """
 
 from __future__ import annotations
@@ -111,62 +119,124 @@ async def run_n(target: str, pid: int, n: int, audio: bytes, seconds: float) -> 
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--max-n", type=int, default=256)
-    ap.add_argument("--ns", default="", help="explicit N list, e.g. 32,48,56 (default: doubling)")
-    args = ap.parse_args()
-    audio = call_audio()
+class Bisection:
+    """Largest N a model holds: double from ``start`` while it holds, then bisect."""
+
+    def __init__(self, start: int, max_n: int, resolution: int) -> None:
+        self.good = 0  # largest N held so far
+        self.bad: int | None = None  # smallest N not held
+        self.start, self.max_n, self.resolution = start, max_n, resolution
+
+    def next_n(self) -> int | None:
+        """The next N to probe, or None when the search is over."""
+        if self.bad is None:
+            if self.good >= self.max_n:
+                return None
+            return min(self.max_n, self.start if self.good == 0 else 2 * self.good)
+        if self.bad - self.good <= self.resolution:
+            return None
+        return (self.good + self.bad) // 2
+
+    def record(self, n: int, held: bool) -> None:
+        if held:
+            self.good = max(self.good, n)
+        else:
+            self.bad = n if self.bad is None else min(self.bad, n)
+
+
+def start_server(model: str) -> tuple[subprocess.Popen[str], str]:
+    """A VAD-only ``voxgate serve`` with ``vad.model`` set; returns it and its address."""
+    env = {**os.environ, "VOXGATE_VAD__MODEL": model}
     proc = subprocess.Popen(
         [sys.executable, "-m", "cli", "serve", "--port", "0", "--engines", "none"],
         stdout=subprocess.PIPE,
         text=True,
+        env=env,
     )
     assert proc.stdout is not None
     m = re.fullmatch(r"listening on (\S+)\n", proc.stdout.readline())
-    assert m, "server did not start"
-    target = m.group(1)
-    rows = []
-    try:
-        ns = [int(x) for x in args.ns.split(",")] if args.ns else []
-        n = ns.pop(0) if ns else 1
-        while n <= args.max_n:
-            row = asyncio.run(run_n(target, proc.pid, n, audio, args.seconds))
-            row["held"] = float(
-                row["server_cores"] <= 1.0 and row["late_ms"] <= 100 and row["lag_ms"] <= 100
-            )
-            rows.append(row)
-            print(
-                f"N={n:4d}  cpu/stream-min={row['cpu_s_per_stream_min']:.3f}s  "
-                f"server={row['server_cores']:.2f} cores  late={row['late_ms']:.0f}ms  "
-                f"lag={row['lag_ms']:.0f}ms (median {row['median_lag_ms']:.0f})  "
-                f"{'held' if row['held'] else 'NOT held'}",
-                flush=True,
-            )
-            if not row["held"] and not ns:
-                break
-            if args.ns:
-                if not ns:
-                    break
-                n = ns.pop(0)
-            else:
-                n *= 2
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=30)
-    held = [r for r in rows if r["held"]]
-    print()
-    print("| N streams | server CPU s / stream-min | server cores | worst late ms | worst lag ms |")
-    print("|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(
-            f"| {r['n']:.0f} | {r['cpu_s_per_stream_min']:.3f} | {r['server_cores']:.2f} | "
-            f"{r['late_ms']:.0f} | {r['lag_ms']:.0f} |"
-        )
-    print(
-        f"\nlargest N held at <= 1 core, nothing late > 100 ms: {held[-1]['n']:.0f}" if held else ""
+    assert m, f"server ({model}) did not start"
+    return proc, m.group(1)
+
+
+def probe(target: str, pid: int, n: int, audio: bytes, seconds: float) -> dict[str, float]:
+    row = asyncio.run(run_n(target, pid, n, audio, seconds))
+    row["held"] = float(
+        row["server_cores"] <= 1.0 and row["late_ms"] <= 100 and row["lag_ms"] <= 100
     )
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--models", default="webrtc,silero")
+    ap.add_argument("--cpu-n", type=int, default=16, help="N for the CPU-per-stream comparison")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--start-n", type=int, default=8)
+    ap.add_argument("--max-n", type=int, default=256)
+    ap.add_argument("--resolution", type=int, default=4, help="bisection stops this close")
+    args = ap.parse_args()
+    audio = call_audio()
+    # A SIGTERM (timeout, Ctrl-C in a pipeline) still stops the servers in `finally`.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    models = [m for m in args.models.split(",") if m]
+    servers = {m: start_server(m) for m in models}
+    cpu: dict[str, list[float]] = {m: [] for m in models}
+    rows: dict[str, list[dict[str, float]]] = {m: [] for m in models}
+
+    def show(model: str, row: dict[str, float]) -> None:
+        print(
+            f"{model:7s} N={row['n']:4.0f}  cpu/stream-min={row['cpu_s_per_stream_min']:.3f}s  "
+            f"server={row['server_cores']:.2f} cores  late={row['late_ms']:.0f}ms  "
+            f"lag={row['lag_ms']:.0f}ms (median {row['median_lag_ms']:.0f})  "
+            f"{'held' if row['held'] else 'NOT held'}",
+            flush=True,
+        )
+
+    try:
+        for _ in range(args.repeats):
+            for m in models:
+                proc, target = servers[m]
+                row = probe(target, proc.pid, args.cpu_n, audio, args.seconds)
+                cpu[m].append(row["cpu_s_per_stream_min"])
+                show(m, row)
+        searches = {m: Bisection(args.start_n, args.max_n, args.resolution) for m in models}
+        while any(s.next_n() is not None for s in searches.values()):
+            for m in models:
+                n = searches[m].next_n()
+                if n is None:
+                    continue
+                proc, target = servers[m]
+                row = probe(target, proc.pid, n, audio, args.seconds)
+                searches[m].record(n, bool(row["held"]))
+                rows[m].append(row)
+                show(m, row)
+    finally:
+        for proc, _ in servers.values():
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=30)
+    base = median(cpu[models[0]])
+    print()
+    print(
+        f"| model | server CPU s / stream-min at N={args.cpu_n} (median of {args.repeats}) "
+        f"| ratio to {models[0]} | streams one core's CPU covers (60 / CPU) "
+        "| largest N held (bisection) | bisection bracket |"
+    )
+    print("|---|---:|---:|---:|---:|---|")
+    for m in models:
+        s = searches[m]
+        c = median(cpu[m])
+        bracket = f"{s.good} held, {s.bad} not" if s.bad is not None else f"{s.good} held"
+        print(f"| {m} | {c:.3f} | {c / base:.2f}x | {60 / c:.0f} | {s.good} | {bracket} |")
+    print("\nprobes (N, CPU s / stream-min, server cores, worst late ms, worst lag ms, held):")
+    for m in models:
+        for r in rows[m]:
+            print(
+                f"  {m:7s} {r['n']:4.0f}  {r['cpu_s_per_stream_min']:.3f}  "
+                f"{r['server_cores']:.2f}  {r['late_ms']:.0f}  {r['lag_ms']:.0f}  "
+                f"{'held' if r['held'] else 'NOT held'}"
+            )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,12 @@ States: ``QUIET`` (no speech; a pre-roll ring buffer keeps recent audio) → ``S
 frames seen, not yet enough) → ``SPEAKING`` → ``STOPPING`` (silence seen, hangover running) →
 ``QUIET``. A forced cut finalises an utterance at ``max_utterance_ms``.
 
+The voice model sits behind :class:`VoiceDetector` (``vad.model``): Silero by default (a small
+network that tells speech from hum, hiss, clicks and tones), webrtcvad as the cheap option.
+Energy refines the model's boundaries: the start moves back over the loud frames just before
+Silero's first voiced frame, and a loud unvoiced frame just after speech (a final plosive)
+extends its end. In-band DTMF tones never get here: :mod:`gateway.dtmf` silences them first.
+
 Each :class:`Utterance` carries its audio (pre-roll and a little trailing silence included, which
 Whisper transcribes better than a hard cut) and its :class:`~engines.base.UtteranceStats`, which
 feed the silence-aware decoding policy.

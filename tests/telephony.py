@@ -235,6 +235,7 @@ def non_speech_files(
     if others:
         kinds.append("babble")
     out = {k: noise(k, n, seed, others) for k in kinds}
+    out["hum60"] = hum(n, 60.0, -20.0)  # a loud 60 Hz line, from the first sample on
     seq = dtmf_sequence("0123456789*#ABCD", 120, 200, -10.0)
     out["dtmf"] = np.tile(seq, int(np.ceil(n / len(seq))))[:n]
     out["line_noise"] = line_noise(seed)

@@ -49,20 +49,35 @@ def test_silero_streams_identically_however_the_audio_is_chunked(speech_dir: Pat
     """The per-call state (LSTM h/c, 64-sample context, partial window) carries across pushes."""
     clip = tel.load_clips(speech_dir, limit=1)[0].audio[: 3 * 16000]
     model = SileroVad.load()
-    one = model.stream()
     n = len(clip) // SILERO_WINDOW
-    ref = [one.push(clip[i * SILERO_WINDOW : (i + 1) * SILERO_WINDOW]) for i in range(n)]
-    for step in (160, 320, 480, 512):  # at most one window completes per push
-        s = model.stream()
-        probs: list[float] = []
-        for i in range(0, n * SILERO_WINDOW, step):
-            before = s.windows
-            s.push(clip[i : min(i + step, n * SILERO_WINDOW)])
-            if s.windows > before:
-                probs.append(s.probability)
-        assert s.windows == n
-        assert probs == pytest.approx(ref, abs=1e-6)
-    assert max(ref) > 0.8 and min(ref) < 0.2  # a real clip: speech and pauses
+    for prime in (0, 8):
+        one = model.stream(prime)
+        ref: list[float] = []
+        for i in range(n):
+            one.push(clip[i * SILERO_WINDOW : (i + 1) * SILERO_WINDOW])
+            ref += list(one.last_probabilities)
+        assert len(ref) == n
+        for step in (160, 320, 480, 1000, 5000):
+            s = model.stream(prime)
+            probs: list[float] = []
+            for i in range(0, n * SILERO_WINDOW, step):
+                s.push(clip[i : min(i + step, n * SILERO_WINDOW)])
+                probs += list(s.last_probabilities)
+            assert s.windows == n
+            assert probs == pytest.approx(ref, abs=1e-6)
+        assert max(ref) > 0.8 and min(ref) < 0.2  # a real clip: speech and pauses
+
+
+def test_priming_stops_the_start_of_call_burst_on_a_humming_line() -> None:
+    """From the all-zero state the LSTM calls the first windows of any sound speech."""
+    hum = tel.through_mulaw_8k(tel.hum(16000 * 2, 60.0, -20.0))
+    model = SileroVad.load()
+    raw, primed = model.stream(prime_windows=0), model.stream()
+    raw.push(hum)
+    primed.push(hum)
+    assert max(raw.last_probabilities[:8]) > 0.6
+    assert max(primed.last_probabilities) < 0.3
+    assert len(primed.last_probabilities) == len(raw.last_probabilities)
 
 
 def test_calls_share_the_model_but_not_the_state(speech_dir: Path) -> None:

@@ -276,3 +276,65 @@ def test_growing_utterance_carries_its_real_vad_statistics() -> None:
     final = next(e for e in ev if isinstance(e, Utterance))
     assert final.start_ms == utt.start_ms
     assert np.array_equal(utt.audio, final.audio[: len(utt.audio)])
+
+
+# --- the boundary refinements and the thresholds ----------------------------------------------
+
+
+class ConfidenceDetector:
+    """A voice model that answers a scripted confidence per frame."""
+
+    def __init__(self, confidences: list[float]) -> None:
+        self._it = iter(confidences)
+
+    def voice_confidence(self, frame: npt.NDArray[np.int16]) -> float:
+        return next(self._it)
+
+
+@pytest.mark.parametrize(("silence_threshold", "end_ms"), [(0.35, 300), (0.5, 100)])
+def test_hysteresis_keeps_speech_voiced_down_to_the_silence_threshold(
+    silence_threshold: float, end_ms: int
+) -> None:
+    confs = [0.6] * 5 + [0.4] * 10 + [0.1] * 20
+    cfg = VadConfig(
+        frame_ms=20,
+        start_speech_ms=60,
+        end_silence_ms=100,
+        min_speech_ms=0,
+        pre_roll_ms=0,
+        silence_threshold=silence_threshold,
+        plosive_tail=False,
+    )
+    events = Segmenter(cfg, ConfidenceDetector(confs)).push(np.zeros(35 * FRAME, np.float32))
+    assert [type(e) for e in events] == [SpeechBegin, SpeechEnd, Utterance]
+    assert events[0].offset_ms == 0 and events[1].offset_ms == end_ms
+
+
+@pytest.mark.parametrize(("onset", "begin_ms"), [("on", 180), ("off", 280)])
+def test_the_start_moves_back_over_the_loud_frames_before_the_first_voiced_one(
+    onset: str, begin_ms: int
+) -> None:
+    """Silero confirms speech a window or more after it begins; energy says where it began."""
+    rng = np.random.default_rng(1)
+    audio = (rng.standard_normal(40 * FRAME) * 1e-4).astype(np.float32)
+    loud = (rng.standard_normal(8 * FRAME) * 0.02).astype(np.float32)
+    for k in range(8):  # frames 6..13: loud but unvoiced to the scripted model
+        frame = loud[k * FRAME : (k + 1) * FRAME]
+        frame[0] = -0.01
+        audio[(6 + k) * FRAME : (7 + k) * FRAME] = frame
+    audio[14 * FRAME : 25 * FRAME] = 0.1  # voiced from frame 14 (280 ms)
+    cfg = VadConfig(
+        frame_ms=20,
+        start_speech_ms=60,
+        end_silence_ms=100,
+        min_speech_ms=0,
+        pre_roll_ms=300,
+        onset_backtrack=onset,  # type: ignore[arg-type]
+    )
+    events = Segmenter(cfg, ScriptedDetector()).push(audio)
+    begin = next(e for e in events if isinstance(e, SpeechBegin))
+    utt = next(e for e in events if isinstance(e, Utterance))
+    assert begin.offset_ms == begin_ms == utt.speech_start_ms  # at most ONSET_MS (100) back
+    assert (
+        utt.start_ms <= utt.speech_start_ms and len(utt.audio) == (utt.end_ms - utt.start_ms) * 16
+    )
