@@ -74,6 +74,8 @@ END_BOUND_S = 25.0
 #: The status grpc's Python client makes up when one of its writes races the server's status
 #: on a bidirectional call (``set_internal_error``); the server sent something else.
 CLIENT_RACE = "Internal error from Core"
+#: A status message longer than this echoes client input unbounded (errors.echo cuts at 64).
+MAX_DETAILS = 1500
 #: Limits for the fuzz server: short, so that every kind of stream ends in a few seconds.
 FUZZ_LIMITS: dict[str, Any] = {
     "first_message_timeout_s": 2.0,
@@ -101,6 +103,7 @@ _TEXT = st.one_of(
             "Hello there.",
             "9" * 80,
             "<b>hi</b>",
+            "y" * 5000,  # an unbounded echo of this one shows past MAX_DETAILS
         ]
     ),
     st.text(max_size=24),
@@ -418,7 +421,10 @@ async def run_case(channel: grpc.aio.Channel, case: Case, clip: bytes, stats: St
     """Run one case and record its status and how long the stream took to end."""
     path = SERVICE + case.rpc
     code: grpc.StatusCode | None = None
-    if case.rpc in ("Converse", "StreamingRecognize"):
+    stream = case.rpc in ("Converse", "StreamingRecognize")
+    rpc: Any = None
+    unary: Any = None
+    if stream:
         rpc = channel.stream_stream(path)()  # bytes in, bytes out
 
         async def drain() -> None:
@@ -461,7 +467,6 @@ async def run_case(channel: grpc.aio.Channel, case: Case, clip: bytes, stats: St
         await asyncio.wait({reader}, timeout=5)
         reader.cancel()
     else:
-        unary: Any
         if case.rpc == "Synthesize":
             unary = channel.unary_stream(path)(_bytes(case.first))
         else:
@@ -486,8 +491,10 @@ async def run_case(channel: grpc.aio.Channel, case: Case, clip: bytes, stats: St
     stats.cases += 1
     stats.max_end_s = max(stats.max_end_s, ended)
     name = code.name if code is not None else "HUNG"
+    details = "" if code is None else (await (rpc if stream else unary).details()) or ""
+    if len(details) > MAX_DETAILS:  # client input echoed whole (gateway/errors.py echo())
+        stats.bad.append(f"{name} with {len(details)} characters of details: {details[:200]!r}")
     if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
-        details = await (rpc if case.rpc in ("Converse", "StreamingRecognize") else unary).details()
         if details == CLIENT_RACE:
             # grpc's client, not the server: a write that raced the server's status. What the
             # server sent is checked on the server side (outcomes, ERROR log lines).
