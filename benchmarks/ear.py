@@ -217,6 +217,8 @@ def boundary_table(
     """Worst begin/end errors (ms) where segments pair one to one; misses; extra segments."""
     worst_b = worst_e = 0.0
     missed = extra = unpaired_files = 0
+    errs_b: list[float] = []
+    errs_e: list[float] = []
     for _name, _enc, truth, r in calls:
         segs = list(zip(r.begins_ms, r.ends_ms, strict=False))
         missed += sum(not any(_overlaps(t, b, e) for b, e in segs) for t in truth)
@@ -225,11 +227,16 @@ def boundary_table(
             unpaired_files += 1
             continue
         for t, (b, e) in zip(truth, segs, strict=True):
-            worst_b = max(worst_b, abs(b - 1000 * t["speech_start_s"]))
-            worst_e = max(worst_e, abs(e - 1000 * t["speech_end_s"]))
+            errs_b.append(abs(b - 1000 * t["speech_start_s"]))
+            errs_e.append(abs(e - 1000 * t["speech_end_s"]))
+            worst_b, worst_e = max(worst_b, errs_b[-1]), max(worst_e, errs_e[-1])
     return {
         "worst_begin_ms": worst_b,
         "worst_end_ms": worst_e,
+        "median_begin_ms": float(np.median(errs_b)) if errs_b else 0.0,
+        "median_end_ms": float(np.median(errs_e)) if errs_e else 0.0,
+        "begins_over": sum(x > GOAL_BEGIN_MS for x in errs_b),
+        "ends_over": sum(x > GOAL_END_MS for x in errs_e),
         "missed": missed,
         "extra": extra,
         "unpaired": unpaired_files,
@@ -258,14 +265,19 @@ def report(res: dict[str, Any]) -> str:
     lines.append("\n### calls/ ground truth (worst boundary error where segments pair 1:1)\n")
     lines.append(
         "| variant | encoding | worst begin ms (goal ≤ 70) | worst end ms (goal ≤ 170) "
+        "| median begin / end ms | begins > 70 / ends > 170 "
         "| missed utterances | extra segments | files not 1:1 |"
     )
-    lines.append("|---|---|---:|---:|---:|---:|---:|")
+    lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for v in variants:
         for enc in ("mulaw8k", "linear16k"):
-            t = boundary_table([c for c in res["calls"].get(v, []) if c[1] == enc])
+            these = [c for c in res["calls"].get(v, []) if c[1] == enc]
+            n_utts = sum(len(c[2]) for c in these)
+            t = boundary_table(these)
             lines.append(
                 f"| {v} | {enc} | {t['worst_begin_ms']:.0f} | {t['worst_end_ms']:.0f} | "
+                f"{t['median_begin_ms']:.0f} / {t['median_end_ms']:.0f} | "
+                f"{t['begins_over']:.0f} / {t['ends_over']:.0f} of {n_utts} | "
                 f"{t['missed']:.0f} | {t['extra']:.0f} | {t['unpaired']:.0f} |"
             )
     lines.append("\n### Clips through the gateway (μ-law 8 kHz): missed clips and corpus WER\n")
