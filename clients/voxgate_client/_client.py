@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import os
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -512,7 +512,7 @@ class VoxgateClient:
         speaker_id: int = 0,
         encoding: EncodingName = "linear16",
         sample_rate_hz: int = 16000,
-    ) -> AsyncIterator[SynthesisChunk]:
+    ) -> AsyncGenerator[SynthesisChunk, None]:
         """Stream synthesized audio for ``text`` (not paced: as fast as the voice runs).
 
         Leaving the iteration early cancels the RPC.

@@ -1,0 +1,277 @@
+"""livekit-plugins-voxgate driven through LiveKit Agents' own stream API (no LiveKit server),
+against a real voxgate server with the bundled models (see conftest.py).
+
+The streams are what an ``AgentSession`` drives: ``STT.stream()`` (push_frame / flush /
+end_input, then SpeechEvents), ``TTS.synthesize()`` (a ChunkedStream) and ``TTS.stream()``
+(push_text / flush / end_input, then SynthesizedAudio); an interruption is LiveKit closing
+the stream mid-reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import frames
+from livekit.agents import APIConnectOptions, APIStatusError, stt, tts
+from livekit.agents.metrics import STTMetrics, TTSMetrics
+from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
+from livekit.plugins import voxgate
+from voxgate_client.testing import LocalServer
+
+WAIT_S = 120.0  # a bound on waiting for an event, never a speed requirement
+NO_RETRY = APIConnectOptions(max_retry=0, timeout=30.0)
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "answer_a_recording.py"
+
+
+def plain(text: str) -> str:
+    return re.sub(r"[^a-z ]", "", text.lower())
+
+
+async def feed(stream: stt.SpeechStream, pcm: np.ndarray, rate: int, speed: float = 2.0) -> None:
+    """Push 100 ms frames at ``speed`` x real time (the gateway refuses > 4x)."""
+    for f in frames(pcm, rate):
+        stream.push_frame(f)
+        await asyncio.sleep(f.duration / speed)
+
+
+async def test_stt_stream_gives_start_interims_usage_final_end_in_order(
+    server: LocalServer, sample_call: tuple[np.ndarray, int]
+) -> None:
+    pcm, rate = sample_call
+    # Real time and a 1 s VAD hangover: the JFK sentence stays one long utterance, whose
+    # interims (best-effort re-decodes) have time to come back.
+    engine = voxgate.STT(target=server.target, language="en", end_silence_ms=1000)
+    assert engine.capabilities.streaming and engine.capabilities.interim_results
+    assert engine.capabilities.aligned_transcript == "word" and engine.capabilities.manual_flush
+    metrics: list[Any] = []
+    engine.on("metrics_collected", metrics.append)
+    stream = engine.stream(conn_options=NO_RETRY)
+
+    async def pump() -> None:
+        await feed(stream, pcm, rate, speed=1.0)
+        stream.end_input()
+
+    pusher = asyncio.create_task(pump())
+    events = [ev async for ev in stream]
+    await pusher
+    await engine.aclose()
+
+    T = stt.SpeechEventType
+    seq: list[T] = []
+    for ev in events:  # consecutive interims collapsed
+        if not (seq and seq[-1] == ev.type == T.INTERIM_TRANSCRIPT):
+            seq.append(ev.type)
+    # Per utterance: START, interims, USAGE, FINAL, END; never a transcript outside one.
+    speaking = False
+    for k in seq:
+        if k == T.START_OF_SPEECH:
+            assert not speaking, seq
+            speaking = True
+        elif k == T.END_OF_SPEECH:
+            assert speaking, seq
+            speaking = False
+        else:
+            assert speaking, seq
+    assert not speaking and seq[0] == T.START_OF_SPEECH, seq
+    assert T.INTERIM_TRANSCRIPT in seq, seq
+    for i, k in enumerate(seq):
+        if k == T.FINAL_TRANSCRIPT:
+            assert seq[i - 1] == T.RECOGNITION_USAGE and seq[i + 1] == T.END_OF_SPEECH, seq
+    finals = [ev.alternatives[0] for ev in events if ev.type == T.FINAL_TRANSCRIPT]
+    heard = plain(" ".join(f.text for f in finals))
+    assert "ask not what your country can do for you" in heard, heard
+    assert heard.endswith("predecessors of the true printed book"), heard
+    for f in finals:
+        assert f.language == "en" and 0.0 < f.confidence <= 1.0
+        assert f.words and f.start_time <= f.words[0].start_time
+        starts = [w.start_time for w in f.words]
+        assert starts == sorted(starts) and all(w.end_time >= w.start_time for w in f.words)
+        assert plain(" ".join(f.words)).split() == plain(f.text).split()
+    assert finals[-1].end_time > 17.0  # the LJ sentence ends 18.1 s into the call
+    usage = [m for m in metrics if isinstance(m, STTMetrics)]
+    assert usage and 15.0 < sum(m.audio_duration for m in usage) < 20.0
+
+
+async def test_stt_manual_flush_finalises_the_utterance_without_trailing_silence(
+    server: LocalServer, sample_call: tuple[np.ndarray, int]
+) -> None:
+    """The JFK sentence cut after its last word and a 3 s VAD hangover: only the flush can end
+    the last utterance while the input is still open."""
+    pcm, rate = sample_call
+    engine = voxgate.STT(target=server.target, end_silence_ms=3000)
+    stream = engine.stream(conn_options=NO_RETRY)
+    await feed(stream, pcm[: int(10.9 * rate)], rate)
+    stream.flush()
+
+    async def last_final() -> stt.SpeechEvent:
+        # Pauses inside the sentence may end earlier utterances; the flushed one is the one
+        # that reaches the end of the audio.
+        async for ev in stream:
+            if (
+                ev.type == stt.SpeechEventType.FINAL_TRANSCRIPT
+                and ev.alternatives[0].end_time > 10.0
+            ):
+                return ev
+        raise AssertionError("the stream ended without the flushed final")
+
+    ev = await asyncio.wait_for(last_final(), WAIT_S)  # input still open: no hangup yet
+    assert plain(ev.alternatives[0].text).endswith("ask what you can do for your country")
+    await stream.aclose()
+    await engine.aclose()
+
+
+async def test_stt_offline_recognize(
+    server: LocalServer, sample_call: tuple[np.ndarray, int]
+) -> None:
+    pcm, rate = sample_call
+    engine = voxgate.STT(target=server.target)
+    ev = await engine.recognize(frames(pcm[: 12 * rate], rate), conn_options=NO_RETRY)
+    await engine.aclose()
+    assert ev.type == stt.SpeechEventType.FINAL_TRANSCRIPT
+    assert "ask not what your country" in plain(ev.alternatives[0].text)
+
+
+REPLY = "Sure. Your table for two is booked at seven tonight."
+
+
+def timed_words(audio: list[tts.SynthesizedAudio]) -> list[Any]:
+    return [w for a in audio for w in a.frame.userdata.get(USERDATA_TIMED_TRANSCRIPT, [])]
+
+
+async def test_tts_chunked_synthesis_with_word_times_and_metrics(server: LocalServer) -> None:
+    engine = voxgate.TTS(target=server.target, sample_rate=24000)
+    assert engine.capabilities.streaming and engine.capabilities.aligned_transcript
+    metrics: list[Any] = []
+    engine.on("metrics_collected", metrics.append)
+    async with engine.synthesize(REPLY, conn_options=NO_RETRY) as chunked:
+        audio = [a async for a in chunked]
+    await engine.aclose()
+    assert {(a.frame.sample_rate, a.frame.num_channels) for a in audio} == {(24000, 1)}
+    assert audio[-1].is_final
+    seconds = sum(a.frame.duration for a in audio)
+    assert 2.0 < seconds < 8.0, seconds
+    pcm = np.frombuffer(b"".join(bytes(a.frame.data) for a in audio), np.int16)
+    assert np.abs(pcm).max() > 3000
+    words = timed_words(audio)
+    assert plain(" ".join(words)).split() == plain(REPLY).split()
+    assert [w.start_time for w in words] == sorted(w.start_time for w in words)
+    assert words[-1].end_time <= seconds + 0.05
+    (m,) = [m for m in metrics if isinstance(m, TTSMetrics)]
+    assert m.characters_count == len(REPLY) and 0 < m.ttfb < m.duration
+    assert abs(m.audio_duration - seconds) < 0.05
+
+
+async def test_tts_stream_speaks_text_as_it_is_written(server: LocalServer) -> None:
+    engine = voxgate.TTS(target=server.target, sample_rate=16000)
+    stream = engine.stream(conn_options=NO_RETRY)
+    for token in ["Sure", ". Your table", " for two is", " booked at seven", " tonight."]:
+        stream.push_text(token)
+    stream.flush()
+    stream.end_input()
+    audio = [a async for a in stream]
+    await engine.aclose()
+    assert audio and {a.frame.sample_rate for a in audio} == {16000}
+    assert audio[-1].is_final
+    words = timed_words(audio)
+    assert plain(" ".join(words)).split() == plain(REPLY).split()
+    # Word times run on across the sentences of the segment.
+    starts = [w.start_time for w in words]
+    assert starts == sorted(starts) and starts[-1] > 1.0
+
+
+LONG_REPLY = " ".join(
+    [
+        "Thank you for calling the city library, where every card holder may borrow up to",
+        "twenty books, ten films and five games at a time, for three weeks each, and renew",
+        "them twice online unless another reader has placed a hold on the same title.",
+    ]
+    * 30
+)
+
+
+async def test_closing_the_stream_mid_reply_stops_the_server_at_once(server: LocalServer) -> None:
+    """What an AgentSession does on a barge-in: close the TTS stream mid-reply."""
+    engine = voxgate.TTS(target=server.target)
+    stream = engine.stream(conn_options=NO_RETRY)
+    stream.push_text(LONG_REPLY)
+    stream.end_input()
+    heard = 0.0
+    async for a in stream:
+        heard += a.frame.duration
+        if heard > 1.0:
+            break
+    assert engine.open_rpcs == 1
+    await asyncio.wait_for(stream.aclose(), 10.0)
+    assert engine.open_rpcs == 0
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_S
+    while server.metric("voxgate_synthesize_active") != 0.0:
+        assert loop.time() < deadline, "the server still synthesises after the close"
+        await asyncio.sleep(0.05)
+    await engine.aclose()
+
+
+async def test_a_refused_request_is_a_non_retryable_api_status_error(
+    server: LocalServer,
+) -> None:
+    engine = voxgate.TTS(target=server.target, voice="no-such-voice")
+    with pytest.raises(APIStatusError) as err:
+        async with engine.synthesize("Hello.", conn_options=APIConnectOptions(max_retry=2)) as c:
+            async for _ in c:
+                pass
+    await engine.aclose()
+    assert err.value.status_code == 400 and not err.value.retryable
+    assert "INVALID_ARGUMENT" in err.value.message
+
+
+async def test_an_unreachable_gateway_is_a_connection_error_after_the_retries() -> None:
+    from livekit.agents import APIConnectionError
+
+    engine = voxgate.TTS(target="127.0.0.1:9")  # nothing listens on the discard port
+    with pytest.raises(APIConnectionError):
+        opts = APIConnectOptions(max_retry=1, retry_interval=0.1, timeout=5.0)
+        async with engine.synthesize("Hello.", conn_options=opts) as c:
+            async for _ in c:
+                pass
+    await engine.aclose()
+
+
+def test_the_documented_example_runs(server: LocalServer, tmp_path: Path) -> None:
+    """docs/livekit.md's example, as written, against the real server."""
+    out = tmp_path / "reply.wav"
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--target", server.target, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    heard = plain(" ".join(line for line in done.stdout.splitlines() if line.startswith("caller:")))
+    assert "ask not" in heard and "block books" in heard, done.stdout
+    with wave.open(str(out)) as w:
+        assert w.getframerate() == 24000 and w.getnframes() > 24000 * 3
+
+
+async def test_a_refused_stt_stream_raises_a_non_retryable_error_from_the_stream(
+    server: LocalServer,
+) -> None:
+    engine = voxgate.STT(target=server.target, model="no-such-model")
+    errors: list[Any] = []
+    engine.on("error", errors.append)
+    stream = engine.stream(conn_options=APIConnectOptions(max_retry=3, retry_interval=0.1))
+    with pytest.raises(APIStatusError) as err:
+        async for _ in stream:
+            pass
+    await engine.aclose()
+    assert err.value.status_code == 400 and not err.value.retryable
+    assert "model" in err.value.message
+    assert len(errors) == 1 and not errors[0].recoverable  # given up at once, no retries

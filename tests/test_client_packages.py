@@ -1,0 +1,199 @@
+"""The separately installable client packages, each in its own environment.
+
+``voxgate-client`` is tested on protobuf 5.29, 6.x and 7.x, ``pipecat-voxgate`` inside Pipecat
+(which needs protobuf < 7, so it cannot share this environment with the server) and
+``livekit-plugins-voxgate`` inside LiveKit Agents. clients/setup-venvs.sh builds those
+environments (CI runs it); each one's own pytest runs here as a subprocess against ONE real
+server with the bundled models, started from this environment for the whole module. A missing
+environment is a failure that says how to make it, never a skip.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from clients.voxgate_client.testing import (
+    METRICS_ENV,
+    SERVER_ENV,
+    TARGET_ENV,
+    TEST_CONFIG_YAML,
+    LocalServer,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.model]
+
+ROOT = Path(__file__).resolve().parents[1]
+CLIENTS = ROOT / "clients"
+SETUP = "clients/setup-venvs.sh"
+
+
+def venv_python(name: str) -> Path:
+    py = ROOT / name / "bin" / "python"
+    if not py.exists():
+        pytest.fail(f"{name} is missing: run {SETUP} (CI's .ci/run does) to create it")
+    return py
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LocalServer]:
+    env = {SERVER_ENV: str(Path(sys.executable).parent / "voxgate")}
+    saved = {k: os.environ.get(k) for k in (SERVER_ENV, TARGET_ENV)}
+    os.environ.update(env)
+    os.environ.pop(TARGET_ENV, None)
+    try:
+        with LocalServer(config_yaml=TEST_CONFIG_YAML) as srv:
+            yield srv
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_suite(
+    venv: str, project: str, server: LocalServer, **extra_env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``project``'s tests with ``venv``'s pytest, from the project's own directory.
+
+    The working directory is the project, not the repository root, so nothing of the server
+    is importable by accident (``python -m pytest`` puts the working directory on sys.path).
+    """
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PYTEST_", "VOXGATE_")) and k != "PYTHONPATH"
+    }
+    env |= {TARGET_ENV: server.target, METRICS_ENV: server.metrics, **extra_env}
+    return subprocess.run(  # noqa: PLW1510 - the return code is the assertion
+        [str(venv_python(venv)), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA"],
+        cwd=CLIENTS / project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def passed(out: subprocess.CompletedProcess[str], at_least: int) -> None:
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-6000:]
+    m = re.search(r"(\d+) passed", text)
+    assert m is not None and int(m.group(1)) >= at_least, text[-3000:]
+    assert " skipped" not in text, text[-3000:]
+
+
+# -- the client distribution ----------------------------------------------------------------------
+
+
+def _serialized_descriptor(path: Path) -> bytes:
+    """The FileDescriptorProto bytes a generated module registers (read, not imported:
+    importing both would return the pool's one descriptor for either)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "AddSerializedFile"
+        ):
+            arg = node.args[0]
+            assert isinstance(arg, ast.Constant) and isinstance(arg.value, bytes)
+            return arg.value
+    raise AssertionError(f"no AddSerializedFile in {path}")
+
+
+@pytest.mark.unit
+def test_client_stubs_carry_the_same_contract_as_the_server_stubs() -> None:
+    """Fails when the proto changed and only one set of stubs was regenerated."""
+    server = _serialized_descriptor(ROOT / "protos/voxgate/v1/voxgate_pb2.py")
+    client = _serialized_descriptor(CLIENTS / "voxgate_client/_proto/voxgate_pb2.py")
+    assert client == server, "run clients/voxgate-client/generate_stubs.sh and commit"
+
+
+def test_client_stubs_equal_a_regeneration_with_the_oldest_gencode(tmp_path: Path) -> None:
+    py = venv_python(".venv-client-pb5")
+    subprocess.run(
+        ["bash", str(CLIENTS / "voxgate-client/generate_stubs.sh"), str(py), str(tmp_path)],
+        check=True,
+    )
+    for name in ("voxgate_pb2.py", "voxgate_pb2.pyi"):
+        fresh = (tmp_path / name).read_text()
+        committed = (CLIENTS / "voxgate_client/_proto" / name).read_text()
+        assert fresh == committed, f"{name}: run clients/voxgate-client/generate_stubs.sh"
+    assert "Protobuf Python Version: 5.29." in (tmp_path / "voxgate_pb2.py").read_text()
+
+
+def test_client_wheel_holds_the_client_and_nothing_of_the_server(tmp_path: Path) -> None:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(CLIENTS / "voxgate-client"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("voxgate_client-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for needed in (
+        "voxgate_client/__init__.py",
+        "voxgate_client/py.typed",
+        "voxgate_client/_proto/voxgate_pb2.py",
+        "voxgate_client/_proto/voxgate_pb2.pyi",
+        "voxgate_client/data/sample_call.wav",
+        "pcmcodec/__init__.py",
+    ):
+        assert needed in names, needed
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"voxgate_client", "pcmcodec"}, tops
+
+
+@pytest.mark.parametrize("major", ["5", "6", "7"])
+def test_client_on_protobuf(major: str, server: LocalServer) -> None:
+    out = run_suite(
+        f".venv-client-pb{major}", "voxgate-client", server, VOXGATE_EXPECT_PROTOBUF=major
+    )
+    passed(out, 5)
+
+
+# -- the framework adapters -----------------------------------------------------------------------
+
+
+def test_pipecat_voxgate_in_pipecat(server: LocalServer) -> None:
+    passed(run_suite(".venv-pipecat", "pipecat-voxgate", server), 5)
+
+
+def test_livekit_plugins_voxgate_in_livekit_agents(server: LocalServer) -> None:
+    passed(run_suite(".venv-livekit", "livekit-plugins-voxgate", server), 5)
+
+
+def test_framework_latency_benchmark_runs_in_its_tiny_mode(server: LocalServer) -> None:
+    """benchmarks/framework_latency.py end to end (one clip, two sentences), so it never rots."""
+    out = subprocess.run(  # noqa: PLW1510 - the return code is the assertion
+        [sys.executable, "-m", "benchmarks.framework_latency", "--tiny", "--target", server.target],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    for framework in ("pipecat", "livekit"):
+        assert f"{framework}: STT on the audio clock" in out.stdout, out.stdout
+        assert f"{framework}: TTS request -> first audio" in out.stdout, out.stdout
+    assert out.stdout.count("adapter added to each final") == 2, out.stdout
+    assert out.stdout.count("adapter added to the first audio") == 2, out.stdout
