@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from engines.asr.base import AsrOptions
+from engines.vad import SileroVad
 from gateway.admission import AdmissionPolicy, LoadSnapshot, Refusal, StreamKind
 from gateway.audio import OutputEncoder
 from gateway.base import EngineInfo, Synthesizer, Transcriber
@@ -205,6 +206,10 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         self.quality = QualityLevel()
         self.active_synthesize = 0
         self._idle = asyncio.Event()
+        if config.vad.model == "silero":
+            # Load (and warm) the shared voice model now: a missing model file stops start-up
+            # instead of failing every call, and the first call does not wait for it.
+            SileroVad.load()
         self._idle.set()
 
     # -- RPCs --------------------------------------------------------------------------------------
