@@ -335,12 +335,16 @@ def measure_capacity(
         while probe(k):
             good, k = k, 2 * k
         bad = k
-        if bad - good > 2:
+        if good == 0:  # not even 2: is one caller within the budget?
+            good = 1 if probe(1) else 0
+        elif bad - good > 2:
             mid = (good + bad) // 2
             if probe(mid):
                 good = mid
     finally:
         server.stop()
+    if good == 0:
+        print("capacity probe: not even one caller within the budget; ramping to 2", flush=True)
     return max(1, good), probes
 
 
