@@ -139,10 +139,16 @@ class _Pair:
         return [r.sequences_ids[0] for r in res]
 
 
-def equality(clips: list[tuple[str, str, np.ndarray]], beams: tuple[int, ...]) -> None:
+def equality(
+    clips: list[tuple[str, str, np.ndarray]],
+    beams: tuple[int, ...],
+    precisions: tuple[str, ...] = ("float32", "int8"),
+) -> int:
+    """Print identical-token counts; returns how many (clip, beam, precision) differed."""
     print("\n== equality: tokens of our loop vs CTranslate2 generate (full 30 s window)")
     print(f"{'precision':10s} {'beam':>4s} {'identical':>10s} {'clips':>5s}  differing clips")
-    for ct in ("float32", "int8"):
+    differing = 0
+    for ct in precisions:
         pair = _Pair(ct)
         pair.engine._calibrate_max_length()
         for beam in beams:
@@ -156,7 +162,9 @@ def equality(clips: list[tuple[str, str, np.ndarray]], beams: tuple[int, ...]) -
                 else:
                     diff.append(name)
             print(f"{ct:10s} {beam:4d} {same:10d} {len(clips):5d}  {' '.join(diff)[:120]}")
+            differing += len(diff) if ct == "float32" else 0
         pair.engine.close()
+    return differing
 
 
 # ---------------------------------------------------------------------------------- speed
@@ -257,7 +265,6 @@ def quality(clips: list[tuple[str, str, np.ndarray]], mulaw: bool) -> None:
     print("\n== quality: WER on the clips, words on the hallucination set, trailing-silence words")
     configs: list[tuple[str, dict[str, Any], AsrOptions]] = [
         ("generate (today)", {}, AsrOptions()),
-        ("loop, no processor", {"always": True}, AsrOptions()),
         ("loop + silence end", {"silence_end": True}, AsrOptions()),
         ("loop + hallucination bias", {"hallucination_bias": 4.0}, AsrOptions()),
         ("loop + unrelated boosts", {}, AsrOptions(hotwords=UNRELATED)),
@@ -289,12 +296,12 @@ def quality(clips: list[tuple[str, str, np.ndarray]], mulaw: bool) -> None:
 
 def phrase_clips() -> list[tuple[str, tuple[str, ...], np.ndarray]]:
     """The phrase set spoken by the bundled Piper voice, at 16 kHz."""
-    from engines.tts import TtsConfig, VitsStreamer
+    from engines.tts import SpeakOptions, TtsConfig, VitsStreamer
 
     tts = VitsStreamer.load(TtsConfig())
     out = []
     for text, terms in PHRASE_SET:
-        chunk = tts.synthesize_oneshot(text)
+        chunk = tts.synthesize_oneshot(text, SpeakOptions(noise_scale=0.0, noise_w=0.0))
         audio = soxr.resample(chunk.samples, chunk.sample_rate_hz, 16000).astype(np.float32)
         lead = np.zeros(8000, np.float32)
         out.append((text, terms, np.concatenate([lead, audio, lead])))
@@ -331,7 +338,7 @@ def phrases(boost: float, limit: int | None) -> None:
     e.close()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--equality", action="store_true")
     ap.add_argument("--quality", action="store_true")
@@ -340,18 +347,23 @@ def main() -> None:
     ap.add_argument("--no-mulaw", action="store_true")
     ap.add_argument("--boost", type=float, default=6.0)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--tiny", action="store_true", help="2 clips, batch 1-2, one rep (CI)")
-    args = ap.parse_args()
+    ap.add_argument(
+        "--tiny", action="store_true", help="1 clip, float32 greedy, batch 1, one rep (CI)"
+    )
+    args = ap.parse_args(argv)
     every = not (args.equality or args.quality or args.phrases or args.speed)
-    limit = 2 if args.tiny else None
+    limit = 1 if args.tiny else None
     clips = load_clips(limit)
     print(f"{len(clips)} clips; OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}")
     if every or args.equality:
-        equality(clips, (1,) if args.tiny else (1, 5))
+        beams, precisions = ((1,), ("float32",)) if args.tiny else ((1, 5), ("float32", "int8"))
+        differing = equality(clips, beams, precisions)
+        if differing:
+            raise SystemExit(f"{differing} float32 decodes differ from generate")
     if every or args.speed:
-        speed(clips[:16], (1, 2) if args.tiny else (1, 2, 8, 16), 1 if args.tiny else args.reps)
+        speed(clips[:16], (1,) if args.tiny else (1, 2, 8, 16), 1 if args.tiny else args.reps)
     if every or args.phrases:
-        phrases(args.boost, 2 if args.tiny else None)
+        phrases(args.boost, 1 if args.tiny else None)
     if (every and not args.tiny) or args.quality:
         quality(clips, not args.no_mulaw)
 

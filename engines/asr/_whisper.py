@@ -12,6 +12,11 @@ sampling) and issues one ``encode`` / ``generate`` per group:
    the same retry;
 4. gate, pick the output (best or MBR), align words with cross-attention, build the results.
 
+When a logits processor applies to an item (a boosted phrase, the silence-aware end of text,
+the hallucination bias; see ``engines.asr._decode`` and docs/decode_loop.md), step 3 runs our
+own decode loop for it instead of ``generate``; the other items keep ``generate``, the fast
+path. The loop's results have ``generate``'s shape, so gates and fallbacks are unchanged.
+
 Word timestamps come from CTranslate2's ``align`` (cross-attention + DTW, as faster-whisper's
 ``find_alignment``) rather than timestamp tokens: timestamp tokens would change the number of
 task tokens (a batch key), only give segment-level times, and cost decode steps; ``align`` is one
@@ -20,8 +25,10 @@ extra decoder pass per batch over the already-encoded audio.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -38,7 +45,19 @@ from faster_whisper.tokenizer import _LANGUAGE_CODES, Tokenizer
 
 from engines.asr import _policy as policy
 from engines.asr._align import word_times
+from engines.asr._ct2_weights import load_decoder_weights
+from engines.asr._decode import DecodeItem, DecodeLoop, LogitsProcessor, WhisperDecoder
 from engines.asr._model_files import resolve_model_dir
+from engines.asr._phrases import PhraseBoost, PhraseTree, parse_hotwords
+from engines.asr._processors import (
+    HallucinationBias,
+    RepetitionPenalty,
+    SilenceAwareEnd,
+    SuppressBlank,
+    SuppressTokens,
+    TimestampRules,
+    hallucination_strength,
+)
 from engines.asr.base import AsrAlternative, AsrOptions, AsrRequest, AsrResult, AsrWord
 from engines.asr.config import FULL_WINDOW_FRAMES, MEL_FRAMES_PER_S, WhisperConfig
 from engines.base import ASR_SAMPLE_RATE_HZ, FloatArray, UtteranceStats
@@ -68,6 +87,9 @@ class EngineCounters:
         window_fallbacks: items re-encoded on the full window.
         temperature_fallbacks: decode retries at a higher temperature.
         language_fallbacks: decode retries in the runner-up detected language.
+        loop_s: wall time inside our own decode loop.
+        loop_items: decodes run by the loop instead of ``generate``.
+        loop_steps: decoder steps the loop ran (one step serves every live item).
     """
 
     encode_s: float = 0.0
@@ -78,6 +100,9 @@ class EngineCounters:
     window_fallbacks: int = 0
     temperature_fallbacks: int = 0
     language_fallbacks: int = 0
+    loop_s: float = 0.0
+    loop_items: int = 0
+    loop_steps: int = 0
 
     def reset(self) -> None:
         """Zero every counter."""
@@ -119,6 +144,8 @@ class _Job:
     #: Runner-up detected languages worth a decode if the detected one fails (see _detect).
     alt_languages: list[str] = field(default_factory=list)
     encoder_out: dict[int, npt.NDArray[Any]] = field(default_factory=dict)
+    #: The VAD's voiced spans (ms), for the silence-aware end of text; single-chunk jobs only.
+    voiced_spans_ms: tuple[tuple[int, int], ...] = ()
     attempts: list[_Attempt] = field(default_factory=list)
     encoded_frames: int = 0
     done: bool = False
@@ -126,6 +153,41 @@ class _Job:
     @property
     def content_frames(self) -> int:
         return min(FULL_WINDOW_FRAMES, len(self.audio) // (ASR_SAMPLE_RATE_HZ // MEL_FRAMES_PER_S))
+
+
+class _LoopShared:
+    """The decode loop's decoder weights, loaded on first use and shared by sibling engines.
+
+    Reading and quantizing the decoder takes seconds and ~250 MB, so it happens only when an
+    item first needs a processor, once per process-wide model (siblings share this object).
+    """
+
+    def __init__(self, model_dir: Path | None, weights: str) -> None:
+        self.model_dir = model_dir
+        self.weights = weights
+        self._lock = threading.Lock()
+        self._decoder: WhisperDecoder | None = None
+        self._config: dict[str, Any] | None = None
+
+    def decoder(self) -> WhisperDecoder:
+        with self._lock:
+            if self._decoder is None:
+                if self.model_dir is None:
+                    raise RuntimeError("the decode loop needs the model directory (use load())")
+                weights = load_decoder_weights(
+                    self.model_dir, "int8" if self.weights == "int8" else "none"
+                )
+                self._decoder = WhisperDecoder(weights)
+            return self._decoder
+
+    def model_config(self) -> dict[str, Any]:
+        with self._lock:
+            if self._config is None:
+                cfg: dict[str, Any] = {}
+                if self.model_dir is not None:
+                    cfg = json.loads((self.model_dir / "config.json").read_text())
+                self._config = cfg
+            return self._config
 
 
 class WhisperEngine:
@@ -150,6 +212,8 @@ class WhisperEngine:
         self._suppress_cache: tuple[int, ...] | None = None
         # How CTranslate2 reads `max_length` (measured in warmup(); see _max_length).
         self._halved_max_length = False
+        self._loop_shared = _LoopShared(None, config.decode_loop.weights)
+        self._phrase_trees: dict[tuple[str, ...], PhraseTree] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -185,7 +249,9 @@ class WhisperEngine:
             flash_attention=cfg.flash_attention,
         )
         hf_tok = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        return cls(model, hf_tok, cfg)
+        engine = cls(model, hf_tok, cfg)
+        engine._loop_shared = _LoopShared(model_dir, cfg.decode_loop.weights)
+        return engine
 
     def sibling(self) -> Self:
         """Another engine over the same CTranslate2 model and tokenizer, for another worker.
@@ -196,6 +262,7 @@ class WhisperEngine:
         """
         twin = type(self)(self._model, self._hf_tokenizer, self.config)
         twin._halved_max_length = self._halved_max_length
+        twin._loop_shared = self._loop_shared
         return twin
 
     def warmup(self) -> None:
@@ -271,7 +338,8 @@ class WhisperEngine:
         call's context once when the call starts (``AsrOptions.context_tokens``) instead of
         once per utterance on the shared workers. Thread-safe (the Rust tokenizer is).
         """
-        context = " ".join(p for p in (initial_prompt.strip(), ", ".join(hotwords)) if p)
+        words, _ = parse_hotwords(hotwords)
+        context = " ".join(p for p in (initial_prompt.strip(), ", ".join(words)) if p)
         if not context:
             return ()
         return tuple(self._hf_tokenizer.encode(" " + context, add_special_tokens=False).ids)
@@ -347,7 +415,15 @@ class WhisperEngine:
             ]
 
     def _decode(self, jobs: list[_Job]) -> None:
-        """One generate per group of jobs that agree on every call-wide option."""
+        """One generate per group of jobs that agree on every call-wide option.
+
+        Jobs a logits processor applies to go through our own loop instead, all together
+        (the loop has no batch keys: every item carries its own options and processors).
+        """
+        looped = [j for j in jobs if self._wants_loop(j)]
+        if looped:
+            self._loop_decode(looped)
+            jobs = [j for j in jobs if not any(j is x for x in looped)]
         groups: dict[tuple[Any, ...], list[tuple[_Job, list[int]]]] = defaultdict(list)
         for j in jobs:
             prompt = self._prompt(j)
@@ -388,6 +464,147 @@ class WhisperEngine:
                 self.counters.generate_s += time.perf_counter() - t0
                 for (j, _), res in zip(part, results, strict=True):
                     self._record(j, temp, res)
+
+    # ------------------------------------------------------------------ our decode loop
+
+    def _phrase_tree(self, hotwords: tuple[str, ...]) -> PhraseTree | None:
+        """The prefix tree of a call's boosted hotwords (cached per distinct list)."""
+        if not any("^" in h for h in hotwords):
+            return None
+        tree = self._phrase_trees.get(hotwords)
+        if tree is None:
+            _, phrases = parse_hotwords(hotwords)
+            tree = PhraseTree(
+                phrases, lambda t: self._hf_tokenizer.encode(t, add_special_tokens=False).ids
+            )
+            if len(self._phrase_trees) > 256:
+                self._phrase_trees.clear()
+            self._phrase_trees[hotwords] = tree
+        return tree if tree else None
+
+    def _wants_loop(self, job: _Job) -> bool:
+        """Whether a processor applies to ``job`` (else ``generate`` is faster and identical)."""
+        cfg = self.config.decode_loop
+        if job.plan.no_repeat_ngram_size > 0:
+            return False  # not implemented in the loop; generate keeps its semantics
+        if cfg.always or self._phrase_tree(job.options.hotwords) is not None:
+            return True
+        return job.options.silence_aware and (cfg.silence_end or cfg.hallucination_bias > 0.0)
+
+    def _loop_processors(
+        self, job: _Job, tok: Tokenizer, timestamps: bool
+    ) -> tuple[list[LogitsProcessor], Any]:
+        """Whisper's rules plus ours for one job; the second item adds no-speech-aware ones."""
+        mcfg = self._loop_shared.model_config()
+        cfg = self.config.decode_loop
+        ids: list[int] = []
+        raw = self._suppress_tokens(tok) if job.plan.suppress_hallucination_tokens else [-1]
+        for t in raw:
+            ids.extend(mcfg.get("suppress_ids", []) if t == -1 else [t])
+        procs: list[LogitsProcessor] = []
+        if job.plan.repetition_penalty != 1.0:
+            procs.append(RepetitionPenalty(job.plan.repetition_penalty))
+        procs += [
+            SuppressTokens.of(ids),
+            SuppressBlank(tuple(mcfg.get("suppress_ids_begin", [220, tok.eot]))),
+        ]
+        tree = self._phrase_tree(job.options.hotwords)
+        if tree is not None:
+            procs.append(PhraseBoost(tree, tok.eot, cfg.phrase_floor))
+        ts_begin = tok.timestamp_begin
+        if timestamps:
+            st = job.stats
+            end_ms = st.duration_ms - st.trailing_silence_ms
+            silences: list[tuple[int, int]] = []
+            spans = sorted(job.voiced_spans_ms)
+            if spans:
+                prev = 0
+                for a, b in spans:
+                    if a > prev:
+                        silences.append((prev, a))
+                    prev = max(prev, b)
+                end_ms = prev
+                silences.append((prev, st.duration_ms))
+            else:
+                silences += [(0, st.leading_silence_ms), (end_ms, st.duration_ms)]
+            procs.append(SilenceAwareEnd(tok.eot, ts_begin, end_ms, tuple(silences)))
+        late = None
+        if cfg.hallucination_bias > 0.0 and job.options.silence_aware:
+            hall_ids = self._hallucination_ids(tok)
+            stats, top = job.stats, cfg.hallucination_bias
+
+            def late(no_speech: float) -> list[LogitsProcessor]:
+                s = hallucination_strength(stats.speech_ratio, stats.speech_rms_dbfs, no_speech)
+                return [HallucinationBias(hall_ids, top * s, ts_begin)]
+
+        if timestamps:
+            vocab = self._loop_shared.decoder().w.vocab_size
+            procs.append(
+                TimestampRules(tok.eot, tok.no_timestamps, ts_begin, vocab - 1, ts_begin + 50)
+            )
+        return procs, late
+
+    def _hallucination_ids(self, tok: Tokenizer) -> npt.NDArray[np.int64]:
+        """First tokens of Whisper's non-speech phrases, as it would start an answer."""
+        ids: set[int] = set()
+        for phrase in policy.HALLUCINATION_PHRASES.get("en", frozenset()):
+            for variant in (" " + phrase.capitalize(), phrase.capitalize()):
+                enc = tok.encode(variant)
+                if enc:
+                    ids.add(enc[0])
+        return np.asarray(sorted(ids), np.int64)
+
+    def _loop_decode(self, jobs: list[_Job]) -> None:
+        """Decode ``jobs`` with our loop: one batch, per-item processors, beams and lengths."""
+        decoder = self._loop_shared.decoder()
+        timestamps = self.config.decode_loop.silence_end
+        for sl in self._chunks(len(jobs)):
+            part = jobs[sl]
+            tok0 = self._tokenizer(part[0].language or "en", part[0].options.task)
+            loop = DecodeLoop(
+                decoder,
+                sot=tok0.sot,
+                eot=tok0.eot,
+                no_timestamps=tok0.no_timestamps,
+                no_speech=tok0.no_speech,
+            )
+            items: list[tuple[_Job, float, DecodeItem]] = []
+            for j in part:
+                assert j.language is not None
+                tok = self._tokenizer(j.language, j.options.task)
+                ts = timestamps and j.options.silence_aware and j.offset_s == 0.0
+                prompt = self._prompt(j)
+                if ts:
+                    prompt = prompt[:-1]  # drop <|notimestamps|>
+                temp = j.plan.temperatures[j.temp_idx]
+                procs, late = self._loop_processors(j, tok, ts)
+                # Timestamp tokens take decode steps of their own (about one pair per phrase).
+                steps = j.plan.max_new_tokens + (16 if ts else 0)
+                item = DecodeItem(
+                    j.encoder_out[j.frames],
+                    prompt,
+                    max_length=steps,
+                    beam_size=j.plan.beam_size if temp == 0.0 else 1,
+                    num_hypotheses=j.plan.num_hypotheses if temp == 0.0 else j.plan.best_of,
+                    temperature=temp,
+                    processors=procs,
+                    late_processors=late,
+                    seed=1000 * j.req + j.temp_idx,
+                )
+                items.append((j, temp, item))
+            t0 = time.perf_counter()
+            results = loop.run([it for _, _, it in items])
+            self.counters.loop_s += time.perf_counter() - t0
+            self.counters.loop_items += len(items)
+            self.counters.loop_steps += loop.steps
+            for (j, temp, _), res in zip(items, results, strict=True):
+                # With timestamp tokens the score is per token of every kind; _record reads it
+                # as per text token (generate's no-timestamp shape), so rescale it.
+                for h, ids in enumerate(res.sequences_ids):
+                    n_text = sum(1 for t in ids if t < tok0.eot)
+                    if n_text and n_text != len(ids):
+                        res.scores[h] *= len(ids) / n_text
+                self._record(j, temp, res)
 
     def _record(self, job: _Job, temperature: float, res: Any) -> None:
         """Store one decode and decide the job's next step (done, full window, hotter)."""
@@ -566,18 +783,19 @@ class WhisperEngine:
                 )
             plan = policy.plan_decoding(stats, req.options, cfg.policy, cfg.encoder)
             lang = req.options.language if self._multilingual else "en"
-            jobs.append(
-                _Job(
-                    index,
-                    start / ASR_SAMPLE_RATE_HZ,
-                    chunk,
-                    req.options,
-                    stats,
-                    plan,
-                    lang,
-                    plan.encoder_frames,
-                )
+            job = _Job(
+                index,
+                start / ASR_SAMPLE_RATE_HZ,
+                chunk,
+                req.options,
+                stats,
+                plan,
+                lang,
+                plan.encoder_frames,
             )
+            if len(audio) <= _WINDOW_SAMPLES:
+                job.voiced_spans_ms = req.voiced_spans_ms
+            jobs.append(job)
         return jobs
 
     def _run_rounds(self, jobs: list[_Job]) -> None:
