@@ -176,3 +176,28 @@ def test_engine_boosts_a_product_name_through_the_loop(greeting: np.ndarray) -> 
         assert "support after" in unrelated.text.lower()
     finally:
         engine.close()
+
+
+def test_engine_silence_end_and_hallucination_bias_keep_the_words(speech_dir: Path) -> None:
+    """Timestamp mode through the engine: the clip's words, nothing invented in the tail."""
+    from benchmarks._wer import wer
+
+    pcm, _ = read_wav_int16(speech_dir / CLIPS[0])
+    rng = np.random.default_rng(3)
+    tail = (rng.standard_normal(3 * 16000) * 10 ** (-65 / 20)).astype(np.float32)
+    audio = np.concatenate([pcm.astype(np.float32) / 32768.0, tail])
+    engine = WhisperEngine.load(
+        {"intra_threads": 1, "decode_loop": {"silence_end": True, "hallucination_bias": 4.0}}
+    )
+    try:
+        res = engine.infer_batch([AsrRequest(audio, stats_for(audio), AsrOptions())])[0]
+        assert engine.counters.loop_items >= 1
+        ref = (
+            "And so my fellow Americans, ask not what your country can do for you, "
+            "ask what you can do for your country."
+        )
+        assert wer(ref, res.text) <= 0.05, res.text
+        assert "<|" not in res.text, "timestamp tokens never reach the text"
+        assert res.words and res.words[-1].end_ms <= 11_500
+    finally:
+        engine.close()
