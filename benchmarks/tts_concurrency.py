@@ -1,8 +1,8 @@
 """Many replies at once: the deadline scheduler vs the FIFO pool vs piper, side by side.
 
-Run (under the benchmark lock on a shared machine)::
+Run (alone on the machine: other benchmarks would share its cores)::
 
-    flock /tmp/voxgate-bench.lock .venv/bin/python -m benchmarks.tts_concurrency
+    .venv/bin/python -m benchmarks.tts_concurrency --rtf --batch-gain
     .venv/bin/python -m benchmarks.tts_concurrency --ns 1,2,4,8 --repeats 2 --no-bisect
     .venv/bin/python -m benchmarks.tts_concurrency --tiny        # seconds; what the test runs
 
@@ -20,8 +20,9 @@ Methods, all in this one process and in rotating order per probe (the machine is
 
 - ``deadline``: the gateway's synthesis path (``gateway.runtime.TtsSynthesizer``) with the
   deadline scheduler, its default workers and batch size for this device;
-- ``fifo``: the same class with ``scheduling="fifo"``, today's plain thread pool (min(4,
-  cores) threads) advancing each reply's fixed-schedule generator;
+- ``fifo``: the same class with ``scheduling="fifo"``, the earlier plain thread pool (min(4,
+  cores) threads) advancing each reply's fixed-schedule generator, on a voice with the
+  earlier 28 frames of context (the gateway as it was);
 - ``piper``: piper's own ``PiperVoice.synthesize`` per reply, in a thread per call (what a
   gateway without a streamer would do).
 
@@ -230,6 +231,9 @@ class Bench:
         self.cores = os.cpu_count() or 1
         self.streamer = VitsStreamer.load(TtsConfig(cache_bytes=0))
         self.streamer.warmup()
+        # Today's pool as it was: the fixed window schedule with 28 frames of context.
+        self.old_streamer = VitsStreamer.load(TtsConfig(cache_bytes=0, context_frames=28))
+        self.old_streamer.warmup()
         self.rate = self.streamer.sample_rate_hz
         self.synths: dict[str, TtsSynthesizer] = {}
         self.piper: Any = None
@@ -242,7 +246,7 @@ class Bench:
                 self.streamer, workers, GatewayMetrics(), max_batch_size=self.args.batch
             )
         self.synths["fifo"] = TtsSynthesizer(
-            self.streamer, max(1, min(4, self.cores)), GatewayMetrics(), scheduling="fifo"
+            self.old_streamer, max(1, min(4, self.cores)), GatewayMetrics(), scheduling="fifo"
         )
         if not self.args.no_piper:
             from piper import PiperVoice
@@ -260,6 +264,7 @@ class Bench:
         for synth in self.synths.values():
             await synth.aclose()
         self.streamer.close()
+        self.old_streamer.close()
 
     @property
     def methods(self) -> list[str]:
@@ -297,7 +302,8 @@ async def table(
     for kind in kinds:
         for n in ns:
             probes: dict[str, list[Probe]] = {m: [] for m in bench.methods}
-            for r in range(repeats):
+            # At least min_streams replies per row, so that N = 1 has a median too.
+            for r in range(max(repeats, -(-bench.args.min_streams // n))):
                 for method in rotate(bench.methods, step):
                     p = await bench.probe(method, kind, n, probe_index=r)
                     probes[method].append(p)
@@ -442,8 +448,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
 async def rtf(bench: Bench, repeats: int) -> dict[str, float]:
     """Single-stream compute RTF: before (context 28, fixed windows) and after."""
     text = reply_text("4 sentences", 0, 0)
-    old = VitsStreamer.load(TtsConfig(cache_bytes=0, context_frames=28))
-    old.warmup()
+    old = bench.old_streamer
 
     def fixed(streamer: VitsStreamer) -> float:
         t0 = time.perf_counter()
@@ -466,7 +471,6 @@ async def rtf(bench: Bench, repeats: int) -> dict[str, float]:
         rows["deadline scheduler, context 24 (after)"].append(
             (time.perf_counter() - t0) / (n / bench.rate)
         )
-    old.close()
     print("\nsingle-stream RTF of the streamer (4 sentences, 1 ORT thread)")
     result = {k: median(v) for k, v in rows.items()}
     for k, v in result.items():
@@ -482,6 +486,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=0, help="deadline workers; 0 = cores")
     parser.add_argument("--batch", type=int, default=0, help="also run deadline at this batch")
     parser.add_argument("--max-n", type=int, default=32)
+    parser.add_argument("--min-streams", type=int, default=5, help="replies per table row")
     parser.add_argument("--no-bisect", action="store_true")
     parser.add_argument("--no-piper", action="store_true")
     parser.add_argument("--rtf", action="store_true")
@@ -494,6 +499,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.kinds = KINDS
     if args.tiny:
         args.ns, args.repeats, args.max_n, args.kinds = (1, 2), 1, 2, KINDS[:1]
+        args.min_streams = 1
     return args
 
 

@@ -38,7 +38,6 @@ from engines.tts._scheduler import (
     SynthItem,
     SynthPolicy,
     WaitUntil,
-    Work,
     next_work,
 )
 from gateway.metrics import GatewayMetrics
@@ -51,15 +50,16 @@ log = logging.getLogger("voxgate.synthesis")
 def policy_for(streamer: VitsStreamer, max_batch_size: int = 1) -> SynthPolicy:
     """The scheduling policy for ``streamer``'s voice and window settings.
 
-    Windows range from 32 frames (at most ``TtsConfig.window_frames``) to twice
-    ``window_frames`` (192 by default): the slack decides within that range, where the fixed
-    schedule doubled from the first window up to ``window_frames``.
+    Windows range from 16 frames (at most ``TtsConfig.window_frames``) to twice
+    ``window_frames`` (192 by default): the slack decides within that range (and the cost
+    model raises the lower end on a slow device), where the fixed schedule doubled from the
+    first window up to ``window_frames``.
     """
     cfg = streamer.config
     return SynthPolicy(
         context_frames=cfg.context_frames,
         first_window_frames=cfg.first_window_frames,
-        min_window_frames=max(cfg.first_window_frames, min(32, cfg.window_frames)),
+        min_window_frames=max(cfg.first_window_frames, min(16, cfg.window_frames)),
         max_window_frames=2 * cfg.window_frames,
         max_batch_size=max_batch_size,
         frame_s=streamer.hop_length / streamer.sample_rate_hz,
@@ -105,24 +105,45 @@ class _Reply:
     rate: int
     out: asyncio.Queue[TtsChunk | _Done | BaseException] = field(default_factory=asyncio.Queue)
     origin: float | None = None  # loop time at which sample 0 plays (first chunk ready)
-    running: bool = False
+    first_eta: float = 0.0  # before that: when the first window is expected to be ready
+    inflight: int = 0  # steps running on workers
+    front_running: bool = False
     cancelled: bool = False
+    pending: dict[int, TtsChunk] = field(default_factory=dict)  # finished out of order
+    next_offset: int = 0  # the next sample to deliver
     stats: ReplyStats = field(default_factory=ReplyStats)
 
     def due(self, sample: int) -> float | None:
         return None if self.origin is None else self.origin + sample / self.rate
 
-    def item(self, guard_s: float) -> SynthItem:
-        due = self.due(self.job.samples_out)
+    def eligible(self, max_inflight: int) -> bool:
+        """Whether this reply has a step a worker could start now."""
         job = self.job
+        return not (
+            self.cancelled or job.planned_all or self.front_running or self.inflight >= max_inflight
+        )
+
+    def item(self, guard_s: float) -> SynthItem:
+        job = self.job
+        planned = job.samples_planned
+        if self.origin is not None:
+            deadline: float | None = self.origin + planned / self.rate - guard_s
+        elif planned == 0:
+            deadline = None  # first audio
+        else:  # the first window is running: due after it, by its expected end
+            deadline = self.first_eta + planned / self.rate - guard_s
         return SynthItem(
             key=self.key,
             arrival=self.arrival,
-            deadline=None if due is None else due - guard_s,
+            deadline=deadline,
             kind="front" if job.needs_front_end else "window",
             position=job.position,
             unit_frames=job.unit_frames,
         )
+
+    @property
+    def finished(self) -> bool:
+        return self.job.planned_all and not self.inflight and not self.front_running
 
 
 class SynthesisScheduler:
@@ -145,7 +166,8 @@ class SynthesisScheduler:
         policy: SynthPolicy,
         metrics: GatewayMetrics | None = None,
         *,
-        guard_s: float = 0.05,
+        guard_s: float = 0.025,
+        max_inflight: int = 2,
         clock: Callable[[], float] | None = None,
     ) -> None:
         self.streamer = streamer
@@ -154,6 +176,7 @@ class SynthesisScheduler:
         self.cost = CostModel()
         self._metrics = metrics
         self._guard_s = guard_s
+        self._max_inflight = max_inflight
         self._clock = clock
         # One thread more than the workers: the first-audio lane (see next_work's urgent_only).
         # While every worker runs a window, a new reply's first steps still start at once and
@@ -161,7 +184,7 @@ class SynthesisScheduler:
         self._pool = ThreadPoolExecutor(max_workers=workers + 1, thread_name_prefix="tts")
         self._idle = workers
         self._urgent_idle = True
-        self._waiting: dict[int, _Reply] = {}
+        self._active: dict[int, _Reply] = {}  # every reply not yet complete nor cancelled
         self._ids = itertools.count()
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -174,8 +197,8 @@ class SynthesisScheduler:
 
     @property
     def queue_depth(self) -> int:
-        """Replies whose next step waits for a worker."""
-        return len(self._waiting)
+        """Replies with a step that waits for a worker."""
+        return sum(1 for r in self._active.values() if r.eligible(self._max_inflight))
 
     def _now(self) -> float:
         return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
@@ -203,7 +226,7 @@ class SynthesisScheduler:
         if stats is not None:
             reply.stats = stats
         reply.stats.reply_id = reply.key
-        self._waiting[reply.key] = reply
+        self._active[reply.key] = reply
         self._queue_changed()
         wake.set()
         try:
@@ -219,7 +242,7 @@ class SynthesisScheduler:
 
     def _cancel(self, reply: _Reply) -> None:
         reply.cancelled = True
-        if self._waiting.pop(reply.key, None) is not None:
+        if self._active.pop(reply.key, None) is not None:
             self._queue_changed()
 
     async def aclose(self) -> None:
@@ -228,16 +251,16 @@ class SynthesisScheduler:
         if self._task is not None:
             self._task.cancel()
             await asyncio.wait({self._task})
-        for reply in self._waiting.values():
+        for reply in self._active.values():
             reply.out.put_nowait(RuntimeError("the synthesis scheduler is closed"))
-        self._waiting.clear()
+        self._active.clear()
         await asyncio.to_thread(self._pool.shutdown, wait=True, cancel_futures=True)
 
     # -- dispatch --------------------------------------------------------------------------
 
     def _queue_changed(self) -> None:
         if self._metrics is not None:
-            self._metrics.tts_queue_depth.set(len(self._waiting))
+            self._metrics.tts_queue_depth.set(self.queue_depth)
 
     async def _dispatch_loop(self) -> None:
         assert self._wake is not None
@@ -245,12 +268,14 @@ class SynthesisScheduler:
         while True:
             self._wake.clear()
             wait: float | None = None
-            while self._waiting and (self._idle > 0 or self._urgent_idle):
+            while self._idle > 0 or self._urgent_idle:
+                ready = [r for r in self._active.values() if r.eligible(self._max_inflight)]
+                if not ready:
+                    break
                 now = self._now()
-                items = [r.item(self._guard_s) for r in self._waiting.values()]
                 urgent = self._idle == 0
                 decision = next_work(
-                    items,
+                    [r.item(self._guard_s) for r in ready],
                     now,
                     self.policy,
                     self.cost,
@@ -261,62 +286,77 @@ class SynthesisScheduler:
                     if not urgent:
                         wait = decision.time
                     break
-                self._start(decision, loop, urgent)
+                self._start(decision, loop, urgent, now)
+            self._queue_changed()
             timeout = None if wait is None else max(0.0, wait - self._now())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
 
-    def _start(self, decision: Dispatch, loop: asyncio.AbstractEventLoop, urgent: bool) -> None:
-        replies = [self._waiting.pop(w.key) for w in decision.work]
+    def _start(
+        self, decision: Dispatch, loop: asyncio.AbstractEventLoop, urgent: bool, now: float
+    ) -> None:
+        """Plan the chosen steps here (planning is serial per reply), run them on a worker."""
+        replies = [self._active[w.key] for w in decision.work]
         self.dispatches.append(tuple((w.key, w.kind, w.frames) for w in decision.work))
-        for reply in replies:
-            reply.running = True
+        plans: list[WindowPlan | None] = []
+        for w, reply in zip(decision.work, replies, strict=True):
+            reply.inflight += 1
+            if w.kind == "front":
+                reply.front_running = True
+                plans.append(None)
+                continue
+            if reply.origin is None and reply.job.samples_planned == 0:
+                ctx = self.policy.context_frames
+                reply.first_eta = now + self.cost.window_s(w.frames + ctx)
+            plans.append(reply.job.plan(w.frames, w.pad_to))
         if urgent:
             self._urgent_idle = False
         else:
             self._idle -= 1
-        self._queue_changed()
-        fut = loop.run_in_executor(self._pool, self._run, decision.work, replies)
-        fut.add_done_callback(lambda f: self._finished(f, replies, urgent))
+        fut = loop.run_in_executor(self._pool, self._run, replies, plans)
+        front = plans[0] is None
+        fut.add_done_callback(lambda f: self._finished(f, replies, urgent, front))
 
-    def _run(self, work: tuple[Work, ...], replies: list[_Reply]) -> _RunResult:
-        """On a worker thread: one step of one reply, or one batched decoder call."""
+    def _run(self, replies: list[_Reply], plans: list[WindowPlan | None]) -> _RunResult:
+        """On a worker thread: one reply's front end, or one (batched) decoder call."""
         t0 = time.perf_counter()
-        if work[0].kind == "front":
+        if plans[0] is None:
             try:
                 result: list[list[TtsChunk] | BaseException] = [replies[0].job.run_front_end()]
             except Exception as exc:  # noqa: BLE001 - fails that reply only
                 result = [exc]
             return result, time.perf_counter() - t0, 0
-        plans: list[tuple[ReplyJob, WindowPlan]] = [
-            (r.job, r.job.plan(w.frames, w.pad_to)) for w, r in zip(work, replies, strict=True)
-        ]
-        frames = sum(p.input_frames for _, p in plans)
+        items = [(r.job, p) for r, p in zip(replies, plans, strict=True) if p is not None]
+        frames = sum(p.input_frames for _, p in items)
         try:
-            audio = self.streamer.decode_windows(plans)
+            audio = self.streamer.decode_windows(items)
             result = [
-                [job.finish_window(plan, a)] for (job, plan), a in zip(plans, audio, strict=True)
+                [job.finish_window(plan, a)] for (job, plan), a in zip(items, audio, strict=True)
             ]
         except Exception as exc:  # noqa: BLE001 - a failing batch fails its own replies
             result = [exc for _ in replies]
         return result, time.perf_counter() - t0, frames
 
     def _finished(
-        self, fut: asyncio.Future[_RunResult], replies: list[_Reply], urgent: bool
+        self, fut: asyncio.Future[_RunResult], replies: list[_Reply], urgent: bool, front: bool
     ) -> None:
-        """On the loop: learn the cost, deliver chunks, requeue the replies that go on."""
+        """On the loop: learn the cost, deliver chunks in order, finish complete replies."""
         if urgent:
             self._urgent_idle = True
         else:
             self._idle += 1
         if self._wake is not None:
             self._wake.set()
+        for reply in replies:
+            reply.inflight -= 1
+            if front:
+                reply.front_running = False
         if fut.cancelled():
             return
         exc = fut.exception()
         if exc is not None:
             for reply in replies:
-                reply.out.put_nowait(exc)
+                self._fail(reply, exc)
             return
         results, seconds, frames = fut.result()
         if frames:
@@ -327,19 +367,26 @@ class SynthesisScheduler:
             self.cost.observe_front(seconds)
         now = self._now()
         for reply, result in zip(replies, results, strict=True):
-            reply.running = False
             if reply.cancelled:
                 continue
             if isinstance(result, BaseException):
-                reply.out.put_nowait(result)
+                self._fail(reply, result)
                 continue
             for chunk in result:
+                reply.pending[chunk.offset_samples] = chunk
+            while reply.next_offset in reply.pending:
+                chunk = reply.pending.pop(reply.next_offset)
+                reply.next_offset += len(chunk.samples)
                 self._deliver(reply, chunk, now)
-            if reply.job.done:
+            if reply.finished and not reply.pending:
                 reply.out.put_nowait(_DONE)
-            else:
-                self._waiting[reply.key] = reply
-        self._queue_changed()
+                self._active.pop(reply.key, None)
+
+    def _fail(self, reply: _Reply, exc: BaseException) -> None:
+        if not reply.cancelled:
+            reply.out.put_nowait(exc)
+        reply.cancelled = True
+        self._active.pop(reply.key, None)
 
     def _deliver(self, reply: _Reply, chunk: TtsChunk, now: float) -> None:
         stats = reply.stats

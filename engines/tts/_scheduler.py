@@ -174,9 +174,9 @@ class SynthPolicy:
 
     context_frames: int = 24
     first_window_frames: int = 8
-    min_window_frames: int = 32
+    min_window_frames: int = 16
     max_window_frames: int = 192
-    max_window_s: float = 0.3
+    max_window_s: float = 0.5
     max_batch_size: int = 1
     max_lead_s: float = float("inf")
     batch_horizon_s: float = 0.5

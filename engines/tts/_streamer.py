@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Hashable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Self
 
 import numpy as np
@@ -239,9 +239,9 @@ class VitsStreamer:
             )
         noise = self._voice.noise_scale if options.noise_scale is None else options.noise_scale
         noise_w = self._voice.noise_w_scale if options.noise_w is None else options.noise_w
-        for field, value in (("noise_scale", noise), ("noise_w", noise_w)):
+        for name, value in (("noise_scale", noise), ("noise_w", noise_w)):
             if not 0.0 <= value <= MAX_NOISE_SCALE:
-                raise TtsInputError(field, f"{value} is outside [0, {MAX_NOISE_SCALE}]")
+                raise TtsInputError(name, f"{value} is outside [0, {MAX_NOISE_SCALE}]")
         speakers = int(self._voice.num_speakers)
         sid = options.speaker_id
         if sid is not None and not 0 <= sid < speakers:
@@ -374,25 +374,30 @@ class VitsStreamer:
         if self._decoder is None:
             raise TtsError("the streamer is closed")
         out: list[FloatArray | None] = [None] * len(windows)
+        units = [plan.unit if plan.unit is not None else job._unit for job, plan in windows]
+        if any(u is None for u in units):
+            raise TtsError("a window plan without its unit's front end")
         groups: dict[tuple[int, ...], list[int]] = {}
-        for index, (job, plan) in enumerate(windows):
-            shapes = tuple(v.shape[1] for v in job.frame.values()) + tuple(
-                int(np.prod(v.shape)) for v in job.whole.values()
+        for index, ((_, plan), unit) in enumerate(zip(windows, units, strict=True)):
+            assert unit is not None
+            shapes = tuple(v.shape[1] for v in unit.frame.values()) + tuple(
+                int(np.prod(v.shape)) for v in unit.whole.values()
             )
             groups.setdefault((plan.hi - plan.lo, *shapes), []).append(index)
         batchable = not self._split.decoder_graph_inputs  # per-request graph inputs stay alone
         for members in groups.values():
-            chunks = [members] if batchable else [[m] for m in members]
-            for chunk in chunks:
+            for chunk in [members] if batchable else [[m] for m in members]:
+                first = units[chunk[0]]
+                assert first is not None
                 feeds: dict[str, npt.NDArray[Any]] = {}
-                for name in windows[chunk[0]][0].frame:
+                for name in first.frame:
                     parts = [
-                        windows[m][0].frame[name][..., windows[m][1].lo : windows[m][1].hi]
+                        units[m].frame[name][..., windows[m][1].lo : windows[m][1].hi]  # type: ignore[union-attr]
                         for m in chunk
                     ]
                     feeds[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
-                for name in windows[chunk[0]][0].whole:
-                    parts = [windows[m][0].whole[name] for m in chunk]
+                for name in first.whole:
+                    parts = [units[m].whole[name] for m in chunk]  # type: ignore[union-attr]
                     feeds[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
                 audio = np.asarray(self._decoder.run(None, feeds)[0], dtype=np.float32)
                 audio = audio.reshape(len(chunk), -1)
@@ -460,14 +465,30 @@ class VitsStreamer:
             return self._whole
 
 
+@dataclass(eq=False)
+class _Unit:
+    """One text unit's front-end tensors and what its windows have produced so far."""
+
+    index: int
+    key: Hashable
+    start_sample: int  # where the unit starts in the reply
+    frame: dict[str, npt.NDArray[Any]]
+    whole: dict[str, npt.NDArray[Any]]
+    total: int
+    ends: list[tuple[str, int, int]]
+    made: dict[int, _Piece] = field(default_factory=dict)  # by window start frame
+    done_frames: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class WindowPlan:
-    """A decoder window of the current unit: frames ``[start, stop)``, input ``[lo, hi)``."""
+    """A decoder window of a unit: frames ``[start, stop)``, decoder input ``[lo, hi)``."""
 
     start: int
     stop: int
     lo: int
     hi: int
+    unit: _Unit | None = field(default=None, compare=False, repr=False)
 
     @property
     def input_frames(self) -> int:
@@ -475,83 +496,107 @@ class WindowPlan:
 
 
 class ReplyJob:
-    """One reply's synthesis, advanced one step at a time by whoever schedules it.
+    """One reply's synthesis, advanced step by step by whoever schedules it.
 
-    A step is either :meth:`run_front_end` (the next unit's phonemes and front end, or the
-    whole unit from the phrase cache) or one decoder window (:meth:`plan`, then
-    :meth:`VitsStreamer.decode_windows`, then :meth:`finish_window`). The job holds the current
-    unit's front-end tensors between windows so the front end runs once per unit, whatever the
-    window sizes. Not thread-safe: one thread at a time steps a job (the scheduler never runs
-    two steps of one reply at once, since each step needs the one before).
+    Steps are :meth:`run_front_end` (the next unit's phonemes and front end, or the whole unit
+    from the phrase cache) and decoder windows (:meth:`plan`, then
+    :meth:`VitsStreamer.decode_windows`, then :meth:`finish_window`). A unit's front end runs
+    once, whatever the window sizes, and its windows are independent of each other: once
+    planned, windows (even of the previous unit while the next unit's front end runs) may be
+    decoded and finished in any order and on any threads; each chunk knows its offset, and the
+    caller delivers them in order. Planning (``plan``, ``run_front_end``) is one thread at a
+    time.
     """
 
     def __init__(self, streamer: VitsStreamer, units: list[TextUnit], resolved: _Resolved) -> None:
         self._streamer = streamer
         self._units = units
         self._resolved = resolved
-        self._index = 0  # the unit being synthesised
-        self._offset = 0  # samples yielded so far (reply-relative)
-        self._unit_start = 0
-        self.frame: dict[str, npt.NDArray[Any]] = {}
-        self.whole: dict[str, npt.NDArray[Any]] = {}
-        self._total = 0
-        self._position = 0
-        self._ends: list[tuple[str, int, int]] = []
-        self._made: list[_Piece] = []
-        self._key: Hashable = None
+        self._next_unit = 0  # the next unit whose front end has not run
+        self._unit: _Unit | None = None  # the unit being planned
+        self._position = 0  # frames of the planned unit already planned
+        self._planned_samples = 0  # reply samples covered by planned windows
         self._size = 0  # the fixed schedule's next window size (see scheduled_frames)
+        self._lock = threading.Lock()  # finish_window may run on several threads
 
     # -- state the scheduler reads ----------------------------------------------------------
 
     @property
+    def planned_all(self) -> bool:
+        """Every window of every unit has been planned (or replayed from the cache)."""
+        return self._unit is None and self._next_unit >= len(self._units)
+
+    @property
     def done(self) -> bool:
-        """Every unit has been synthesised."""
-        return self._index >= len(self._units)
+        """Same as :attr:`planned_all` (for one thread stepping the job in order)."""
+        return self.planned_all
 
     @property
     def needs_front_end(self) -> bool:
         """The next step is a front-end run (or a cache replay) for the next unit."""
-        return not self.done and not self.frame
+        return self._unit is None and self._next_unit < len(self._units)
+
+    @property
+    def samples_planned(self) -> int:
+        """Reply samples covered by the steps issued so far (the next step starts here)."""
+        return self._planned_samples
 
     @property
     def samples_out(self) -> int:
-        """Samples of the reply produced so far."""
-        return self._offset
+        """Same as :attr:`samples_planned`."""
+        return self._planned_samples
 
     @property
     def position(self) -> int:
-        """Frames of the current unit already decoded."""
+        """Frames of the unit being planned already planned."""
         return self._position
 
     @property
     def unit_frames(self) -> int:
-        """Frames of the current unit (0 before its front end ran)."""
-        return self._total
+        """Frames of the unit being planned (0 before its front end ran)."""
+        return self._unit.total if self._unit is not None else 0
+
+    @property
+    def frame(self) -> dict[str, npt.NDArray[Any]]:
+        """Frame-indexed front-end tensors of the unit being planned."""
+        return self._unit.frame if self._unit is not None else {}
+
+    @property
+    def whole(self) -> dict[str, npt.NDArray[Any]]:
+        """Per-unit front-end tensors of the unit being planned."""
+        return self._unit.whole if self._unit is not None else {}
 
     # -- steps ------------------------------------------------------------------------------
 
     def run_front_end(self) -> list[TtsChunk]:
         """Prepare the next unit; a unit found in the phrase cache comes back whole, at once."""
         s = self._streamer
-        unit = self._units[self._index]
-        self._key = (unit.words, s._name, self._resolved.cache_key)
-        cached = s._cache.get(self._key) if s.config.cache_bytes else None
-        self._unit_start = self._offset
+        index = self._next_unit
+        unit = self._units[index]
+        self._next_unit += 1
+        key = (unit.words, s._name, self._resolved.cache_key)
+        cached = s._cache.get(key) if s.config.cache_bytes else None
+        start_sample = self._planned_samples
         if cached is not None:
-            chunks = [self._chunk(p, i == len(cached) - 1) for i, p in enumerate(cached)]
-            self._index += 1
+            chunks = []
+            offset = start_sample
+            for i, piece in enumerate(cached):
+                last = i == len(cached) - 1 and index == len(self._units) - 1
+                chunks.append(self._chunk(piece, start_sample, offset, index, last))
+                offset += len(piece.samples)
+            self._planned_samples = offset
             return chunks
         phonemized = phonemize_unit(unit, s._voice)
         frame, whole, durations = s._run_front_end(phonemized, self._resolved)
         total = int(frame[s._split.latent].shape[-1])
         spans = phonemized.word_sample_spans(durations, s._hop)
         # A word ends inside the unit; clamp so rounding never pushes it past the last sample.
-        self._ends = [
+        ends = [
             (w.source, st, min(max(e, 1), total * s._hop))
             for w, (st, e) in zip(unit.words, spans, strict=True)
         ]
-        self.frame, self.whole, self._total = frame, whole, total
-        self._position, self._made = 0, []
+        self._unit = _Unit(index, key, start_sample, frame, whole, total, ends)
+        self._position = 0
         self._size = s.config.first_window_frames
         return []
 
@@ -560,48 +605,54 @@ class ReplyJob:
         return self._size
 
     def plan(self, frames: int, pad_to: int = 0) -> WindowPlan:
-        """Where the next window of ``frames`` frames sits (see ``window_bounds``)."""
+        """Reserve the next window of ``frames`` frames (see ``window_bounds``)."""
         s = self._streamer
+        unit = self._unit
+        if unit is None:
+            raise TtsError("no unit to plan a window in: run the front end first")
         start, stop, lo, hi = window_bounds(
             self._position,
             frames,
-            self._total,
+            unit.total,
             s.config.context_frames,
             min_tail=s.config.first_window_frames // 2,
             pad_to=pad_to,
         )
-        return WindowPlan(start, stop, lo, hi)
+        self._position = stop
+        self._planned_samples += (stop - start) * s._hop
+        self._size = min(self._resolved.window_frames or s.config.window_frames, self._size * 2)
+        if stop >= unit.total:
+            self._unit = None
+        return WindowPlan(start, stop, lo, hi, unit)
 
     def finish_window(self, plan: WindowPlan, audio: FloatArray) -> TtsChunk:
-        """Limit the window's audio and turn it into the reply's next chunk."""
+        """Limit the window's audio and turn it into its chunk of the reply (any order)."""
         s = self._streamer
+        unit = plan.unit
+        assert unit is not None
         samples = soft_limit(audio, s._gain, s.config.limiter_threshold)
         # Chunks may be replayed from the cache to other callers: make them immutable.
         samples.flags.writeable = False
         lo, hi = plan.start * s._hop, plan.stop * s._hop
-        piece = _Piece(samples, tuple((t, a, e) for t, a, e in self._ends if lo < e <= hi))
-        self._made.append(piece)
-        self._position = plan.stop
-        self._size = min(self._resolved.window_frames or s.config.window_frames, self._size * 2)
-        unit_done = plan.stop >= self._total
-        chunk = self._chunk(piece, unit_done)
-        if unit_done:
-            if s.config.cache_bytes:
-                # Only complete units are stored: a reply abandoned mid-unit stores nothing.
-                made = tuple(self._made)
-                s._cache.put(self._key, made, sum(p.samples.nbytes + 64 for p in made))
-            self.frame, self.whole, self._total, self._made = {}, {}, 0, []
-            self._index += 1
-        return chunk
+        piece = _Piece(samples, tuple((t, a, e) for t, a, e in unit.ends if lo < e <= hi))
+        last = plan.stop >= unit.total and unit.index == len(self._units) - 1
+        offset = unit.start_sample + plan.start * s._hop
+        with self._lock:
+            unit.made[plan.start] = piece
+            unit.done_frames += plan.stop - plan.start
+            complete = unit.done_frames >= unit.total
+        if complete and s.config.cache_bytes:
+            # Only complete units are stored: a reply abandoned mid-unit stores nothing.
+            made = tuple(unit.made[k] for k in sorted(unit.made))
+            s._cache.put(unit.key, made, sum(p.samples.nbytes + 64 for p in made))
+        return self._chunk(piece, unit.start_sample, offset, unit.index, last)
 
-    def _chunk(self, piece: _Piece, unit_done: bool) -> TtsChunk:
+    def _chunk(
+        self, piece: _Piece, unit_start: int, offset: int, index: int, last: bool
+    ) -> TtsChunk:
         rate = self._streamer.sample_rate_hz
-        base = self._unit_start
         words = tuple(
-            WordSpan(t, 1000.0 * (base + a) / rate, 1000.0 * (base + e) / rate)
+            WordSpan(t, 1000.0 * (unit_start + a) / rate, 1000.0 * (unit_start + e) / rate)
             for t, a, e in piece.words
         )
-        last = unit_done and self._index == len(self._units) - 1
-        chunk = TtsChunk(piece.samples, rate, self._offset, words, self._index, last)
-        self._offset += len(piece.samples)
-        return chunk
+        return TtsChunk(piece.samples, rate, offset, words, index, last)
