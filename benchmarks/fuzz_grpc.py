@@ -212,12 +212,12 @@ def valid_config(draw: st.DrawFn) -> pb.SessionConfig:
     dec.translate = draw(st.booleans()) and draw(st.booleans())
     cfg.barge_in.disabled = draw(st.booleans())
     cfg.barge_in.min_speech_ms = draw(st.sampled_from([0, 0, 200]))
-    cfg.call_id = draw(st.sampled_from(["", "case", "x" * 129]))
+    cfg.call_id = draw(st.sampled_from(["", "case", "case-2", "c" * 128]))
     return cfg
 
 
 def config() -> st.SearchStrategy[pb.SessionConfig]:
-    """Mostly valid configs; one in four gets random fields laid over it; some are all random."""
+    """Mostly valid configs; some with random fields laid over them; a quarter all random."""
     random_cfg = from_descriptor(pb.SessionConfig.DESCRIPTOR)
 
     def overlay(parts: tuple[pb.SessionConfig, int, pb.SessionConfig]) -> pb.SessionConfig:
@@ -227,6 +227,8 @@ def config() -> st.SearchStrategy[pb.SessionConfig]:
         return base
 
     return st.one_of(
+        valid_config(),
+        valid_config(),
         st.tuples(valid_config(), st.integers(0, 3), random_cfg).map(overlay),
         random_cfg,
     )
@@ -287,44 +289,55 @@ def _request(kind: str, value: Message) -> pb.ConverseRequest:
 #: One client action: a request to write (a message, raw bytes, or an Audio), or a pause (ms).
 Action = tuple[str, Any]
 
-_ACTION: st.SearchStrategy[Action] = st.one_of(
-    st.tuples(st.just("audio"), _AUDIO),
-    st.tuples(st.just("audio"), _AUDIO),
-    st.tuples(st.just("audio"), _AUDIO),
-    st.tuples(st.just("pause"), st.integers(0, 40)),
-    st.tuples(
-        st.just("msg"),
-        st.one_of(valid_speak(), from_descriptor(pb.Speak.DESCRIPTOR)).map(
-            lambda s: _request("speak", s)
-        ),
-    ),
-    st.tuples(
-        st.just("msg"),
-        st.sampled_from(["", "m1", "m" * 300]).map(
-            lambda n: pb.ConverseRequest(mark=pb.Mark(name=n))
-        ),
-    ),
-    st.tuples(
-        st.just("msg"),
-        st.sampled_from(
-            [
-                pb.ConverseRequest(clear=pb.Clear()),
-                pb.ConverseRequest(flush=pb.Flush()),
-                pb.ConverseRequest(hangup=pb.Hangup()),
-                pb.ConverseRequest(),  # no event set
-            ]
-        ),
-    ),
-    st.tuples(st.just("msg"), from_descriptor(pb.ConverseRequest.DESCRIPTOR)),
-    st.tuples(
-        st.just("msg"),
+
+def _msg(strategy: st.SearchStrategy[pb.ConverseRequest]) -> st.SearchStrategy[Action]:
+    return st.tuples(st.just("msg"), strategy)
+
+
+_AUDIO_ACTION = st.tuples(st.just("audio"), _AUDIO)
+_PAUSE = st.tuples(st.just("pause"), st.integers(0, 40))
+_GOOD_SPEAK = _msg(valid_speak().map(lambda s: _request("speak", s)))
+_GOOD_CONTROL = _msg(
+    st.one_of(
+        st.just(pb.ConverseRequest(mark=pb.Mark(name="m1"))),
+        st.just(pb.ConverseRequest(clear=pb.Clear())),
+        st.just(pb.ConverseRequest(flush=pb.Flush())),
         st.builds(
             lambda d, ms: pb.ConverseRequest(dtmf=pb.Dtmf(digit=d, duration_ms=ms)),
-            st.one_of(st.sampled_from(list("0123456789*#ABCD")), _TEXT),
-            _I32,
+            st.sampled_from(list("0123456789*#ABCD")),
+            st.integers(0, 2000),
         ),
+    )
+)
+#: Requests that are mostly wrong: each ends its call (INVALID_ARGUMENT and the like), so they
+#: are drawn less often than the rest, or few calls would get past their first seconds.
+_ANYTHING = st.one_of(
+    _msg(from_descriptor(pb.ConverseRequest.DESCRIPTOR)),
+    _msg(from_descriptor(pb.Speak.DESCRIPTOR).map(lambda s: _request("speak", s))),
+    _msg(st.sampled_from(["", "m" * 300]).map(lambda n: pb.ConverseRequest(mark=pb.Mark(name=n)))),
+    _msg(
+        st.builds(
+            lambda d, ms: pb.ConverseRequest(dtmf=pb.Dtmf(digit=d, duration_ms=ms)),
+            _TEXT,
+            _I32,
+        )
     ),
+    _msg(st.sampled_from([pb.ConverseRequest(), pb.ConverseRequest(hangup=pb.Hangup())])),
     st.tuples(st.just("raw"), st.binary(min_size=1, max_size=40)),
+)
+_ACTION: st.SearchStrategy[Action] = st.one_of(
+    _AUDIO_ACTION,
+    _AUDIO_ACTION,
+    _AUDIO_ACTION,
+    _AUDIO_ACTION,
+    _AUDIO_ACTION,
+    _PAUSE,
+    _PAUSE,
+    _GOOD_SPEAK,
+    _GOOD_SPEAK,
+    _GOOD_CONTROL,
+    _GOOD_CONTROL,
+    _ANYTHING,
 )
 
 
@@ -351,11 +364,13 @@ _STREAM = st.builds(
         config().map(lambda c: _request("config", c)),
         config().map(lambda c: _request("config", c)),
         config().map(lambda c: _request("config", c)),
+        config().map(lambda c: _request("config", c)),
+        config().map(lambda c: _request("config", c)),
         from_descriptor(pb.ConverseRequest.DESCRIPTOR),
         st.binary(min_size=1, max_size=30),
         st.none(),
     ),
-    st.lists(_ACTION, max_size=14).map(tuple),
+    st.lists(_ACTION, max_size=24).map(tuple),
     st.sampled_from(["done", "hangup", "hangup", "cancel", "stop", "cancel_early"]),
 )
 
@@ -409,6 +424,7 @@ class Stats:
     hung: list[str] = field(default_factory=list)
     bad: list[str] = field(default_factory=list)  # INTERNAL / UNKNOWN, with the case
     error_logs: list[str] = field(default_factory=list)
+    error_events: Counter[str] = field(default_factory=Counter)  # by scope
     well_behaved_runs: int = 0
     well_behaved_changed: list[str] = field(default_factory=list)
 
@@ -429,8 +445,15 @@ async def run_case(channel: grpc.aio.Channel, case: Case, clip: bytes, stats: St
 
         async def drain() -> None:
             with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
-                async for _ in rpc:
-                    pass
+                async for raw in rpc:
+                    msg = pb.ConverseResponse.FromString(raw)
+                    if msg.WhichOneof("event") != "error":
+                        continue
+                    stats.error_events[msg.error.scope] += 1
+                    # An ErrorEvent for one utterance or Speak must not call the client's
+                    # input an internal fault either.
+                    if msg.error.code in (13, 2):  # google.rpc INTERNAL, UNKNOWN
+                        stats.bad.append(f"error event {msg.error}: {case!r}"[:3000])
 
         reader = asyncio.create_task(drain())
         try:
@@ -704,6 +727,7 @@ def table(rig: FuzzRig, seconds: float) -> Iterator[str]:
     yield "call outcomes on the server (Converse, StreamingRecognize):"
     for name, n in sorted(rig.server_outcomes.items(), key=lambda kv: -kv[1]):
         yield f"{'  ' + name:<32}{n}"
+    yield f"{'error events (call went on)':<32}{sum(stats.error_events.values())}"
     yield f"{'INTERNAL or UNKNOWN':<32}{len(stats.bad)}"
     yield f"{'streams not ended in bound':<32}{len(stats.hung)}"
     yield f"{'max stream end time, s':<32}{stats.max_end_s:.2f}"
