@@ -1,6 +1,6 @@
 """What the Pipecat service and the LiveKit plugin add to voxgate's latency.
 
-    flock /tmp/voxgate-bench.lock .venv/bin/python -m benchmarks.framework_latency [--clips 6]
+    .venv/bin/python -m benchmarks.framework_latency [--clips 6]
 
 One real server (bundled models) from this environment; then, in each framework's own
 environment (clients/setup-venvs.sh), a worker streams the same recorded clips at ``--speed``
