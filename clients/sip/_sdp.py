@@ -100,15 +100,15 @@ def parse_sdp(body: bytes) -> SdpOffer:
                 seen_audio = True
                 port_s = parts[1].split("/")[0]
                 if not port_s.isdigit() or int(port_s) > 65535:
-                    raise SdpError(f"bad m= port in {line!r}")
+                    raise SdpError(f"bad m= port in {line[:60]!r}")
                 port = int(port_s)
                 if "RTP/AVP" not in parts[2].upper():
-                    raise SdpError(f"unsupported transport {parts[2]!r}")
+                    raise SdpError(f"unsupported transport {parts[2][:20]!r}")
                 formats = tuple(int(f) for f in parts[3:] if f.isdigit() and int(f) < 128)
         elif kind == "c":
             parts = value.split()
             if len(parts) < 3 or parts[0] != "IN" or parts[1] not in ("IP4", "IP6"):
-                raise SdpError(f"bad c= line {line!r}")
+                raise SdpError(f"bad c= line {line[:60]!r}")
             addr = parts[2].split("/")[0]
             if in_audio:
                 media_addr = addr
