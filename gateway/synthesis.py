@@ -93,8 +93,9 @@ class _Done:
 
 _DONE = _Done()
 
-#: A worker's answer: per reply its chunks (or its error), seconds taken, decoder input frames.
-_RunResult = tuple[list[list[TtsChunk] | BaseException], float, int]
+#: A worker's answer: per reply its chunks (or its error), decoder seconds, decoder input
+#: frames, front-end seconds.
+_RunResult = tuple[list[list[TtsChunk] | BaseException], float, int, float]
 
 
 @dataclass(eq=False)
@@ -313,29 +314,58 @@ class SynthesisScheduler:
             self._urgent_idle = False
         else:
             self._idle -= 1
-        fut = loop.run_in_executor(self._pool, self._run, replies, plans)
+        fut = loop.run_in_executor(self._pool, self._run, replies, plans, loop)
         front = plans[0] is None
         fut.add_done_callback(lambda f: self._finished(f, replies, urgent, front))
 
-    def _run(self, replies: list[_Reply], plans: list[WindowPlan | None]) -> _RunResult:
-        """On a worker thread: one reply's front end, or one (batched) decoder call."""
-        t0 = time.perf_counter()
+    def _run(
+        self,
+        replies: list[_Reply],
+        plans: list[WindowPlan | None],
+        loop: asyncio.AbstractEventLoop,
+    ) -> _RunResult:
+        """On a worker thread: one reply's front end, or one (batched) decoder call.
+
+        A reply's first front end goes straight on to its first window in the same run (one
+        hop less before first audio); the reply is handed back to the dispatcher as soon as
+        that window is planned, so its second window can start beside the first.
+        """
+        front_s = 0.0
         if plans[0] is None:
+            reply = replies[0]
+            job = reply.job
+            t0 = time.perf_counter()
             try:
-                result: list[list[TtsChunk] | BaseException] = [replies[0].job.run_front_end()]
+                chunks = job.run_front_end()
             except Exception as exc:  # noqa: BLE001 - fails that reply only
-                result = [exc]
-            return result, time.perf_counter() - t0, 0
-        items = [(r.job, p) for r, p in zip(replies, plans, strict=True) if p is not None]
+                return [exc], 0.0, 0, time.perf_counter() - t0
+            front_s = time.perf_counter() - t0
+            fuse = reply.origin is None and not chunks and job.samples_planned == 0
+            if not fuse or job.unit_frames == 0:
+                return [chunks], 0.0, 0, front_s
+            plan = job.plan(self.policy.first_window_frames)
+            loop.call_soon_threadsafe(self._front_done, reply)
+            items = [(job, plan)]
+        else:
+            items = [(r.job, p) for r, p in zip(replies, plans, strict=True) if p is not None]
         frames = sum(p.input_frames for _, p in items)
+        t0 = time.perf_counter()
         try:
             audio = self.streamer.decode_windows(items)
-            result = [
+            result: list[list[TtsChunk] | BaseException] = [
                 [job.finish_window(plan, a)] for (job, plan), a in zip(items, audio, strict=True)
             ]
         except Exception as exc:  # noqa: BLE001 - a failing batch fails its own replies
             result = [exc for _ in replies]
-        return result, time.perf_counter() - t0, frames
+        return result, time.perf_counter() - t0, frames, front_s
+
+    def _front_done(self, reply: _Reply) -> None:
+        """On the loop: a first front end is done and its first window is decoding."""
+        reply.front_running = False
+        ctx = self.policy.context_frames
+        reply.first_eta = self._now() + self.cost.window_s(self.policy.first_window_frames + ctx)
+        if self._wake is not None:
+            self._wake.set()
 
     def _finished(
         self, fut: asyncio.Future[_RunResult], replies: list[_Reply], urgent: bool, front: bool
@@ -358,13 +388,13 @@ class SynthesisScheduler:
             for reply in replies:
                 self._fail(reply, exc)
             return
-        results, seconds, frames = fut.result()
+        results, seconds, frames, front_s = fut.result()
         if frames:
             self.cost.observe_window(frames, seconds)
             if self._metrics is not None:
                 self._metrics.tts_batch_size.observe(len(replies))
-        else:
-            self.cost.observe_front(seconds)
+        if front:
+            self.cost.observe_front(front_s)
         now = self._now()
         for reply, result in zip(replies, results, strict=True):
             if reply.cancelled:
