@@ -17,9 +17,11 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from engines.asr.config import WhisperConfig
 from engines.tts.config import TtsConfig
+from gateway.barge_in import DEFAULT_BACKCHANNELS
 
 __all__ = [
     "AdmissionConfig",
+    "BargeInConfig",
     "BatcherConfig",
     "DegradeConfig",
     "ConfigError",
@@ -368,6 +370,43 @@ class DegradeConfig(_Frozen):
     )
 
 
+class BargeInConfig(_Frozen):
+    """Barge-in defaults for calls (a call's config and each Speak may override them)."""
+
+    policy: Literal["immediate", "after_words", "never"] = Field(
+        "immediate",
+        description="What interrupts a reply: 'immediate' (caller speech begins), "
+        "'after_words' (a transcript with min_words words that are not backchannels) or "
+        "'never' (announcements).",
+    )
+    min_words: int = Field(
+        1,
+        ge=1,
+        le=20,
+        description="after_words: words a caller transcript needs to interrupt, backchannels "
+        "not counted. One word is reached by the first interim (~0.35 s of speech); each more "
+        "word costs another interim interval.",
+    )
+    backchannels: tuple[str, ...] = Field(
+        DEFAULT_BACKCHANNELS,
+        max_length=200,
+        description="after_words: listener responses that never interrupt ('mm-hmm', 'yeah', "
+        "'okay', ...), matched case- and punctuation-insensitively as whole words.",
+    )
+    interim_interval_ms: int = Field(
+        250,
+        ge=100,
+        le=5_000,
+        description="after_words: interval of the interim decodes that run while the caller "
+        "talks over such a reply (whether or not the call asked for interims), ms.",
+    )
+    echo_guard: bool = Field(
+        True,
+        description="Suppress inbound audio that is the echo of the reply just played (line "
+        "echo, speakerphones), so that it neither barges in nor opens utterances.",
+    )
+
+
 class SessionConfig(_Frozen):
     """How each call runs (server defaults; a call's config may override the interim interval)."""
 
@@ -385,6 +424,10 @@ class SessionConfig(_Frozen):
         le=1_000,
         description="Synthesized audio leaves this far ahead of its playout time, ms; it absorbs "
         "network and scheduling jitter at the client.",
+    )
+    barge_in: BargeInConfig = Field(
+        default_factory=BargeInConfig,  # type: ignore[arg-type]
+        description="Barge-in policy and echo guard defaults (gateway.config.BargeInConfig).",
     )
     tts_threads: int = Field(
         0,

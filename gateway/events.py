@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engines.asr.base import AsrResult
+from gateway.barge_in import BargeInMode
 from gateway.errors import CallError, ErrorKind
 
 __all__ = [
@@ -53,6 +54,10 @@ class SpeakIn:
     rate: float = 1.0
     speaker_id: int = 0
     uninterruptible: bool = False
+    #: This reply's barge-in policy; None = the call's (see gateway.barge_in).
+    barge_in: BargeInMode | None = None
+    #: after_words: words needed for this reply; 0 = the call's.
+    barge_in_min_words: int = 0
     #: Synthesize with the load-shedding settings (gateway/degrade.py: larger decoder windows).
     degraded: bool = False
 
@@ -148,6 +153,8 @@ class InterruptedOut:
     played_ms: int
     words_played: tuple[str, ...]
     at_offset_ms: int
+    #: after_words: the caller's transcript that interrupted (empty otherwise).
+    caller_text: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from engines.asr.base import AsrOptions
 from engines.vad import SileroVad
 from gateway.admission import AdmissionPolicy, LoadSnapshot, Refusal, StreamKind
 from gateway.audio import OutputEncoder
+from gateway.barge_in import BargeInMode, BargeInPolicy
 from gateway.base import EngineInfo, Synthesizer, Transcriber
 from gateway.config import GatewayConfig, VadConfig
 from gateway.degrade import QualityLevel
@@ -99,6 +100,30 @@ _PB_ENCODING = {
 _DTMF_DIGITS = frozenset("0123456789*#ABCD")
 #: A keypad press longer than this is no press (RFC 4733 events top out near 8 s).
 _MAX_DTMF_MS = 60_000
+#: Bounds of the barge-in options a call may give.
+_MAX_MIN_WORDS = 20
+_MAX_BACKCHANNELS = 200
+_MAX_BACKCHANNEL_CHARS = 64
+_BARGE_IN_MODES: dict[pb.BargeIn, BargeInMode] = {
+    pb.BARGE_IN_IMMEDIATE: "immediate",
+    pb.BARGE_IN_AFTER_WORDS: "after_words",
+    pb.BARGE_IN_NEVER: "never",
+}
+_PB_BARGE_IN = {mode: value for value, mode in _BARGE_IN_MODES.items()}
+
+
+def _barge_in_mode(value: pb.BargeIn, field: str) -> BargeInMode | None:
+    """A proto BargeIn as a mode; None for UNSPECIFIED (inherit)."""
+    if value == pb.BARGE_IN_UNSPECIFIED:
+        return None
+    mode = _BARGE_IN_MODES.get(value)
+    if mode is None:
+        raise CallError.invalid(
+            f"{field}={value} is not a BargeIn value; use BARGE_IN_IMMEDIATE, "
+            "BARGE_IN_AFTER_WORDS or BARGE_IN_NEVER"
+        )
+    return mode
+
 
 #: Full name of the gRPC service (health checks and reflection list it).
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["VoiceGateway"].full_name
@@ -524,9 +549,38 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             interim_interval_ms=cfg.interim_interval_ms or self.config.session.interim_interval_ms,
             barge_in=not cfg.barge_in.disabled,
             barge_in_min_speech_ms=cfg.barge_in.min_speech_ms,
+            barge_in_policy=self._barge_in_policy(cfg.barge_in),
+            barge_in_interim_ms=self.config.session.barge_in.interim_interval_ms,
+            echo_guard=self.config.session.barge_in.echo_guard
+            and not cfg.barge_in.echo_guard_disabled,
             mode=mode,
             speculative_finals=self.config.session.speculative_finals,
             playout_lead_ms=self.config.session.playout_lead_ms,
+        )
+
+    def _barge_in_policy(self, req: pb.BargeInConfig) -> BargeInPolicy:
+        """The call's barge-in policy: the server's defaults, as ``config.barge_in`` sets it."""
+        defaults = self.config.session.barge_in
+        mode = _barge_in_mode(req.policy, "config.barge_in.policy") or defaults.policy
+        if not 0 <= req.min_words <= _MAX_MIN_WORDS:
+            raise CallError.invalid(
+                f"config.barge_in.min_words={req.min_words} is outside 0..{_MAX_MIN_WORDS}"
+            )
+        if len(req.backchannels) > _MAX_BACKCHANNELS:
+            raise CallError.invalid(
+                f"config.barge_in.backchannels has {len(req.backchannels)} entries, over "
+                f"{_MAX_BACKCHANNELS}"
+            )
+        for phrase in req.backchannels:
+            if len(phrase) > _MAX_BACKCHANNEL_CHARS:
+                raise CallError.invalid(
+                    f"config.barge_in.backchannels has an entry of {len(phrase)} characters, "
+                    f"over {_MAX_BACKCHANNEL_CHARS}"
+                )
+        return BargeInPolicy(
+            mode=mode,
+            min_words=req.min_words or defaults.min_words,
+            backchannels=tuple(req.backchannels) or defaults.backchannels,
         )
 
     def _language(self, requested: str) -> str | None:
@@ -640,6 +694,10 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             raise CallError.invalid(f"speak.voice={echo(sp.voice)} is not loaded (see ListVoices)")
         if sp.speaker_id < 0:
             raise CallError.invalid(f"speak.speaker_id={sp.speaker_id} is negative")
+        if not 0 <= sp.barge_in_min_words <= _MAX_MIN_WORDS:
+            raise CallError.invalid(
+                f"speak.barge_in_min_words={sp.barge_in_min_words} is outside 0..{_MAX_MIN_WORDS}"
+            )
         return SpeakIn(
             text=sp.text,
             speak_id=sp.speak_id or uuid.uuid4().hex[:12],
@@ -647,6 +705,8 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             rate=rate,
             speaker_id=sp.speaker_id,
             uninterruptible=sp.uninterruptible,
+            barge_in=_barge_in_mode(sp.barge_in, "speak.barge_in"),
+            barge_in_min_words=sp.barge_in_min_words,
         )
 
     # -- Synthesize --------------------------------------------------------------------------------
@@ -766,6 +826,11 @@ def _effective_config(req: pb.SessionConfig, cfg: CallConfig) -> pb.SessionConfi
     eff.vad.max_utterance_ms = v.max_utterance_ms
     eff.vad.pre_roll_ms = v.pre_roll_ms
     eff.interim_interval_ms = cfg.interim_interval_ms
+    policy = cfg.barge_in_policy
+    eff.barge_in.policy = _PB_BARGE_IN[policy.mode if cfg.barge_in else "never"]
+    eff.barge_in.min_words = policy.min_words
+    eff.barge_in.backchannels[:] = list(policy.backchannels)
+    eff.barge_in.echo_guard_disabled = not cfg.echo_guard
     return eff
 
 
@@ -823,6 +888,7 @@ def _outbound(event: OutboundEvent) -> pb.ConverseResponse:
                 played_ms=event.played_ms,
                 words_played=list(event.words_played),
                 at_offset_ms=event.at_offset_ms,
+                caller_text=event.caller_text,
             )
         )
     if isinstance(event, PlaybackFinishedOut):

@@ -22,17 +22,20 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
 
 from engines.asr.base import AsrOptions, AsrRequest, AsrResult
+from engines.base import ASR_SAMPLE_RATE_HZ
 from gateway.audio import AudioFormatError, InputDecoder, OutputEncoder
+from gateway.barge_in import BargeInPolicy
 from gateway.base import Synthesizer, Transcriber, TtsPiece
 from gateway.config import DtmfConfig, LimitsConfig, VadConfig
 from gateway.degrade import QualityLevel
 from gateway.dtmf import DtmfDigit, DtmfGate
+from gateway.echo import EchoGuard
 from gateway.errors import CallError, ErrorKind
 from gateway.events import (
     AudioIn,
@@ -92,6 +95,12 @@ class CallConfig:
     interim_interval_ms: int = 1000
     barge_in: bool = True
     barge_in_min_speech_ms: int = 0
+    #: What interrupts a reply (a Speak may override it); ``barge_in=False`` means never.
+    barge_in_policy: BargeInPolicy = field(default_factory=BargeInPolicy)
+    #: Interim interval while the caller talks over an ``after_words`` reply, ms.
+    barge_in_interim_ms: int = 250
+    #: Suppress the echo of the bot's own replies in the caller's audio (gateway/echo.py).
+    echo_guard: bool = True
     mode: Literal["converse", "recognize"] = "converse"
     playout_lead_ms: int = 60
     speculative_finals: bool = True
@@ -148,6 +157,9 @@ class _Playback:
     started_at: float = 0.0  # loop time when its first frame was due
     sent_ms: int = 0
     words: list[tuple[str, int]] = field(default_factory=list)
+    policy: BargeInPolicy = field(default_factory=BargeInPolicy)
+    #: Utterances whose speech began during this reply -> their SPEECH_BEGIN offset, ms.
+    heard_from: dict[int, int] = field(default_factory=dict)
 
 
 class CallSession:
@@ -203,6 +215,20 @@ class CallSession:
         self._playback_task: asyncio.Task[None] | None = None
         self._seq = 0
         self._barge_pending_from: int | None = None
+        # The echo guard hears what the caller heard: output frames decoded back to 16 kHz.
+        self._echo = (
+            EchoGuard()
+            if config.echo_guard and config.mode == "converse" and synthesizer is not None
+            else None
+        )
+        self._echo_decoder = (
+            InputDecoder(config.output_encoding, config.output_rate_hz)
+            if self._echo is not None
+            else None
+        )
+        self._echo_next_at = 0.0  # when the far end finishes playing what was sent so far
+        # Set when caller speech begins over an after_words reply: interims speed up at once.
+        self._interim_wake = asyncio.Event()
         self._speech_end_at: dict[int, float] = {}
         self._final_done: set[int] = set()
         self._interim_task: asyncio.Task[None] | None = None
@@ -365,6 +391,8 @@ class CallSession:
                     samples = self._decoder.decode(event.data)
                 except AudioFormatError as exc:
                     raise CallError.invalid(str(exc)) from None
+                if self._echo is not None:
+                    samples = self._echo.process(samples, loop.time())
                 self._handle_segments(self._segmenter.push(self._gated(samples)))
                 # SPEECH_BEGIN goes out first, then barge-in stops playback right behind it.
                 await self._flush_pending_emits()
@@ -437,6 +465,10 @@ class CallSession:
             if isinstance(ev, SpeechBegin):
                 self._pending_emits.append(SpeechOut(True, ev.offset_ms, ev.utterance_index))
                 self._barge_pending_from = ev.offset_ms
+                if self._playback is not None:
+                    self._playback.heard_from[ev.utterance_index] = ev.offset_ms
+                    if self._playback.policy.mode == "after_words":
+                        self._interim_wake.set()
             elif isinstance(ev, SpeechEnd):
                 self._pending_emits.append(SpeechOut(False, ev.offset_ms, ev.utterance_index))
                 self._speech_end_at[ev.utterance_index] = asyncio.get_running_loop().time()
@@ -455,7 +487,7 @@ class CallSession:
     async def _check_barge_in(self) -> None:
         start = self._barge_pending_from
         pb = self._playback
-        if start is None or pb is None or not self.config.barge_in or pb.speak.uninterruptible:
+        if start is None or pb is None or pb.policy.mode != "immediate":
             return
         state = self._segmenter.state
         if state not in (SegmenterState.SPEAKING, SegmenterState.STOPPING):
@@ -504,7 +536,10 @@ class CallSession:
     # -- asr ---------------------------------------------------------------------------------------
 
     async def _asr(self) -> None:
-        if self.config.interim_results and self._transcriber is not None:
+        # Interims also serve the after_words barge-in policy, which any Speak may ask for.
+        if self._transcriber is not None and (
+            self.config.interim_results or self.config.mode == "converse"
+        ):
             self._interim_task = asyncio.create_task(self._interim_loop(), name="interim")
         while True:
             item = await self._utts.get()
@@ -547,24 +582,41 @@ class CallSession:
         await self._emit(
             TranscriptOut(result, True, utt.start_ms, utt.end_ms, utt.index, latency_ms=latency)
         )
+        await self._check_words_barge_in(utt.index, result.text)
 
     def _asr_options(self) -> AsrOptions:
         """The call's decoding options with the server's degradation steps in force."""
         return self._quality.asr_options(self.config.asr_options)
 
     async def _interim_loop(self) -> None:
+        """Interim decodes of the growing utterance, for the client and for barge-in.
+
+        The client gets them when it asked for them; the ``after_words`` barge-in policy needs
+        them while the caller talks over such a reply, and then they run at
+        ``barge_in_interim_ms`` from the caller's SPEECH_BEGIN on.
+        """
         assert self._transcriber is not None
-        interval_s = self.config.interim_interval_ms / 1000.0
         last_len = 0
         while True:
-            await asyncio.sleep(interval_s)
-            if not self._quality.interim_results:
-                continue  # shed under load (gateway/degrade.py): finals only
+            fast = self._listening_for_words()
+            interval_ms = (
+                self.config.barge_in_interim_ms if fast else self.config.interim_interval_ms
+            )
+            self._interim_wake.clear()
+            try:
+                await asyncio.wait_for(self._interim_wake.wait(), interval_ms / 1000.0)
+                continue  # speech began over an after_words reply: restart at the fast interval
+            except TimeoutError:
+                pass
+            fast = self._listening_for_words()
+            wanted = self.config.interim_results and self._quality.interim_results
+            if not (wanted or fast):
+                continue  # nobody needs interims now (or they are shed under load)
             utt = self._segmenter.growing()
             if utt is None:
                 last_len = 0
                 continue
-            if len(utt.audio) - last_len < 16 * self.config.interim_interval_ms // 2:
+            if len(utt.audio) - last_len < 16 * interval_ms // 2:
                 continue
             last_len = len(utt.audio)
             index = utt.index
@@ -577,7 +629,30 @@ class CallSession:
             ended = index in self._speech_end_at or index in self._final_done
             if ended or not result.text:
                 continue
-            await self._emit(TranscriptOut(result, False, utt.start_ms, utt.end_ms, index))
+            if wanted:
+                await self._emit(TranscriptOut(result, False, utt.start_ms, utt.end_ms, index))
+            await self._check_words_barge_in(index, result.text)
+
+    def _listening_for_words(self) -> bool:
+        """Whether the caller is talking over a reply that ``after_words`` may interrupt."""
+        pb = self._playback
+        return (
+            pb is not None
+            and pb.policy.mode == "after_words"
+            and self._segmenter.state in (SegmenterState.SPEAKING, SegmenterState.STOPPING)
+            and self._segmenter.utterance_index in pb.heard_from
+        )
+
+    async def _check_words_barge_in(self, index: int, text: str) -> None:
+        """``after_words``: a transcript of speech that began during the reply may stop it."""
+        pb = self._playback
+        if pb is None or pb.policy.mode != "after_words" or index not in pb.heard_from:
+            return
+        if not pb.policy.interrupts(text):
+            return
+        await self._stop_playback(
+            reason_offset_ms=pb.heard_from[index], clear_queue=True, caller_text=text
+        )
 
     async def _cancel_interim(self) -> None:
         task, self._interim_task = self._interim_task, None
@@ -600,7 +675,7 @@ class CallSession:
                     await asyncio.sleep(delay)
                 await self._emit(MarkReachedOut(item.name))
                 continue
-            pb = _Playback(item)
+            pb = _Playback(item, policy=self._policy_for(item))
             # Only speech that starts during this reply interrupts it; a caller already talking
             # when the bot starts (the bot chose to talk over them) does not cut it at once.
             self._barge_pending_from = None
@@ -620,6 +695,15 @@ class CallSession:
                 self._playback_task = None
             playout_until = max(loop.time(), pb.started_at + pb.sent_ms / 1000.0)
 
+    def _policy_for(self, speak: SpeakIn) -> BargeInPolicy:
+        """The barge-in policy of one reply: the call's, as its Speak overrides it."""
+        call = self.config.barge_in_policy
+        if not self.config.barge_in:
+            call = replace(call, mode="never")
+        return call.for_speak(
+            speak.barge_in, speak.barge_in_min_words, uninterruptible=speak.uninterruptible
+        )
+
     async def _play(self, pb: _Playback) -> None:
         assert self._synth is not None and self._encoder is not None
         loop = asyncio.get_running_loop()
@@ -633,7 +717,8 @@ class CallSession:
         async def produce() -> None:
             assert self._synth is not None
             try:
-                async for piece in cap.apply(self._synth.stream(self._quality.speak(pb.speak))):
+                speech = self._synth.stream(self._quality.speak(pb.speak))
+                async for piece in cap.apply(speech):
                     await pieces.put(piece)
             except asyncio.CancelledError:
                 raise
@@ -681,6 +766,14 @@ class CallSession:
                             frame, self._seq, pb.speak.speak_id, offset, last and not pending
                         )
                     )
+                    if self._echo is not None and self._echo_decoder is not None:
+                        # What the caller hears, when it hears it: the echo guard's reference.
+                        # The far end plays each frame `lead` after it left, or right after
+                        # the frame before it (a jitter buffer): late frames shift the rest.
+                        heard = self._echo_decoder.decode(frame)
+                        play_at = max(loop.time() + lead_s, self._echo_next_at)
+                        self._echo.played(heard, play_at)
+                        self._echo_next_at = play_at + len(heard) / ASR_SAMPLE_RATE_HZ
                 if last:
                     break
             if cap.cut:
@@ -713,7 +806,9 @@ class CallSession:
             speak_id=speak_id,
         )
 
-    async def _stop_playback(self, *, reason_offset_ms: int, clear_queue: bool) -> None:
+    async def _stop_playback(
+        self, *, reason_offset_ms: int, clear_queue: bool, caller_text: str = ""
+    ) -> None:
         if clear_queue:
             while not self._speaks.empty():
                 item = self._speaks.get_nowait()
@@ -728,7 +823,9 @@ class CallSession:
         heard_ms = 0 if pb.started_at == 0.0 else int((loop.time() - pb.started_at) * 1000)
         played = max(0, min(pb.sent_ms, heard_ms))
         words = tuple(w for w, end in pb.words if end <= played)
-        await self._emit(InterruptedOut(pb.speak.speak_id, played, words, reason_offset_ms))
+        await self._emit(
+            InterruptedOut(pb.speak.speak_id, played, words, reason_offset_ms, caller_text)
+        )
 
     # -- send --------------------------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ from ._client import (
     read_token,
     tls_credentials,
 )
-from ._config import CallConfig, EncodingName, VadOptions
+from ._config import BargeInName, CallConfig, EncodingName, VadOptions
 from ._errors import CallEndedError, VoxgateError
 from ._events import (
     Alternative,
@@ -70,6 +70,7 @@ __all__ = [
     "Alternative",
     "AudioOut",
     "AudioSink",
+    "BargeInName",
     "Call",
     "CallConfig",
     "CallEndedError",

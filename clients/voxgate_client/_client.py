@@ -31,7 +31,7 @@ from typing import Any, Literal, Self
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ._config import CallConfig, EncodingName, encoding_number
+from ._config import BargeInName, CallConfig, EncodingName, barge_in_number, encoding_number
 from ._errors import CallEndedError, VoxgateError, quota_from_trailers
 from ._events import (
     ServerEvent,
@@ -269,11 +269,16 @@ class Call:
         *,
         speaker_id: int = 0,
         uninterruptible: bool = False,
+        barge_in: BargeInName | None = None,
+        barge_in_min_words: int = 0,
     ) -> str:
         """Queue a reply; returns its speak_id (generated here when not given).
 
         The id is generated client-side so the caller can match AudioOut, PlaybackFinished and
-        PlaybackInterrupted to this reply without waiting for the server.
+        PlaybackInterrupted to this reply without waiting for the server. ``barge_in``
+        overrides the call's policy for this reply (``"never"`` for an announcement,
+        ``"after_words"`` so that "mm-hmm" does not cut it); ``barge_in_min_words`` the
+        words ``after_words`` needs.
         """
         sid = speak_id or _new_id()
         await self._write(
@@ -285,6 +290,8 @@ class Call:
                     rate=rate or 0.0,
                     speaker_id=speaker_id,
                     uninterruptible=uninterruptible,
+                    barge_in=barge_in_number(barge_in),
+                    barge_in_min_words=barge_in_min_words,
                 )
             )
         )

@@ -7,9 +7,37 @@ from typing import Literal
 
 from ._proto import voxgate_pb2 as pb
 
-__all__ = ["CallConfig", "EncodingName", "VadOptions", "encoding_number"]
+__all__ = [
+    "BargeInName",
+    "CallConfig",
+    "EncodingName",
+    "VadOptions",
+    "barge_in_number",
+    "encoding_number",
+]
 
 EncodingName = Literal["linear16", "mulaw", "alaw"]
+#: What must happen for the caller to interrupt a reply (see ``CallConfig.barge_in_policy``).
+BargeInName = Literal["immediate", "after_words", "never"]
+
+_BARGE_IN = {
+    "immediate": pb.BARGE_IN_IMMEDIATE,
+    "after_words": pb.BARGE_IN_AFTER_WORDS,
+    "never": pb.BARGE_IN_NEVER,
+}
+
+
+def barge_in_number(name: BargeInName | None) -> pb.BargeIn:
+    """The wire value of a barge-in policy name (None = inherit: the call's or the server's)."""
+    if name is None:
+        return pb.BARGE_IN_UNSPECIFIED
+    try:
+        return _BARGE_IN[name]
+    except KeyError:
+        raise ValueError(
+            f"barge_in={name!r} is not one of 'immediate', 'after_words', 'never'"
+        ) from None
+
 
 _ENCODING: dict[str, pb.Encoding] = {"linear16": pb.LINEAR16, "mulaw": pb.MULAW, "alaw": pb.ALAW}
 
@@ -50,6 +78,13 @@ class CallConfig:
         output_sample_rate_hz: reply audio rate; None = same as ``sample_rate_hz``.
         interim_results: ask for interim transcripts of growing utterances.
         barge_in: stop reply playback when the caller starts speaking.
+        barge_in_policy: what interrupts a reply: ``"immediate"`` (speech begins),
+            ``"after_words"`` (a transcript with ``barge_in_min_words`` words that are not
+            backchannels such as "mm-hmm" or "okay") or ``"never"``; None = the server's.
+        barge_in_min_words: ``after_words``: words needed (0 = the server's default, 1).
+        backchannels: ``after_words``: phrases that never interrupt (empty = the server's).
+        echo_guard: keep the bot's own reply, echoed back by the line, from counting as the
+            caller (turn off only for lines known to be echo-free).
     """
 
     encoding: EncodingName = "linear16"
@@ -63,6 +98,10 @@ class CallConfig:
     voice: str = ""
     barge_in: bool = True
     barge_in_min_speech_ms: int = 0
+    barge_in_policy: BargeInName | None = None
+    barge_in_min_words: int = 0
+    backchannels: tuple[str, ...] = ()
+    echo_guard: bool = True
     call_id: str = ""
     word_timestamps: bool = False
     beam_size: int = 0
@@ -83,7 +122,12 @@ class CallConfig:
             model=self.model,
             voice=self.voice,
             barge_in=pb.BargeInConfig(
-                disabled=not self.barge_in, min_speech_ms=self.barge_in_min_speech_ms
+                disabled=not self.barge_in,
+                min_speech_ms=self.barge_in_min_speech_ms,
+                policy=barge_in_number(self.barge_in_policy),
+                min_words=self.barge_in_min_words,
+                backchannels=list(self.backchannels),
+                echo_guard_disabled=not self.echo_guard,
             ),
             call_id=self.call_id,
             decoding=pb.DecodingOptions(

@@ -153,13 +153,18 @@ class MarkReached:
 
 @dataclass(frozen=True, slots=True)
 class PlaybackInterrupted:
-    """A reply stopped early: barge-in (``at_offset_ms >= 0``) or ``clear``/hangup (-1)."""
+    """A reply stopped early: barge-in (``at_offset_ms >= 0``) or ``clear``/hangup (-1).
+
+    ``caller_text`` is the caller's transcript that interrupted under the ``after_words``
+    policy (empty for the others).
+    """
 
     speak_id: str
     played_ms: int
     words_played: tuple[str, ...]
     at_offset_ms: int
     received_s: float = _received()
+    caller_text: str = ""
 
     @property
     def barge_in(self) -> bool:
@@ -275,7 +280,7 @@ def event_from_proto(msg: pb.ConverseResponse, received_s: float = 0.0) -> Serve
     if kind == "interrupted":
         i = msg.interrupted
         return PlaybackInterrupted(
-            i.speak_id, i.played_ms, tuple(i.words_played), i.at_offset_ms, t
+            i.speak_id, i.played_ms, tuple(i.words_played), i.at_offset_ms, t, i.caller_text
         )
     if kind == "playback_finished":
         f = msg.playback_finished

@@ -1,0 +1,301 @@
+"""Barge-in on a phone line: false barge-ins from the bot's own echo, and true barge-in latency.
+
+Run:  .venv/bin/python -m benchmarks.barge_in [--repeats 3] [--tiny]
+
+A real grpc.aio server on a loopback port with the bundled Whisper model and Piper voice and the
+default VAD. Each call is μ-law 8 kHz, paced at real time by the client, which plays the reply as
+a phone does and returns it as line echo (``gateway.testing.echo_line``): each level × delay of
+the issue's grid. "today" is the same server with the call's echo guard off
+(``config.barge_in.echo_guard_disabled``), so both columns come from one run, interleaved.
+
+Rows:
+
+* echo only: the caller is silent, the line returns the reply. A barge-in is false.
+* true barge-in: a real recorded caller (shared speech clips) starts talking 1.5 s into the
+  reply. Latency is from the first loud frame of the caller's speech leaving the client to the
+  ``interrupted`` event arriving. today: no echo (the only case in which today's gateway lets a
+  reply run long enough to be interrupted by the caller); now: over the echo as well.
+* after_words: the same callers under ``BARGE_IN_AFTER_WORDS`` (default one word), which waits
+  for an interim transcript; and a caller who only says backchannels ("Yeah. Okay.", spoken by
+  the bundled voice), which must not interrupt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import soxr
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._stats import median, percentile  # noqa: E402
+from gateway.config import GatewayConfig, load_config  # noqa: E402
+from gateway.runtime import build_hub  # noqa: E402
+from gateway.testing.echo_line import EchoLine  # noqa: E402
+from gateway.testing.server import running_server  # noqa: E402
+from pcmcodec import MULAW_DECODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float  # noqa: E402
+from voxgate.v1 import voxgate_pb2 as pb  # noqa: E402
+from voxgate.v1 import voxgate_pb2_grpc as pb_grpc  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SPEECH = REPO.parent / "shared" / "data" / "speech"
+REPLY = (
+    "Thanks for calling. Let me read your full order back to you, item by item, before we "
+    "confirm it today. You asked for two large pizzas and a salad."
+)
+LEVELS_DB = (-10, -20, -30)
+DELAYS_MS = (40, 120, 250)
+CALLERS = ("jfk_inaugural_1961.wav", "librispeech_1272-128104-0000.wav", "cmu_goforward.wav")
+CALLER_AT_S = 1.5
+FRAME = 160  # 20 ms at 8 kHz
+
+
+def mulaw(x: np.ndarray) -> bytes:
+    pcm = float_to_pcm16(np.asarray(x, np.float32))
+    return bytes(MULAW_ENCODE[pcm.astype(np.int64) + 32768].tobytes())
+
+
+def unmulaw(data: bytes) -> np.ndarray:
+    return pcm16_to_float(MULAW_DECODE[np.frombuffer(data, np.uint8)])
+
+
+def load_caller(name: str) -> np.ndarray:
+    import wave  # noqa: PLC0415
+
+    with wave.open(str(SPEECH / name), "rb") as w:
+        pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2")
+        rate = w.getframerate()
+    return np.asarray(soxr.resample(pcm16_to_float(pcm), rate, 8000), np.float32)
+
+
+def onset_s(x: np.ndarray, threshold_dbfs: float = -40.0) -> float:
+    """Start of the first 20 ms frame louder than ``threshold_dbfs``: the caller's first word."""
+    n = len(x) // FRAME
+    rms = np.sqrt(np.mean(x[: n * FRAME].reshape(n, FRAME).astype(np.float64) ** 2, axis=1))
+    loud = np.nonzero(20 * np.log10(np.maximum(rms, 1e-9)) > threshold_dbfs)[0]
+    return float(loud[0]) * FRAME / 8000 if len(loud) else 0.0
+
+
+@dataclass
+class CallResult:
+    interrupted_at: float | None = None
+    finished: bool = False
+    speech_begins: int = 0
+    caller_text: str = ""
+    onset_sent_at: float | None = None
+    events: list[str] = field(default_factory=list)
+
+    @property
+    def latency_ms(self) -> float:
+        if self.interrupted_at is None or self.onset_sent_at is None:
+            return float("inf")
+        return 1000.0 * (self.interrupted_at - self.onset_sent_at)
+
+
+async def run_call(
+    stub: pb_grpc.VoiceGatewayStub,
+    *,
+    guard: bool,
+    policy: int = pb.BARGE_IN_IMMEDIATE,
+    level_db: float | None = None,
+    delay_ms: float = 120.0,
+    caller: np.ndarray | None = None,
+    max_s: float = 20.0,
+) -> CallResult:
+    """One call: the reply plays, the line echoes it, and maybe a caller talks over it."""
+    line = EchoLine(8000, level_db if level_db is not None else -200.0, delay_ms)
+    res = CallResult()
+    rpc = stub.Converse()
+    first_audio = asyncio.Event()
+    done = asyncio.Event()
+    cfg = pb.SessionConfig(
+        input_audio=pb.AudioFormat(encoding=pb.MULAW, sample_rate_hertz=8000),
+        barge_in=pb.BargeInConfig(policy=policy, echo_guard_disabled=not guard),  # type: ignore[arg-type]
+    )
+    await rpc.write(pb.ConverseRequest(config=cfg))
+    await rpc.write(pb.ConverseRequest(speak=pb.Speak(text=REPLY, speak_id="reply")))
+
+    async def read() -> None:
+        while (msg := await rpc.read()) is not grpc.aio.EOF:
+            now = time.monotonic()
+            kind = msg.WhichOneof("event")
+            res.events.append(kind)
+            if kind == "audio":
+                line.heard(unmulaw(msg.audio.data), now)
+                first_audio.set()
+            elif kind == "interrupted":
+                res.interrupted_at = now
+                res.caller_text = msg.interrupted.caller_text
+                done.set()
+            elif kind == "playback_finished":
+                res.finished = True
+                done.set()
+            elif kind == "speech" and msg.speech.type == pb.SpeechEvent.SPEECH_BEGIN:
+                res.speech_begins += 1
+
+    reader = asyncio.create_task(read())
+    started = asyncio.create_task(first_audio.wait())
+    await asyncio.wait({started, reader}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+    if not first_audio.is_set():
+        started.cancel()
+        if reader.done():
+            reader.result()  # the call failed: say why
+        raise TimeoutError("no reply audio within 60 s")
+    t0 = time.monotonic()
+    start = round(CALLER_AT_S * 8000)
+    if caller is not None:
+        res.onset_sent_at = t0 + CALLER_AT_S + onset_s(caller)
+    k = 0
+    stop_at: float | None = None
+    while True:
+        t = t0 + k * FRAME / 8000
+        await asyncio.sleep(max(0.0, t - time.monotonic()))
+        x = line.echo(t, FRAME)
+        lo = k * FRAME - start  # the caller starts on a frame boundary
+        if caller is not None and 0 <= lo < len(caller):
+            seg = caller[lo : lo + FRAME]
+            x[: len(seg)] += seg
+        await rpc.write(pb.ConverseRequest(audio=pb.AudioChunk(data=mulaw(x))))
+        k += 1
+        if done.is_set() and stop_at is None:
+            stop_at = t + 0.5  # a little more line audio: no late events are missed
+        if (stop_at is not None and t >= stop_at) or t - t0 > max_s:
+            break
+    await rpc.write(pb.ConverseRequest(hangup=pb.Hangup()))
+    await rpc.done_writing()
+    await asyncio.wait_for(reader, 60)
+    return res
+
+
+async def backchannel_audio(stub: pb_grpc.VoiceGatewayStub) -> np.ndarray:
+    """A caller who only says "Yeah. Okay." (the bundled voice), μ-law 8 kHz as float."""
+    req = pb.SynthesizeRequest(
+        text="Yeah. Okay.", output_audio=pb.AudioFormat(encoding=pb.MULAW, sample_rate_hertz=8000)
+    )
+    data = b"".join([r.data async for r in stub.Synthesize(req)])
+    return unmulaw(data)
+
+
+def fmt_ms(values: list[float]) -> str:
+    if not values:
+        return "-"
+    missed = sum(1 for v in values if v == float("inf"))
+    text = f"{median(values):.0f} / {percentile(values, 95):.0f}"
+    return text + (f" ({missed} missed)" if missed else "")
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    levels = LEVELS_DB[:1] if args.tiny else LEVELS_DB
+    delays = DELAYS_MS[1:2] if args.tiny else DELAYS_MS
+    callers = CALLERS[:1] if args.tiny else CALLERS
+    repeats = 1 if args.tiny else args.repeats
+    cfg = load_config(None, {"engines": "asr,tts"})
+    hub = build_hub(cfg)
+    # One caller at a time on a shared machine: load shedding and admission would only blur
+    # the comparison (and refuse calls when other processes load the CPU).
+    overrides: dict[str, Any] = {"limits": {"idle_timeout_s": 0}}
+    for section in ("admission", "degrade"):
+        if section in GatewayConfig.model_fields:
+            overrides[section] = {"enabled": False}
+    out: dict[str, Any] = {"echo": [], "latency": {}, "backchannel": {}}
+    async with (
+        running_server(hub=hub, **overrides) as srv,  # type: ignore[arg-type]
+        grpc.aio.insecure_channel(srv.target) as ch,
+    ):
+        stub = pb_grpc.VoiceGatewayStub(ch)
+        print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
+        print("echo only: false barge-ins (calls interrupted / calls), SPEECH_BEGIN events")
+        print(f"{'level':>6} {'delay':>6} | {'today':>14} | {'now':>14}")
+        for level in levels:
+            for delay in delays:
+                row: dict[str, Any] = {"level_db": level, "delay_ms": delay}
+                for name, guard in (("today", False), ("now", True)):
+                    runs = [
+                        await run_call(stub, guard=guard, level_db=level, delay_ms=delay)
+                        for _ in range(repeats)
+                    ]
+                    row[name] = {
+                        "false_barge_ins": sum(r.interrupted_at is not None for r in runs),
+                        "calls": len(runs),
+                        "speech_begins": sum(r.speech_begins for r in runs),
+                    }
+                out["echo"].append(row)
+                cells = [
+                    f"{c['false_barge_ins']}/{c['calls']}, {c['speech_begins']:>2} begins"
+                    for c in (row["today"], row["now"])
+                ]
+                print(f"{level:>4}dB {delay:>4}ms | {cells[0]:>14} | {cells[1]:>14}")
+
+        lat: dict[str, list[float]] = {}
+        texts: list[str] = []
+        cases: list[tuple[str, dict[str, Any]]] = [
+            ("immediate, today (no echo, guard off)", {"guard": False}),
+            ("immediate, now (no echo)", {"guard": True}),
+        ]
+        cases += [
+            (f"immediate, now (echo {lv} dB, 120 ms)", {"guard": True, "level_db": lv})
+            for lv in levels
+        ]
+        cases += [
+            (
+                "after_words, now (echo -20 dB, 120 ms)",
+                {"guard": True, "level_db": -20, "policy": pb.BARGE_IN_AFTER_WORDS},
+            )
+        ]
+        clips = {name: load_caller(name) for name in callers}
+        for _ in range(repeats):
+            for name, clip in clips.items():
+                for label, kw in cases:  # interleaved: every case sees the same machine load
+                    r = await run_call(stub, caller=clip, **kw)
+                    lat.setdefault(label, []).append(r.latency_ms)
+                    if r.caller_text:
+                        texts.append(f"{name}: {r.caller_text!r}")
+        print("\ntrue barge-in: caller's first word -> interrupted, ms (median / p95)")
+        for label, values in lat.items():
+            print(f"  {label:<42} {fmt_ms(values)}   n={len(values)}")
+            out["latency"][label] = values
+        for t in texts[:6]:
+            print(f"    after_words heard {t}")
+
+        back = await backchannel_audio(stub)
+        for label, policy in (
+            ("immediate", pb.BARGE_IN_IMMEDIATE),
+            ("after_words", pb.BARGE_IN_AFTER_WORDS),
+        ):
+            runs = [
+                await run_call(stub, guard=True, caller=back, policy=policy, level_db=-20)
+                for _ in range(repeats)
+            ]
+            n = sum(r.interrupted_at is not None for r in runs)
+            out["backchannel"][label] = {"interrupted": n, "calls": len(runs)}
+        print('\ncaller says only "Yeah. Okay." over the reply (echo -20 dB): calls interrupted')
+        for label, v in out["backchannel"].items():
+            print(f"  {label:<12} {v['interrupted']}/{v['calls']}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=2, help="calls per cell")
+    ap.add_argument("--tiny", action="store_true", help="one cell of each kind (for the test)")
+    ap.add_argument("--json", type=Path, help="write the figures here")
+    args = ap.parse_args(argv)
+    out = asyncio.run(main_async(args))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,512 @@
+"""Barge-in policies (immediate, after_words, never, backchannels) and the echo guard.
+
+The policy logic runs on the virtual clock with FAKE engines (gateway.testing): a fake tone
+voice, a fake recogniser with scripted texts and an energy "VAD", so every time is exact. The
+echo guard is tested on synthetic signals through G.711, then end to end: a real grpc.aio server
+with the bundled Piper voice and the real VAD, the reply fed back into the caller's μ-law audio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from benchmarks.barge_in import load_caller, run_call
+from gateway.barge_in import DEFAULT_BACKCHANNELS, BargeInPolicy, content_words
+from gateway.config import LimitsConfig, VadConfig, load_config
+from gateway.echo import EchoGuard, echo_similarity
+from gateway.events import (
+    AudioIn,
+    AudioOutEvent,
+    InboundEvent,
+    InterruptedOut,
+    OutboundEvent,
+    PlaybackFinishedOut,
+    SpeakIn,
+    SpeechOut,
+    TranscriptOut,
+)
+from gateway.runtime import build_hub
+from gateway.session import CallConfig, CallSession
+from gateway.testing.echo_line import EchoLine
+from gateway.testing.fake_engines import EnergyVoiceDetector, FakeToneSynthesizer, FakeTranscriber
+from gateway.testing.server import running_server
+from gateway.testing.virtual_time import run_virtual
+from pcmcodec import MULAW_DECODE, MULAW_ENCODE, WireEncoding, float_to_pcm16, pcm16_to_float
+from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
+
+FRAME_S = 0.02
+
+
+# --- the policy as pure functions ----------------------------------------------------------------
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("Mm-hmm.", 0),
+        ("mm hmm", 0),
+        ("Yeah, okay.", 0),
+        ("Uh-huh, right!", 0),
+        ("I see. Got it.", 0),
+        ("All right", 0),
+        ("Yeah, wait a second.", 3),
+        ("No.", 1),
+        ("okay so I want to change it", 6),
+        ("rightly", 1),  # whole words only
+        ("", 0),
+    ],
+)
+def test_content_words_skip_backchannels(text: str, words: int) -> None:
+    assert content_words(text, DEFAULT_BACKCHANNELS) == words
+
+
+@pytest.mark.unit
+def test_a_configured_backchannel_list_replaces_the_default() -> None:
+    assert content_words("no worries", ["No worries!"]) == 0
+    assert content_words("yeah", ["no worries"]) == 1
+    policy = BargeInPolicy("after_words", min_words=2, backchannels=("no worries",))
+    assert not policy.interrupts("No worries.")
+    assert not policy.interrupts("wait")
+    assert policy.interrupts("no worries, wait stop")
+
+
+@pytest.mark.unit
+def test_a_speak_overrides_the_call_policy() -> None:
+    call = BargeInPolicy("after_words", min_words=2)
+    assert call.for_speak(None, 0, uninterruptible=False) == call
+    assert call.for_speak("immediate", 0, uninterruptible=False).mode == "immediate"
+    assert call.for_speak(None, 4, uninterruptible=False).min_words == 4
+    assert call.for_speak("immediate", 0, uninterruptible=True).mode == "never"
+
+
+# --- the policy in a session (virtual clock, fake engines) ---------------------------------------
+
+
+def tone(ms: int, level: float = 0.3) -> bytes:
+    """A loud tone: "speech" to the fake energy detector."""
+    t = np.arange(16 * ms) / 16000.0
+    return (level * 32767 * np.sin(2 * np.pi * 300 * t)).astype("<i2").tobytes()
+
+
+def silence(ms: int) -> bytes:
+    return bytes(32 * ms)
+
+
+@dataclass
+class Call:
+    """One session driven from a test: ``inbox`` feeds it, ``out`` records (time, event)."""
+
+    transcriber: FakeTranscriber | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    out: list[tuple[float, OutboundEvent]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        cfg = CallConfig(
+            input_encoding=WireEncoding.LINEAR16,
+            input_rate_hz=16000,
+            output_encoding=WireEncoding.LINEAR16,
+            output_rate_hz=16000,
+            vad=VadConfig(),
+            speculative_finals=False,
+            **self.options,
+        )
+        self.inbox: asyncio.Queue[InboundEvent | None] = asyncio.Queue()
+        self.session = CallSession(
+            cfg,
+            LimitsConfig(),
+            self.transcriber,
+            FakeToneSynthesizer(),
+            detector=EnergyVoiceDetector(),
+        )
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+
+        async def sink(event: OutboundEvent) -> None:
+            self.out.append((loop.time(), event))
+
+        await self.session.run(self.inbox.get, sink)
+
+    async def say(self, pcm: bytes) -> None:
+        """Send caller audio in real time, 20 ms a message."""
+        for i in range(0, len(pcm), 640):
+            await self.inbox.put(AudioIn(pcm[i : i + 640]))
+            await asyncio.sleep(FRAME_S)
+
+    def of(self, kind: type[Any]) -> list[tuple[float, Any]]:
+        return [(t, e) for t, e in self.out if isinstance(e, kind)]
+
+    def begin(self) -> tuple[float, SpeechOut]:
+        ((t, ev),) = [(t, e) for t, e in self.of(SpeechOut) if e.begin]
+        return t, ev
+
+
+def talk_over_reply(call: Call, speak: SpeakIn, speech_ms: int = 1200) -> None:
+    """A 5 s reply; 1 s into it the caller speaks for ``speech_ms``; then the call ends."""
+
+    async def main() -> None:
+        runner = asyncio.create_task(call.run())
+        await call.inbox.put(speak)
+        await asyncio.sleep(1.0)
+        await call.say(tone(speech_ms) + silence(1000))
+        await asyncio.sleep(5.0)
+        await call.inbox.put(None)
+        await asyncio.wait_for(runner, 600)  # virtual seconds: a hang guard
+
+    run_virtual(main())
+
+
+REPLY = SpeakIn("x" * 50, "s1")
+
+
+def after_words(**kw: Any) -> dict[str, Any]:
+    return {"barge_in_policy": BargeInPolicy("after_words", **kw)}
+
+
+@pytest.mark.component
+def test_immediate_interrupts_right_behind_speech_begin() -> None:
+    call = Call(FakeTranscriber(delay_s=0.1))
+    talk_over_reply(call, REPLY)
+    t_begin, begin = call.begin()
+    ((t_int, intr),) = call.of(InterruptedOut)
+    assert t_int == t_begin and intr.at_offset_ms == begin.offset_ms
+    assert intr.caller_text == ""  # only after_words says which words interrupted
+
+
+@pytest.mark.component
+@pytest.mark.parametrize(
+    ("options", "speak"),
+    [
+        ({"barge_in_policy": BargeInPolicy("never")}, REPLY),
+        ({}, SpeakIn("x" * 50, "s1", barge_in="never")),
+        ({"barge_in": False}, REPLY),
+        (after_words(), SpeakIn("x" * 50, "s1", barge_in="never")),
+    ],
+    ids=["call-never", "speak-never", "call-disabled", "speak-never-over-after-words"],
+)
+def test_never_plays_to_the_end_while_the_caller_talks(
+    options: dict[str, Any], speak: SpeakIn
+) -> None:
+    call = Call(FakeTranscriber(["wait stop that please"] * 20, delay_s=0.1), options)
+    talk_over_reply(call, speak)
+    call.begin()  # the caller's speech was heard and reported
+    assert not call.of(InterruptedOut)
+    ((_, fin),) = call.of(PlaybackFinishedOut)
+    assert fin.duration_ms == 5000
+    assert call.of(TranscriptOut)  # and transcribed
+
+
+@pytest.mark.component
+def test_after_words_interrupts_on_the_first_interim_with_words() -> None:
+    texts = lambda r: "wait, stop" if not r.is_final else "x"  # noqa: E731
+    call = Call(FakeTranscriber(texts, delay_s=0.1), {**after_words(), "barge_in_interim_ms": 250})
+    talk_over_reply(call, REPLY)
+    t_begin, begin = call.begin()
+    ((t_int, intr),) = call.of(InterruptedOut)
+    # The first interim is due 250 ms after SPEECH_BEGIN and takes the fake's 100 ms.
+    assert t_int == pytest.approx(t_begin + 0.25 + 0.1, abs=1e-9)
+    assert intr.at_offset_ms == begin.offset_ms
+    assert intr.caller_text == "wait, stop"
+    assert intr.played_ms > 0
+    # The call did not ask for interims: they served the policy and were not sent.
+    assert call.transcriber is not None
+    assert any(not r.is_final for r in call.transcriber.requests)
+    assert all(e.is_final for _, e in call.of(TranscriptOut))
+
+
+@pytest.mark.component
+def test_after_words_ignores_backchannels() -> None:
+    texts = lambda r: "Mm-hmm, yeah." if not r.is_final else "Okay."  # noqa: E731
+    call = Call(FakeTranscriber(texts, delay_s=0.1), after_words())
+    talk_over_reply(call, REPLY, speech_ms=1500)
+    call.begin()
+    assert not call.of(InterruptedOut)
+    assert call.of(PlaybackFinishedOut)
+    assert call.transcriber is not None
+    interims = [r for r in call.transcriber.requests if not r.is_final]
+    assert len(interims) >= 3  # it kept listening at the fast interval while the caller spoke
+
+
+@pytest.mark.component
+def test_after_words_needs_min_words_content_words() -> None:
+    texts = lambda r: "yeah wait stop" if not r.is_final else "yeah wait stop"  # noqa: E731
+    few = Call(FakeTranscriber(texts, delay_s=0.1), after_words(min_words=3))
+    talk_over_reply(few, REPLY)
+    assert not few.of(InterruptedOut)  # two content words of three needed
+    enough = Call(FakeTranscriber(texts, delay_s=0.1), after_words(min_words=2))
+    talk_over_reply(enough, REPLY)
+    assert enough.of(InterruptedOut)
+
+
+@pytest.mark.component
+def test_after_words_per_speak_min_words() -> None:
+    texts = lambda r: "wait stop"  # noqa: E731
+    call = Call(FakeTranscriber(texts, delay_s=0.1), after_words(min_words=1))
+    talk_over_reply(call, SpeakIn("x" * 50, "s1", barge_in_min_words=3))
+    assert not call.of(InterruptedOut)
+
+
+@pytest.mark.component
+def test_after_words_a_short_answer_interrupts_on_its_final() -> None:
+    """ "No." ends before any interim is due: the final transcript decides."""
+    texts = lambda r: "No." if r.is_final else ""  # noqa: E731  (no words heard yet)
+    call = Call(FakeTranscriber(texts, delay_s=0.1), after_words())
+    talk_over_reply(call, REPLY, speech_ms=200)
+    _, begin = call.begin()
+    ((t_int, intr),) = call.of(InterruptedOut)
+    ((t_fin, fin),) = call.of(TranscriptOut)
+    assert fin.is_final and t_int == t_fin
+    assert intr.caller_text == "No." and intr.at_offset_ms == begin.offset_ms
+
+
+@pytest.mark.component
+def test_speak_immediate_overrides_an_after_words_call() -> None:
+    call = Call(FakeTranscriber(["mm-hmm"] * 20, delay_s=0.1), after_words())
+    talk_over_reply(call, SpeakIn("x" * 50, "s1", barge_in="immediate"))
+    t_begin, _ = call.begin()
+    ((t_int, _),) = call.of(InterruptedOut)
+    assert t_int == t_begin
+
+
+@pytest.mark.component
+def test_speech_that_began_before_the_reply_does_not_interrupt_it_under_after_words() -> None:
+    call = Call(FakeTranscriber(["wait stop"] * 20, delay_s=0.1), after_words())
+
+    async def main() -> None:
+        runner = asyncio.create_task(call.run())
+        speech = asyncio.create_task(call.say(tone(1500) + silence(1000)))
+        await asyncio.sleep(0.5)  # the caller is talking when the bot starts
+        await call.inbox.put(REPLY)
+        await speech
+        await asyncio.sleep(6.0)
+        await call.inbox.put(None)
+        await asyncio.wait_for(runner, 600)
+
+    run_virtual(main())
+    assert not call.of(InterruptedOut)
+
+
+# --- the echo guard in a session (virtual clock, fake tone voice) --------------------------------
+
+
+def echo_call(echo_guard: bool, level_db: float = -10.0, delay_ms: float = 120.0) -> Call:
+    """A reply played to a line that returns it: nothing but echo comes back."""
+    call = Call(None, {"echo_guard": echo_guard})
+    line = EchoLine(16000, level_db, delay_ms)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        runner = asyncio.create_task(call.run())
+        await call.inbox.put(SpeakIn("x" * 30, "s1"))
+        seen = 0
+        t = loop.time()
+        for _ in range(250):  # 5 s of line audio, 20 ms a message
+            for _, ev in call.out[seen:]:
+                if isinstance(ev, AudioOutEvent):
+                    line.heard(pcm16_to_float(np.frombuffer(ev.data, "<i2")), loop.time())
+            seen = len(call.out)
+            x = line.echo(t, 320)
+            await call.inbox.put(AudioIn(float_to_pcm16(x).astype("<i2").tobytes()))
+            t += FRAME_S
+            await asyncio.sleep(max(0.0, t - loop.time()))
+        await call.inbox.put(None)
+        await asyncio.wait_for(runner, 600)
+
+    run_virtual(main())
+    return call
+
+
+@pytest.mark.component
+def test_the_echo_of_a_reply_does_not_barge_in_with_the_guard_and_does_without() -> None:
+    guarded = echo_call(echo_guard=True)
+    assert not guarded.of(SpeechOut) and not guarded.of(InterruptedOut)
+    assert guarded.of(PlaybackFinishedOut)
+    unguarded = echo_call(echo_guard=False)
+    assert unguarded.of(InterruptedOut)  # the same echo interrupts when the guard is off
+
+
+# --- the echo guard on synthetic signals ---------------------------------------------------------
+
+
+def speechlike(seconds: float, seed: int) -> np.ndarray:
+    """Band-limited noise in syllables (4 Hz envelope, pauses): speech's statistics, no words."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * 16000)
+    noise = rng.standard_normal(n)
+    spec = np.fft.rfft(noise)
+    f = np.fft.rfftfreq(n, 1 / 16000)
+    spec[(f < 200) | (f > 3400)] = 0
+    x = np.fft.irfft(spec, n)
+    t = np.arange(n) / 16000
+    envelope = np.clip(np.sin(2 * np.pi * 4 * t + rng.uniform(0, 6)), 0, None) ** 2
+    envelope *= (np.sin(2 * np.pi * 0.7 * t) > -0.6).astype(float)  # pauses between "words"
+    x *= envelope
+    return (0.1 * x / np.sqrt(np.mean(x**2) + 1e-12)).astype(np.float32)
+
+
+def through_mulaw(x: np.ndarray) -> np.ndarray:
+    pcm = float_to_pcm16(x)
+    return pcm16_to_float(MULAW_DECODE[MULAW_ENCODE[pcm.astype(np.int64) + 32768]])
+
+
+def run_guard(
+    reply: np.ndarray,
+    inbound_of: Any,
+    *,
+    jitter_s: float = 0.0,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Play ``reply`` (stamped at due times) and push ``inbound_of(t, n)`` chunks of 20 ms."""
+    guard = EchoGuard()
+    rng = np.random.default_rng(seed)
+    ins, outs = [], []
+    for k in range(len(reply) // 320 + 30):
+        t = k * FRAME_S
+        if k * 320 < len(reply):
+            guard.played(reply[k * 320 : (k + 1) * 320], t + 0.06)  # due = sent + lead
+        x = inbound_of(t, 320)
+        ins.append(x)
+        arrived = t + FRAME_S + (rng.uniform(0, jitter_s) if jitter_s else 0.0)
+        outs.append(guard.process(x, arrived))
+    return np.concatenate(ins), np.concatenate(outs)
+
+
+def echo_of(reply: np.ndarray, level_db: float, delay_ms: float) -> Any:
+    """The far end plays each frame when due (60 ms after it was sent) and echoes it."""
+    heard = through_mulaw(reply)
+    gain = 10 ** (level_db / 20)
+    lag = round((0.06 + delay_ms / 1000) * 16000)
+
+    def inbound(t: float, n: int) -> np.ndarray:
+        i = round(t * 16000) - lag
+        seg = np.zeros(n, np.float32)
+        lo, hi = max(i, 0), min(i + n, len(heard))
+        if hi > lo:
+            seg[lo - i : hi - i] = heard[lo:hi] * gain
+        return through_mulaw(seg)
+
+    return inbound
+
+
+def db(x: np.ndarray) -> float:
+    return float(10 * np.log10(np.mean(np.asarray(x, np.float64) ** 2) + 1e-20))
+
+
+@pytest.mark.unit
+def test_echo_similarity_finds_the_delay_and_the_gain() -> None:
+    ref = speechlike(1.0, 1).astype(np.float64)[::2]
+    block = 0.3 * ref[1000:1480]
+    rho, k, gain = echo_similarity(block, ref)
+    assert rho == pytest.approx(1.0, abs=1e-6) and k == 1000 and gain == pytest.approx(0.3)
+    rho_inv, _, gain_inv = echo_similarity(-block, ref)  # a path that inverts polarity
+    assert rho_inv == pytest.approx(1.0, abs=1e-6) and gain_inv == pytest.approx(-0.3)
+    other = speechlike(1.0, 2).astype(np.float64)[::2][:480]
+    assert echo_similarity(other, ref)[0] < 0.5
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("level_db", [-10, -20, -30])
+@pytest.mark.parametrize("delay_ms", [40, 120, 250])
+def test_echo_is_suppressed_at_every_level_and_delay(level_db: float, delay_ms: float) -> None:
+    reply = speechlike(4.0, 1)
+    ins, outs = run_guard(reply, echo_of(reply, level_db, delay_ms), jitter_s=0.03)
+    # Frames with echo in them (after the first window of context): silenced.
+    loud = [
+        i for i in range(0, len(ins) - 320, 320) if db(ins[i : i + 320]) > db(ins) - 15 and i > 3200
+    ]
+    assert loud
+    kept = [db(outs[i : i + 320]) - db(ins[i : i + 320]) for i in loud]
+    assert sum(k < -60 for k in kept) >= 0.95 * len(kept), sorted(kept)[-5:]
+
+
+@pytest.mark.unit
+def test_a_caller_talking_over_the_echo_passes_untouched() -> None:
+    reply = speechlike(4.0, 1)
+    echo = echo_of(reply, -10, 120)
+    caller = speechlike(4.0, 7)  # as loud as the reply, so 10 dB over its echo
+
+    def inbound(t: float, n: int) -> np.ndarray:
+        i = round(t * 16000)
+        c = np.zeros(n, np.float32)
+        seg = caller[i : i + n]
+        c[: len(seg)] = seg
+        return through_mulaw(echo(t, n) + c)
+
+    ins, outs = run_guard(reply, inbound)
+    echo_only = np.concatenate([echo(k * FRAME_S, 320) for k in range(len(ins) // 320)])
+    n = min(len(echo_only), len(caller)) - 320
+    # Blocks where the caller is at least 6 dB over the echo: those are the caller.
+    blocks = [
+        i
+        for i in range(0, n, 320)
+        if db(caller[i : i + 320]) > max(-45.0, db(echo_only[i : i + 320]) + 6)
+    ]
+    assert len(blocks) > 50
+    # Untouched but for the 2.5 ms gain ramp at the start of a block after an echo block.
+    ramp = EchoGuard.RAMP_SAMPLES
+    untouched = [
+        i for i in blocks if np.array_equal(ins[i + ramp : i + 320], outs[i + ramp : i + 320])
+    ]
+    assert len(untouched) == len(blocks)
+
+
+@pytest.mark.unit
+def test_unrelated_audio_and_audio_without_a_reply_pass_untouched() -> None:
+    reply = speechlike(3.0, 1)
+    other = speechlike(4.0, 3)
+    ins, outs = run_guard(reply, lambda t, n: other[round(t * 16000) : round(t * 16000) + n])
+    assert np.array_equal(ins, outs)
+    guard = EchoGuard()
+    x = speechlike(0.02, 4)
+    assert guard.process(x, 1.0) is x  # nothing played: not even a copy
+
+
+@pytest.mark.unit
+def test_the_guard_stands_down_once_no_echo_can_arrive() -> None:
+    guard = EchoGuard(max_delay_ms=450)
+    guard.played(speechlike(0.5, 1), 10.0)  # plays 10.0-10.5 s
+    assert guard.active(10.9)
+    assert not guard.active(10.96)
+
+
+# --- end to end: real server, real voice, real VAD ------------------------------------------------
+
+
+async def _tts_stub_calls(cases: list[dict[str, Any]]) -> list[Any]:
+    hub = build_hub(load_config(None, {"engines": "tts"}))
+    async with (
+        running_server(hub=hub, limits={"idle_timeout_s": 0}) as srv,  # type: ignore[arg-type]
+        grpc.aio.insecure_channel(srv.target) as ch,
+    ):
+        stub = pb_grpc.VoiceGatewayStub(ch)
+        return [await run_call(stub, max_s=15.0, **kw) for kw in cases]
+
+
+@pytest.mark.e2e
+@pytest.mark.model
+def test_real_reply_echoed_on_a_mulaw_line_never_barges_in_but_a_caller_does() -> None:
+    """The bundled voice's reply returns 10 dB down and 250 ms late on a μ-law 8 kHz call."""
+    caller = load_caller("jfk_inaugural_1961.wav")
+    echo_only, unguarded, talked_over = asyncio.run(
+        _tts_stub_calls(
+            [
+                {"guard": True, "level_db": -10, "delay_ms": 250},
+                {"guard": False, "level_db": -10, "delay_ms": 250},
+                {"guard": True, "level_db": -10, "delay_ms": 250, "caller": caller},
+            ]
+        )
+    )
+    assert echo_only.finished and echo_only.interrupted_at is None
+    assert echo_only.speech_begins == 0
+    # The same line without the guard: the bot interrupts itself (what the guard prevents).
+    assert unguarded.interrupted_at is not None
+    # A real caller over the same echo still interrupts, and only once they talk.
+    assert talked_over.interrupted_at is not None and talked_over.onset_sent_at is not None
+    assert talked_over.interrupted_at > talked_over.onset_sent_at

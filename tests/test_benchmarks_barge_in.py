@@ -1,0 +1,30 @@
+"""benchmarks/barge_in in its tiny mode (one cell of each kind), so that it never rots.
+
+Real models and a real server, but one call per row: it checks that every row is produced and
+that the guard's column has no false barge-in on the echo it is given; the figures themselves
+come from the full run.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import barge_in
+
+pytestmark = [pytest.mark.e2e, pytest.mark.model]
+
+
+def test_barge_in_benchmark_tiny_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    out = barge_in.main(["--tiny"])
+    printed = capsys.readouterr().out
+    assert "false barge-ins" in printed and "true barge-in" in printed
+    ((row,),) = [out["echo"]]
+    assert row["today"]["calls"] == row["now"]["calls"] == 1
+    assert row["now"]["false_barge_ins"] == 0
+    assert set(out["latency"]) >= {
+        "immediate, today (no echo, guard off)",
+        "immediate, now (echo -10 dB, 120 ms)",
+        "after_words, now (echo -20 dB, 120 ms)",
+    }
+    assert all(len(v) == 1 for v in out["latency"].values())
+    assert out["backchannel"]["after_words"] == {"interrupted": 0, "calls": 1}
