@@ -176,7 +176,7 @@ class SynthPolicy:
     first_window_frames: int = 8
     min_window_frames: int = 16
     max_window_frames: int = 192
-    max_window_s: float = 0.5
+    max_window_s: float = 0.25
     max_batch_size: int = 1
     max_lead_s: float = float("inf")
     batch_horizon_s: float = 0.5
