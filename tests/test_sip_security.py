@@ -726,7 +726,7 @@ def test_virtual_rtp_timeout_counts_from_the_ack_then_from_each_accepted_packet(
 @pytest.mark.unit
 def test_virtual_rtp_timeout_is_suspended_while_the_media_is_inactive() -> None:
     async def body() -> None:
-        bridge, transport, _ = virtual_bridge(rtp_timeout_s=30, max_call_s=200)
+        bridge, transport, stub = virtual_bridge(rtp_timeout_s=30, max_call_s=200)
         bridge.datagram_received(request("INVITE", body=offer(direction="inactive")), SRC)
         await until(lambda: bool(transport.times(is_status(200))), "200 OK")
         to = next(m for _, m in transport.sent if is_status(200)(m)).get("To") or ""
@@ -737,6 +737,10 @@ def test_virtual_rtp_timeout_is_suspended_while_the_media_is_inactive() -> None:
         t200 = transport.times(is_status(200))[0]
         assert transport.times(is_method("BYE"))[0] - t200 == pytest.approx(200, abs=0.01)
         assert bridge.ended[-1] == ("c1", "maximum call duration (200 s)")
+        # Meanwhile a silent frame every 10 s from the ACK (10 ... 190 s) kept the gateway's
+        # idle timeout from ending it.
+        audio = [r for r in stub.streams[0].requests if r.WhichOneof("event") == "audio"]
+        assert len(audio) == 19 and {r.audio.data for r in audio} == {b"\xff" * 160}
         await bridge.aclose()
 
     virtual(body)

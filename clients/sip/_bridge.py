@@ -41,7 +41,7 @@ from typing import Any, Literal, TypeVar
 import grpc
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from clients.sip._media import RtpSession, bind_rtp_socket
+from clients.sip._media import SILENCE, RtpSession, bind_rtp_socket
 from clients.sip._message import (
     SipMessage,
     SipParseError,
@@ -77,6 +77,8 @@ log = logging.getLogger("voxgate.sip")
 T = TypeVar("T")
 _ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, UPDATE"
 _SUPPORTED = "timer"
+#: While the media is on hold, a silent frame goes to the gateway this often (its idle timeout).
+_HOLD_KEEPALIVE_S = 10.0
 #: Longest Call-ID accepted on an INVITE (it is logged and copied into every request of the call).
 _MAX_CALL_ID = 256
 _USER_AGENT = "voxgate-sip/0.1"
@@ -615,7 +617,7 @@ class SipBridge:
             if call.media is not None:
                 call.media.arm()  # the first moment we may send RTP
             call.rtp_since = asyncio.get_running_loop().time()
-            self._timer(call, "rtp", self.config.rtp_timeout_s, lambda: self._check_rtp(call))
+            self._arm_rtp_check(call)
 
     def _on_cancel(self, req: SipMessage, source: tuple[str, int]) -> None:
         inv = self._server_tx.get(self._tx_key(req, "INVITE"))
@@ -871,6 +873,8 @@ class SipBridge:
             if not choice.we_send:
                 media.clear()
             call.rtp_since = asyncio.get_running_loop().time()
+            if call.state == "confirmed":
+                self._arm_rtp_check(call)
             log.info("%s %s: %s to %s:%d", what, call.call_id, choice.direction, *choice.remote)
         if timer is not None or call.session_timer is not None:
             self.stats["session_refreshed"] += 1
@@ -978,6 +982,16 @@ class SipBridge:
         self.stats["max_duration"] += 1
         call.end(f"maximum call duration ({self.config.max_call_s:g} s)", bye=True)
 
+    @staticmethod
+    def _on_hold(call: _Call) -> bool:
+        return call.choice.direction == "inactive" or call.choice.remote[0] == "0.0.0.0"
+
+    def _arm_rtp_check(self, call: _Call) -> None:
+        """The next RTP check: a full timeout from now, or the keep-alive period on hold."""
+        timeout = self.config.rtp_timeout_s
+        delay = min(timeout, _HOLD_KEEPALIVE_S) if self._on_hold(call) else timeout
+        self._timer(call, "rtp", delay, lambda: self._check_rtp(call))
+
     def _check_rtp(self, call: _Call) -> None:
         """The RTP inactivity timeout: end the call when nothing came back for too long.
 
@@ -989,9 +1003,15 @@ class SipBridge:
             return
         timeout = self.config.rtp_timeout_s
         now = asyncio.get_running_loop().time()
-        if call.choice.direction == "inactive" or call.choice.remote[0] == "0.0.0.0":
+        if self._on_hold(call):
+            # On hold: nothing flows, yet the gateway ends a stream that sends no audio for its
+            # idle timeout (the client would be gone). 20 ms of silence now and then says "still
+            # here" without moving its audio clock much.
             call.rtp_since = now
-            self._timer(call, "rtp", timeout, lambda: self._check_rtp(call))
+            frame = bytes([SILENCE[call.choice.encoding]]) * 160
+            self._put(call, pb.ConverseRequest(audio=pb.AudioChunk(data=frame)))
+            delay = min(timeout, _HOLD_KEEPALIVE_S)
+            self._timer(call, "rtp", delay, lambda: self._check_rtp(call))
             return
         idle = now - max(call.rtp_since, call.media.last_rx or 0.0)
         if idle >= timeout - 1e-3:
