@@ -157,6 +157,9 @@ class SynthesisScheduler:
         metrics: where to export slack, lateness, batch sizes and queue depth.
         guard_s: a step is due this long before its first sample plays, for the session's
             frame hold-back (one 20 ms frame) and the hop from worker to sender.
+        max_inflight: steps of one reply that may run at once (its windows are independent
+            once its sentence's front end has run; two lets a reply's second window start
+            beside its first).
         clock: the event loop's clock unless a test passes its own.
     """
 
@@ -222,8 +225,9 @@ class SynthesisScheduler:
         """
         wake = self._ensure_started()
         loop = asyncio.get_running_loop()
+        arrival = self._now()
         job = await loop.run_in_executor(None, self.streamer.open, text, options)
-        reply = _Reply(next(self._ids), job, self._now(), self.streamer.sample_rate_hz)
+        reply = _Reply(next(self._ids), job, arrival, self.streamer.sample_rate_hz)
         if stats is not None:
             reply.stats = stats
         reply.stats.reply_id = reply.key
