@@ -54,6 +54,8 @@ REPLY = (
     "Thanks for calling. Let me read your full order back to you, item by item, before we "
     "confirm it today. You asked for two large pizzas and a salad."
 )
+#: The tiny mode's reply: one sentence, so that its test stays short.
+SHORT_REPLY = "Let me read your full order back to you, item by item, before we confirm it."
 LEVELS_DB = (-10, -20, -30)
 DELAYS_MS = (40, 120, 250)
 CALLERS = ("jfk_inaugural_1961.wav", "librispeech_1272-128104-0000.wav", "cmu_goforward.wav")
@@ -112,6 +114,7 @@ async def run_call(
     delay_ms: float = 120.0,
     caller: np.ndarray | None = None,
     max_s: float = 20.0,
+    reply: str = REPLY,
 ) -> CallResult:
     """One call: the reply plays, the line echoes it, and maybe a caller talks over it."""
     line = EchoLine(8000, level_db if level_db is not None else -200.0, delay_ms)
@@ -124,7 +127,7 @@ async def run_call(
         barge_in=pb.BargeInConfig(policy=policy, echo_guard_disabled=not guard),  # type: ignore[arg-type]
     )
     await rpc.write(pb.ConverseRequest(config=cfg))
-    await rpc.write(pb.ConverseRequest(speak=pb.Speak(text=REPLY, speak_id="reply")))
+    await rpc.write(pb.ConverseRequest(speak=pb.Speak(text=reply, speak_id="reply")))
 
     async def read() -> None:
         while (msg := await rpc.read()) is not grpc.aio.EOF:
@@ -200,6 +203,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     delays = DELAYS_MS[1:2] if args.tiny else DELAYS_MS
     callers = CALLERS[:1] if args.tiny else CALLERS
     repeats = 1 if args.tiny else args.repeats
+    reply = SHORT_REPLY if args.tiny else REPLY
     cfg = load_config(None, {"engines": "asr,tts"})
     hub = build_hub(cfg)
     # One caller at a time on a shared machine: load shedding and admission would only blur
@@ -222,7 +226,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 row: dict[str, Any] = {"level_db": level, "delay_ms": delay}
                 for name, guard in (("today", False), ("now", True)):
                     runs = [
-                        await run_call(stub, guard=guard, level_db=level, delay_ms=delay)
+                        await run_call(
+                            stub, guard=guard, level_db=level, delay_ms=delay, reply=reply
+                        )
                         for _ in range(repeats)
                     ]
                     row[name] = {
@@ -257,7 +263,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         for _ in range(repeats):
             for name, clip in clips.items():
                 for label, kw in cases:  # interleaved: every case sees the same machine load
-                    r = await run_call(stub, caller=clip, **kw)
+                    r = await run_call(stub, caller=clip, reply=reply, **kw)
                     lat.setdefault(label, []).append(r.latency_ms)
                     if r.caller_text:
                         texts.append(f"{name}: {r.caller_text!r}")
@@ -274,7 +280,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             ("after_words", pb.BARGE_IN_AFTER_WORDS),
         ):
             runs = [
-                await run_call(stub, guard=True, caller=back, policy=policy, level_db=-20)
+                await run_call(
+                    stub, guard=True, caller=back, policy=policy, level_db=-20, reply=reply
+                )
                 for _ in range(repeats)
             ]
             n = sum(r.interrupted_at is not None for r in runs)

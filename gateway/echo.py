@@ -7,14 +7,17 @@ inbound audio it asks: is this block, up to a delay and a gain, the reply that w
 moment ago? It measures that with the normalised cross-correlation between the inbound block
 (with a little context) and the recently played reply, over every delay in a range, and
 silences blocks that the reply explains (echo suppression, the "non-linear processor" of a line
-echo canceller). A block the reply does not explain, such as
-the caller talking over the echo, passes unchanged: barge-in is as fast as without the guard.
+echo canceller). A block the reply does not explain, such as the caller talking over the echo,
+passes unchanged, so the VAD hears that caller as it would without the guard.
 
-Why this and not an adaptive echo canceller (measured, see ``benchmarks/barge_in.py`` and
-docs/barge-in.md): WebRTC's AEC3 (``pywebrtc-audio``) removed the echo too, but its suppressor
-delayed the caller's own speech onset by 20-240 ms while it adapted, and it costs ~1.5% of a
-core per call; the correlation gate adds no delay to real speech, needs no convergence (the
-first echo of a reply is caught), and handles any delay in its range without a hint.
+Why this and not an adaptive echo canceller (measured by ``benchmarks/echo_canceller.py``, see
+docs/barge-in.md): WebRTC's AEC3 (``pywebrtc-audio``) removed the echo too, at about the same CPU
+(~1.6-2% of a core per call while a reply plays, like this guard), but while it adapts during
+double talk its suppressor held back a caller's own speech onset by up to 340 ms, and it must
+converge on every call. The gate needs no convergence (the first echo of a reply is caught),
+handles any delay in its range without a hint, and passes the caller's speech as it is. Its
+limit: a caller quieter than the bot's own echo (a -10 dB echo and a soft talker) is heard only
+once they are louder than the echo, since a block that the echo explains is silenced.
 
 Pure and synchronous (no asyncio, no I/O): the session stamps both directions with its loop
 clock, which the virtual clock of the tests drives exactly.

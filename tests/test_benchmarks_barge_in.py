@@ -28,3 +28,16 @@ def test_barge_in_benchmark_tiny_mode(capsys: pytest.CaptureFixture[str]) -> Non
     }
     assert all(len(v) == 1 for v in out["latency"].values())
     assert out["backchannel"]["after_words"] == {"interrupted": 0, "calls": 1}
+
+
+def test_echo_canceller_benchmark_tiny_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    """The offline comparison: every row, and the finding it records (echo opens utterances
+    unless handled; the guard leaves none)."""
+    from benchmarks import echo_canceller  # noqa: PLC0415
+
+    out = echo_canceller.main(["--tiny"])
+    assert set(out) == {"none", "AEC3", "echo guard"}  # pywebrtc-audio is in the dev extra
+    assert out["none"]["false_begins"] >= 1
+    assert out["echo guard"]["false_begins"] == 0
+    assert out["echo guard"]["onset_delay_ms"] < float("inf")
+    assert "caller onset later by" in capsys.readouterr().out

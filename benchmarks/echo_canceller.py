@@ -1,0 +1,162 @@
+"""Echo canceller or echo gate? WebRTC's AEC3 against the gateway's echo guard, offline.
+
+Run:  .venv/bin/python -m benchmarks.echo_canceller [--tiny]
+
+The measurement behind gateway/echo.py's design. No server: the bundled Piper voice speaks a
+reply, which is sent as μ-law 8 kHz, comes back from the line at each level × delay of the
+issue's grid (μ-law again), is decoded as the gateway decodes it and runs through the default
+segmenter (the VAD the gateway uses). Each row feeds the segmenter one way:
+
+* none: the inbound audio as it is (today);
+* AEC3: WebRTC's echo canceller (``pywebrtc-audio``, the audio processing module's Python
+  bindings) on the inbound audio, with the played reply as its far-end reference;
+* echo guard: ``gateway.echo.EchoGuard`` with the same reference.
+
+Columns: SPEECH_BEGIN events on echo alone (each one a false barge-in), how much later than
+without any echo the segmenter sees a real caller who starts talking over the echo 1.5 s into the
+reply (ms, worst over the grid; the caller's speech onset delay is what delays a true barge-in),
+and the CPU each costs per second of call audio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.barge_in import CALLERS, REPLY, load_caller  # noqa: E402
+from engines.tts import TtsConfig, VitsStreamer  # noqa: E402
+from gateway.audio import InputDecoder, OutputEncoder  # noqa: E402
+from gateway.config import VadConfig  # noqa: E402
+from gateway.echo import EchoGuard  # noqa: E402
+from gateway.segmenter import Segmenter, SpeechBegin  # noqa: E402
+from pcmcodec import (  # noqa: E402
+    MULAW_DECODE,
+    MULAW_ENCODE,
+    WireEncoding,
+    float_to_pcm16,
+    pcm16_to_float,
+)
+
+LEVELS_DB = (-10, -20, -30)
+DELAYS_MS = (40, 120, 250)
+CALLER_AT_MS = 1500
+LEAD_S = 0.06  # the gateway stamps reply frames with their due time, sent this far ahead
+
+
+def mulaw(x: np.ndarray) -> bytes:
+    pcm = float_to_pcm16(np.asarray(x, np.float32))
+    return bytes(MULAW_ENCODE[pcm.astype(np.int64) + 32768].tobytes())
+
+
+class Line:
+    """The reply as the caller heard it (8 kHz) and as the gateway's reference (16 kHz)."""
+
+    def __init__(self, text: str) -> None:
+        tts = VitsStreamer.load(TtsConfig())
+        audio = np.concatenate([c.samples for c in tts.stream(text)]).astype(np.float32)
+        wire = OutputEncoder(WireEncoding.MULAW, 8000, tts.sample_rate_hz).encode(audio, last=True)
+        tts.close()
+        self.heard8 = pcm16_to_float(MULAW_DECODE[np.frombuffer(wire, np.uint8)])
+        self.ref16 = InputDecoder(WireEncoding.MULAW, 8000).decode(wire)
+
+    def inbound(self, level_db: float | None, delay_ms: int, caller: np.ndarray | None) -> bytes:
+        n = len(self.heard8) + 8000
+        x = np.zeros(n, np.float32)
+        if level_db is not None:
+            d = delay_ms * 8
+            x[d : d + len(self.heard8)] += self.heard8 * 10 ** (level_db / 20)
+        if caller is not None:
+            at = CALLER_AT_MS * 8
+            c = caller[: n - at]
+            x[at : at + len(c)] += c
+        return mulaw(x)
+
+
+def segment(line: Line, wire: bytes, mode: str) -> tuple[list[int], float]:
+    """SPEECH_BEGIN offsets and the seconds of CPU the echo handling took."""
+    dec = InputDecoder(WireEncoding.MULAW, 8000)
+    seg = Segmenter(VadConfig())
+    aec: Any = None
+    guard = EchoGuard() if mode == "echo guard" else None
+    if mode == "AEC3":
+        from pywebrtc_audio import EchoCanceller  # noqa: PLC0415
+
+        aec = EchoCanceller(16000, 1, 0)
+    begins: list[int] = []
+    cpu = 0.0
+    played = 0
+    for i in range(0, len(wire), 160):  # 20 ms chunks, arriving at real time
+        s = dec.decode(wire[i : i + 160])
+        now = (i + 160) / 8000
+        t0 = time.process_time()
+        if guard is not None:
+            while played < len(line.ref16) and played / 16000 <= now:
+                guard.played(line.ref16[played : played + 320], played / 16000 + LEAD_S)
+                played += 320
+            s = guard.process(s, now)
+        elif aec is not None:
+            far = line.ref16[2 * i : 2 * i + len(s)]
+            far = np.pad(far, (0, len(s) - len(far)))
+            s = aec.process(s.astype(np.float32), far.astype(np.float32))
+        cpu += time.process_time() - t0
+        begins += [ev.offset_ms for ev in seg.push(s) if isinstance(ev, SpeechBegin)]
+    return begins, cpu
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true", help="one level and delay, one caller")
+    args = ap.parse_args(argv)
+    levels = LEVELS_DB[:1] if args.tiny else LEVELS_DB
+    delays = DELAYS_MS[1:2] if args.tiny else DELAYS_MS
+    callers = [load_caller(c) for c in (CALLERS[:1] if args.tiny else CALLERS)]
+    line = Line(REPLY)
+    audio_s = len(line.heard8) / 8000 + 1.0
+    modes = ["none", "echo guard"]
+    try:
+        import pywebrtc_audio  # noqa: F401, PLC0415
+
+        modes.insert(1, "AEC3")
+    except ImportError:
+        print("pywebrtc-audio is not installed: the AEC3 row is left out (pip install it)")
+    out: dict[str, dict[str, float]] = {}
+    print(f"{'':<11} {'false begins':>12} {'caller onset later by':>22} {'CPU per audio s':>16}")
+    for mode in modes:
+        false_begins, cpu, calls = 0, 0.0, 0
+        worst = 0.0
+        for level in levels:
+            for delay in delays:
+                begins, c = segment(line, line.inbound(level, delay, None), mode)
+                false_begins += len(begins)
+                cpu, calls = cpu + c, calls + 1
+                for caller in callers:
+                    alone = segment(line, line.inbound(None, delay, caller), "none")[0]
+                    over = [b for b in segment(line, line.inbound(level, delay, caller), mode)[0]]
+                    # The caller's first begin at or after they started (echo begins are false).
+                    first_alone = next(b for b in alone if b >= CALLER_AT_MS - 100)
+                    first_over = next((b for b in over if b >= CALLER_AT_MS - 100), None)
+                    late = float("inf") if first_over is None else first_over - first_alone
+                    worst = max(worst, late)
+        out[mode] = {
+            "false_begins": false_begins,
+            "onset_delay_ms": worst,
+            "cpu_ms_per_audio_s": 1000 * cpu / (calls * audio_s),
+        }
+        r = out[mode]
+        print(
+            f"{mode:<11} {r['false_begins']:>12.0f} {r['onset_delay_ms']:>19.0f} ms"
+            f" {r['cpu_ms_per_audio_s']:>13.2f} ms"
+        )
+    return out
+
+
+if __name__ == "__main__":
+    main()
