@@ -191,7 +191,11 @@ class Segmenter:
         self.state = SegmenterState.QUIET
         self._pending = _EMPTY  # samples not yet forming a whole frame
         self._frame_index = 0  # index of the next frame to be processed
-        self._pre_roll: deque[FloatArray] = deque(maxlen=max(1, self._pre_roll_frames))
+        # Room for the onset backtrack too, so that frames it claims do not shorten the
+        # pre-roll (Whisper read "in football" as "and suitable" with 40 ms less lead-in).
+        self._pre_roll: deque[FloatArray] = deque(
+            maxlen=max(1, self._pre_roll_frames + self._onset_frames)
+        )
         self._utt_index = 0
         # Current candidate/utterance: frames since the first voiced frame, their voiced flags.
         self._frames: list[FloatArray] = []
@@ -278,9 +282,12 @@ class Segmenter:
         if st is SegmenterState.QUIET:
             if voiced:
                 self.state = SegmenterState.STARTING
-                lead = list(self._pre_roll) if self._pre_roll_frames else []
+                lead = list(self._pre_roll)
                 back = self._onset_back(len(lead))
-                self._lead = lead[: len(lead) - back]
+                rest = lead[: len(lead) - back]
+                self._lead = (
+                    rest[len(rest) - self._pre_roll_frames :] if self._pre_roll_frames else []
+                )
                 self._pre_roll.clear()
                 self._start_frame = self._frame_index - back
                 self._frames = [*lead[len(lead) - back :], frame]
