@@ -24,7 +24,7 @@ from gateway.admission import AdmissionPolicy, LoadSnapshot, Refusal, StreamKind
 from gateway.audio import OutputEncoder
 from gateway.barge_in import BargeInMode, BargeInPolicy
 from gateway.base import EngineInfo, Synthesizer, Transcriber
-from gateway.config import GatewayConfig, VadConfig
+from gateway.config import ConfigError, GatewayConfig, VadConfig
 from gateway.degrade import QualityLevel
 from gateway.errors import CallError, ErrorKind, echo
 from gateway.events import (
@@ -234,7 +234,10 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         if config.vad.model == "silero":
             # Load (and warm) the shared voice model now: a missing model file stops start-up
             # instead of failing every call, and the first call does not wait for it.
-            SileroVad.load()
+            try:
+                SileroVad.load()
+            except (FileNotFoundError, ValueError) as exc:
+                raise ConfigError(f"vad.model=silero: {exc}") from None
         self._idle.set()
 
     # -- RPCs --------------------------------------------------------------------------------------

@@ -93,6 +93,24 @@ def test_calls_share_the_model_but_not_the_state(speech_dir: Path) -> None:
         assert y.push(b[k : k + 512]) == pytest.approx(pb_[i], abs=1e-6)
 
 
+def test_a_missing_silero_model_stops_start_up_with_a_config_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from gateway import service
+    from gateway.config import ConfigError, GatewayConfig
+
+    with pytest.raises(FileNotFoundError, match="missing.onnx"):
+        SileroVad.load(tmp_path / "missing.onnx")
+
+    def missing(path: Path | None = None) -> SileroVad:
+        raise FileNotFoundError("no silero_vad*.onnx in faster_whisper/assets")
+
+    monkeypatch.setattr(service.SileroVad, "load", missing)
+    with pytest.raises(ConfigError, match="vad.model=silero: no silero_vad"):
+        service.VoiceGatewayServicer(GatewayConfig())
+    service.VoiceGatewayServicer(GatewayConfig(vad=VadConfig(model="webrtc")))  # no model needed
+
+
 def test_the_default_model_is_silero_and_webrtc_stays_available() -> None:
     assert VadConfig().model == "silero"
     assert isinstance(Segmenter(VadConfig(model="webrtc"))._detector, WebRtcVoiceDetector)

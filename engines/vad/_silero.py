@@ -75,6 +75,8 @@ class SileroVad:
     _lock = threading.Lock()
 
     def __init__(self, path: Path) -> None:
+        if not path.is_file():
+            raise FileNotFoundError(f"Silero VAD model not found: {path}")
         opts = ort.SessionOptions()
         # One window is ~0.2 ms of work: threads would cost more in hand-offs than they save,
         # and the calls of a process already run in parallel on the event loop's core.
