@@ -12,10 +12,10 @@ segmenter (the VAD the gateway uses). Each row feeds the segmenter one way:
   bindings) on the inbound audio, with the played reply as its far-end reference;
 * echo guard: ``gateway.echo.EchoGuard`` with the same reference.
 
-Columns: SPEECH_BEGIN events on echo alone (each one a false barge-in), how much later than
-without any echo the segmenter sees a real caller who starts talking over the echo 1.5 s into the
-reply (ms, worst over the grid; the caller's speech onset delay is what delays a true barge-in),
-and the CPU each costs per second of call audio.
+Columns: SPEECH_BEGIN events on echo alone (each one a false barge-in); at each echo level, how
+much later than without any echo the segmenter sees a real caller who starts talking over the
+echo 1.5 s into the reply (ms, the worst over delays and callers; the onset delay is what delays a
+true barge-in); and the CPU the echo handling costs per second of call audio.
 """
 
 from __future__ import annotations
@@ -128,11 +128,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     except ImportError:
         print("pywebrtc-audio is not installed: the AEC3 row is left out (pip install it)")
     out: dict[str, dict[str, float]] = {}
-    print(f"{'':<11} {'false begins':>12} {'caller onset later by':>22} {'CPU per audio s':>16}")
+    later = "  ".join(f"{f'later @{lv} dB':>13}" for lv in levels)
+    print(f"{'':<11} {'false begins':>12}  {later}  {'CPU per audio s':>16}")
     for mode in modes:
         false_begins, cpu, calls = 0, 0.0, 0
-        worst = 0.0
+        worst_at: dict[int, float] = {}
         for level in levels:
+            worst = 0.0
             for delay in delays:
                 begins, c = segment(line, line.inbound(level, delay, None), mode)
                 false_begins += len(begins)
@@ -145,15 +147,17 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                     first_over = next((b for b in over if b >= CALLER_AT_MS - 100), None)
                     late = float("inf") if first_over is None else first_over - first_alone
                     worst = max(worst, late)
+            worst_at[level] = worst
         out[mode] = {
             "false_begins": false_begins,
-            "onset_delay_ms": worst,
+            "onset_delay_ms": max(worst_at.values()),
             "cpu_ms_per_audio_s": 1000 * cpu / (calls * audio_s),
+            **{f"onset_delay_ms_at_{-lv}_db": v for lv, v in worst_at.items()},
         }
         r = out[mode]
+        cells = "  ".join(f"{worst_at[lv]:>10.0f} ms" for lv in levels)
         print(
-            f"{mode:<11} {r['false_begins']:>12.0f} {r['onset_delay_ms']:>19.0f} ms"
-            f" {r['cpu_ms_per_audio_s']:>13.2f} ms"
+            f"{mode:<11} {r['false_begins']:>12.0f}  {cells}  {r['cpu_ms_per_audio_s']:>13.2f} ms"
         )
     return out
 

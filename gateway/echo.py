@@ -125,7 +125,9 @@ class EchoGuard:
     CLOCK_WINDOW_S = 1.0  # how far back the inbound clock looks for the least-delayed chunk
     LEVEL_SPAN_MS = 150  # the level test looks this far either side of the last delay
     LEVEL_MARGIN = 1.0  # and lets a block be no louder than the loudest echo there
-    LEVEL_HOLD_S = 2.0  # for this long after a delay last explained a block
+    LEVEL_HOLD_S = 2.0  # for this long after a delay last explained a block clearly:
+    LEARN_RHO = 0.75  # a match this close,
+    LEVEL_MAX_GAIN = 0.5  # of an echo at least 6 dB down (phone echo is 10-30 dB down)
 
     def __init__(
         self,
@@ -164,6 +166,7 @@ class EchoGuard:
         self._offsets: deque[tuple[float, float]] = deque()
         self._echo_gain = 0.0  # measured on blocks a delay explained; 0 = not yet
         self._last_echo = False  # the block before was echo
+        self._t_end = 0.0  # the block being decided
         self._confirmed_at = -math.inf  # when a delay last explained a block
         self._level_span = self.LEVEL_SPAN_MS * fs // 1000
         self._track = 10 * fs // 1000
@@ -259,6 +262,7 @@ class EchoGuard:
         if hi - lo < len(x):
             return False
         self.stats.blocks_checked += 1
+        self._t_end = t_end
         ref = np.zeros(last - first, np.float64)
         ref[lo - first : hi - first] = self._ref[lo:hi]
         echo = False
@@ -274,9 +278,7 @@ class EchoGuard:
         if not echo:
             rho, k, gain = echo_similarity(x, ref)
             echo = self._explained(x, ref, k, rho, gain)
-        if echo:
-            self._confirmed_at = t_end
-        elif self._no_louder_than_echo(x, ref, t_end):
+        if not echo and self._no_louder_than_echo(x, ref, t_end):
             echo = True
             self.stats.blocks_by_level += 1
         if echo:
@@ -337,8 +339,12 @@ class EchoGuard:
             return False
         self._lag_index = k
         # The echo's gain (its energy ratio), smoothed: what the level test compares against.
+        # Learnt only from clear matches of a plausible echo, so that a caller's vowel that
+        # happens to resemble the bot's cannot teach it "echo as loud as the caller".
         g = math.sqrt(e_blk / e_ref)
-        self._echo_gain = g if self._echo_gain <= 0.0 else 0.8 * self._echo_gain + 0.2 * g
+        if rho >= self.LEARN_RHO and g <= self.LEVEL_MAX_GAIN:
+            self._echo_gain = g if self._echo_gain <= 0.0 else 0.8 * self._echo_gain + 0.2 * g
+            self._confirmed_at = self._t_end
         return True
 
     def _apply(self, out: FloatArray, lo: int, hi: int, gain: float) -> None:
