@@ -16,7 +16,14 @@ is left open. The well-behaved caller's transcript is unchanged.
     flock /tmp/voxgate-bench.lock python -m benchmarks.fuzz_grpc --cases 20000
 
 prints cases, the status histogram, the longest stream end time and whether the transcript was
-unchanged. ``tests/test_fuzz_grpc.py`` runs a bounded, derandomized version in CI.
+unchanged (``--minutes`` stops early and reports what ran). ``tests/test_fuzz_grpc.py`` runs a
+bounded, derandomized version in CI.
+
+Measured on 2 shared cores (20 000 cases, derandomized, batches of 40, 1145 s): clients saw
+INVALID_ARGUMENT 9890, OK 6779, CANCELLED 2857, DEADLINE_EXCEEDED 254 and 220 of grpc's own
+client-side write races; 806 ErrorEvents; no INTERNAL or UNKNOWN, no stream past the bound
+(longest end 3.6 s, the idle timeout), no server ERROR line, no call left open, and the
+well-behaved caller's transcript was the same in all 157 runs.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ import numpy as np
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
@@ -697,8 +704,23 @@ class FuzzRig:
         await self.server.stop(grace_s=0.0)
 
 
-def fuzz(rig: FuzzRig, cases_total: int, batch: int, seed: int | None) -> None:
-    """Draw ``cases_total`` cases in batches of ``batch`` with Hypothesis and run them."""
+class _OutOfTime(Exception):
+    """The time budget is spent: stop drawing, report what ran."""
+
+
+def fuzz(
+    rig: FuzzRig,
+    cases_total: int,
+    batch: int,
+    seed: int | None,
+    budget_s: float | None = None,
+    progress: bool = False,
+) -> None:
+    """Draw ``cases_total`` cases in batches of ``batch`` with Hypothesis and run them.
+
+    Stops early, without error, once ``budget_s`` has passed (the table says how many ran).
+    """
+    deadline = None if budget_s is None else time.monotonic() + budget_s
 
     @settings(
         max_examples=max(1, cases_total // batch),
@@ -707,14 +729,21 @@ def fuzz(rig: FuzzRig, cases_total: int, batch: int, seed: int | None) -> None:
         derandomize=seed is None,
         phases=[Phase.generate],
         suppress_health_check=list(HealthCheck),
+        verbosity=Verbosity.quiet,  # no dump of the batch that ran out of time
+        print_blob=False,
     )
     @given(batches(batch))
     def one(cases_: list[Case]) -> None:
+        if deadline is not None and time.monotonic() > deadline:
+            raise _OutOfTime
         rig.run_batch(cases_)
+        if progress and rig.stats.cases % (batch * 25) == 0:
+            print(f"... {rig.stats.cases} cases, {dict(rig.stats.statuses)}", file=sys.stderr)
 
     if seed is not None:
         one = hypothesis_seed(seed)(one)
-    one()
+    with contextlib.suppress(_OutOfTime):
+        one()
 
 
 def table(rig: FuzzRig, seconds: float) -> Iterator[str]:
@@ -744,11 +773,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=None, help="random seed (default: derandomized)")
     ap.add_argument("--real-tts", action="store_true", help="the Piper voice instead of the tone")
     ap.add_argument("--speech-dir", type=Path, default=SPEECH_DIR)
+    ap.add_argument(
+        "--minutes", type=float, default=None, help="stop drawing after this long (report so far)"
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     began = time.monotonic()
     with FuzzRig(real_tts=args.real_tts, speech_dir=args.speech_dir) as rig:
-        fuzz(rig, args.cases, args.batch, args.seed)
+        budget = None if args.minutes is None else 60.0 * args.minutes
+        fuzz(rig, args.cases, args.batch, args.seed, budget, progress=True)
     stats = rig.stats
     print(f"baseline transcript: {rig.baseline!r}")
     for line in table(rig, time.monotonic() - began):
