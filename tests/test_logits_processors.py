@@ -165,3 +165,14 @@ def test_phrase_boost_skips_timestamps_when_locating_the_phrase() -> None:
     x = flat()
     proc.apply(3, x, [[TS0, 1, TS0 + 3]])
     assert x[0, 2] == 4.0
+
+
+def test_phrase_start_needs_a_stricter_floor_than_a_continuation() -> None:
+    proc = PhraseBoost(toy_tree(), EOT, floor=-8.0, start_floor=-2.0)
+    x = flat(2)
+    x[:, 0] = 10.0
+    x[:, 1] = 5.0  # a phrase start at about -5 nats: below the start floor
+    x[:, 2] = 5.0  # the continuation of " ab" at about -5 nats: above the floor
+    proc.apply(1, x, [[7], [1]])
+    assert x[0, 1] == 5.0, "an implausible first piece is not boosted"
+    assert x[1, 2] == pytest.approx(9.0), "a continuation within the floor is"

@@ -46,6 +46,11 @@ MAX_BOOST = 10.0
 DEFAULT_FLOOR = -8.0
 #: Share of the boost a phrase's first token gets (continuations get all of it).
 START_FRACTION = 0.5
+#: Log-probability a phrase's *first* token needs before it may be boosted: stricter than the
+#: floor, because a first piece such as " N" also begins ordinary words (" not") and, once
+#: emitted, the continuation boost carries the phrase through (measured: "ask not what" became
+#: "ask Nwachukwu what" with the plain floor).
+DEFAULT_START_FLOOR = -2.0
 _BOOST_RE = re.compile(r"^(?P<text>.*\S)\s*\^(?P<boost>[0-9]+(?:\.[0-9]+)?)$")
 
 
@@ -128,6 +133,23 @@ class PhraseTree:
         n = len(seq)
         return any(tuple(text[i : i + n]) == seq for i in range(len(text) - n + 1))
 
+    def continuations(self, text: Sequence[int]) -> set[int]:
+        """Tokens that continue a phrase in progress at the end of ``text``."""
+        return {t for t, _ in self._continue(text)}
+
+    def _continue(self, text: Sequence[int]) -> list[tuple[int, float]]:
+        out: list[tuple[int, float]] = []
+        n = len(text)
+        for length in range(1, min(n, self.depth - 1) + 1):
+            node: _Node | None = self.root
+            for tok in text[n - length :]:
+                node = node.children.get(tok) if node is not None else None
+                if node is None:
+                    break
+            if node is not None:
+                out.extend(node.boost.items())
+        return out
+
     def next_boosts(self, text: Sequence[int]) -> dict[int, float]:
         """Boost per token for the step after ``text``: phrase starts plus every continuation.
 
@@ -141,16 +163,8 @@ class PhraseTree:
                 continue
             for q in seqs:
                 out[q[0]] = max(out.get(q[0], 0.0), boost * self.start_fraction)
-        n = len(text)
-        for length in range(1, min(n, self.depth - 1) + 1):
-            node: _Node | None = self.root
-            for tok in text[n - length :]:
-                node = node.children.get(tok) if node is not None else None
-                if node is None:
-                    break
-            if node is not None:
-                for tok, b in node.boost.items():
-                    out[tok] = max(out.get(tok, 0.0), b)
+        for tok, b in self._continue(text):
+            out[tok] = max(out.get(tok, 0.0), b)
         return out
 
 
@@ -163,22 +177,29 @@ class PhraseBoost:
         text_limit: first non-text token id (``<|endoftext|>``); timestamps and specials in a
             row's history are skipped when locating it in the tree.
         floor: log-probability a token needs (before boosting) to be boosted at all.
+        start_floor: the same for a phrase's first token (stricter).
     """
 
     tree: PhraseTree
     text_limit: int
     floor: float = DEFAULT_FLOOR
+    start_floor: float = DEFAULT_START_FLOOR
 
     def apply(self, step: int, logits: F32, sequences: Sequence[Sequence[int]]) -> None:
         """Bias each row toward the phrase tokens its history makes possible."""
         for r, seq in enumerate(sequences):
-            boosts = self.tree.next_boosts([t for t in seq if t < self.text_limit])
+            text = [t for t in seq if t < self.text_limit]
+            boosts = self.tree.next_boosts(text)
             if not boosts:
                 continue
+            cont = self.tree.continuations(text)
             ids = np.fromiter(boosts.keys(), np.int64, len(boosts))
             add = np.fromiter(boosts.values(), np.float32, len(boosts))
+            floors = np.array(
+                [self.floor if t in cont else self.start_floor for t in boosts], np.float32
+            )
             row = logits[r]
             m = np.max(row)
             lse = m + np.log(np.sum(np.exp(row - m), dtype=np.float32))
-            plausible = (row[ids] - lse) >= np.float32(self.floor)
+            plausible = (row[ids] - lse) >= floors
             row[ids[plausible]] += add[plausible]
