@@ -27,7 +27,7 @@ One BLAS thread is the measured best on shared cores (the caller sets it; see do
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -262,7 +262,10 @@ class DecodeItem:
         num_hypotheses: hypotheses returned (samples drawn when sampling).
         temperature: 0 = argmax; > 0 samples from ``softmax(logits / T)``.
         processors: this item's rules, applied in order every step.
+        late_processors: builds more rules once the no-speech probability is known (after
+            the prompt ran); they run after ``processors``.
         seed: sampling seed (only with ``temperature`` > 0).
+        result: set when the item finishes.
     """
 
     memory: F32
@@ -272,6 +275,7 @@ class DecodeItem:
     num_hypotheses: int = 1
     temperature: float = 0.0
     processors: Sequence[LogitsProcessor] = ()
+    late_processors: Callable[[float], Sequence[LogitsProcessor]] | None = None
     seed: int = 0
     result: DecodeResult | None = None
 
@@ -286,6 +290,7 @@ class _Live:
     cum: npt.NDArray[np.float64]
     no_speech: float
     rng: np.random.Generator | None
+    processors: list[LogitsProcessor]
     step: int = 0
     finished: list[tuple[float, list[int]]] = field(default_factory=list)
 
@@ -353,6 +358,7 @@ class DecodeLoop:
                 np.zeros(rows),
                 no_speech,
                 rng,
+                list(item.processors),
             )
         )
 
@@ -390,9 +396,12 @@ class DecodeLoop:
             n = len(lv.inputs)
             part = logits[a : a + n]
             a += n
-            if np.isnan(lv.no_speech) and lv.step == 0:
-                lv.no_speech = float(_softmax_inplace(part[:1].copy())[0, self.no_speech])
-            for proc in lv.item.processors:
+            if lv.step == 0:
+                if np.isnan(lv.no_speech):
+                    lv.no_speech = float(_softmax_inplace(part[:1].copy())[0, self.no_speech])
+                if lv.item.late_processors is not None:
+                    lv.processors += lv.item.late_processors(lv.no_speech)
+            for proc in lv.processors:
                 proc.apply(lv.step, part, lv.seqs)
             finished = self._beam(lv, part) if lv.item.beam_size > 1 else self._greedy(lv, part)
             lv.step += 1

@@ -35,7 +35,9 @@ class AsrOptions:
         num_alternatives: N-best alternatives to return besides the best one.
         word_timestamps: return per-word times.
         initial_prompt: text that conditions the decoder (vocabulary, style).
-        hotwords: words to bias toward; folded into the prompt.
+        hotwords: words to bias toward; folded into the prompt. A hotword written
+            ``phrase^boost`` (e.g. ``voxgate^6``) is also boosted token by token in the decoder
+            (``engines.asr._phrases``; boost in nats, at most 10).
         silence_aware: apply the silence-aware policy (skip, suppress, gate); on by default.
         context_tokens: ``initial_prompt`` and ``hotwords`` already tokenised (once per call,
             by the gateway); ``None`` makes the engine tokenise them itself.
@@ -66,12 +68,16 @@ class AsrRequest:
         stats: VAD statistics of the utterance, consumed by the decoding policy.
         options: the call's decoding options.
         is_final: False for an interim re-decode of a growing utterance.
+        voiced_spans_ms: the VAD's voiced spans (start, end) in ms from the utterance start,
+            for the silence-aware end-of-text processor; empty = only the leading and
+            trailing silence from ``stats`` are known.
     """
 
     audio: FloatArray
     stats: UtteranceStats
     options: AsrOptions = field(default_factory=AsrOptions)
     is_final: bool = True
+    voiced_spans_ms: tuple[tuple[int, int], ...] = ()
 
     @property
     def batch_key(self) -> Hashable:

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["DecodingPolicyConfig", "EncoderWindowConfig", "WhisperConfig"]
+__all__ = ["DecodeLoopConfig", "DecodingPolicyConfig", "EncoderWindowConfig", "WhisperConfig"]
 
 #: Mel frames per second (hop of 10 ms at 16 kHz).
 MEL_FRAMES_PER_S = 100
@@ -149,6 +149,49 @@ class DecodingPolicyConfig(BaseModel):
         return self
 
 
+class DecodeLoopConfig(BaseModel):
+    """Our own decode loop (``engines.asr._decode``) and the logits processors it runs.
+
+    CTranslate2's ``generate`` stays the fast path: an item goes through the loop only when a
+    processor applies to it (a boosted phrase in its hotwords, or one of the switches below),
+    or when ``always`` is set. See docs/decode_loop.md for what each processor does and the
+    measurements behind the defaults.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    silence_end: bool = Field(
+        default=False,
+        description="Silence-aware end of text: decode with timestamp tokens and, once past the "
+        "VAD's last speech, push <|endoftext|> up and content down; no timestamp inside a long "
+        "VAD silence.",
+    )
+    hallucination_bias: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=20.0,
+        description="Largest negative bias (nats) on the first tokens of Whisper's non-speech "
+        "phrases, scaled per item by its speech ratio, level and no-speech probability "
+        "(0 = off).",
+    )
+    phrase_floor: float = Field(
+        default=-8.0,
+        le=0.0,
+        description="A phrase token is boosted only while its own log-probability is at least "
+        "this (the cap that keeps a boost from forcing a phrase the audio lacks).",
+    )
+    weights: Literal["int8", "float32"] = Field(
+        default="int8",
+        description="Decoder arithmetic: int8 weights with per-row activation quantization "
+        "(as CTranslate2's int8) or float32 (bit-compatible with compute_type float32).",
+    )
+    always: bool = Field(
+        default=False,
+        description="Decode every item with the loop, even with no processor active "
+        "(equality checks and benchmarks).",
+    )
+
+
 class WhisperConfig(BaseModel):
     """Static configuration of one :class:`engines.asr._whisper.WhisperEngine`.
 
@@ -221,6 +264,10 @@ class WhisperConfig(BaseModel):
     )
     policy: DecodingPolicyConfig = Field(
         default_factory=DecodingPolicyConfig, description="Silence-aware decoding policy."
+    )
+    decode_loop: DecodeLoopConfig = Field(
+        default_factory=DecodeLoopConfig,
+        description="Our own decode loop with logits processors (used only when one applies).",
     )
 
     @model_validator(mode="before")
