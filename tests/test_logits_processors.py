@@ -176,3 +176,15 @@ def test_phrase_start_needs_a_stricter_floor_than_a_continuation() -> None:
     proc.apply(1, x, [[7], [1]])
     assert x[0, 1] == 5.0, "an implausible first piece is not boosted"
     assert x[1, 2] == pytest.approx(9.0), "a continuation within the floor is"
+
+
+def test_a_transcript_of_only_hotwords_on_silent_looking_audio_is_recited() -> None:
+    from engines.asr._whisper import WhisperEngine, _Attempt
+
+    silent = _Attempt(1000, "en", 0.0, [], no_speech_prob=0.6, degenerate=False)
+    clear = _Attempt(1000, "en", 0.0, [], no_speech_prob=0.05, degenerate=False)
+    hot = ("Kowalczyk^6", "voxgate")
+    assert WhisperEngine._recites_hotwords("Kowalczyk,", hot, silent)
+    assert not WhisperEngine._recites_hotwords("Kowalczyk,", hot, clear)
+    assert not WhisperEngine._recites_hotwords("Call Kowalczyk.", hot, silent)
+    assert not WhisperEngine._recites_hotwords("Kowalczyk", (), silent)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import threading
 import time
 from collections import defaultdict
@@ -72,6 +73,9 @@ _WINDOW_SAMPLES = 30 * ASR_SAMPLE_RATE_HZ
 _MAX_PROMPT_TOKENS = 223
 #: A detected language's runner-up with at least this probability is tried when the first fails.
 _ALT_LANGUAGE_MIN_PROB = 0.2
+#: No-speech probability from which a transcript made only of hotwords is taken as recited.
+_RECITED_HOTWORD_NO_SPEECH = 0.3
+_WORD_RE = re.compile(r"[\w']+")
 
 
 @dataclass(slots=True)
@@ -831,7 +835,25 @@ class WhisperEngine:
                 stats=job.stats,
                 cfg=cfg.policy,
             )
+            if not dropped and self._recites_hotwords(hyp.text, job.options.hotwords, att):
+                dropped = "hallucination"
         return att, hyp, dropped
+
+    @staticmethod
+    def _recites_hotwords(text: str, hotwords: tuple[str, ...], att: _Attempt) -> bool:
+        """Whether ``text`` is nothing but the call's hotwords on audio that looks silent.
+
+        On noise Whisper recites the last words of its prompt ("Kowalczyk," on pink noise,
+        measured on the hallucination set with hotwords in the prompt, and more often with
+        them boosted); the whole-prompt recitation is stripped in ``_record``, this catches a
+        single hotword. A caller saying just a hotword clearly has a low no-speech probability.
+        """
+        if not hotwords or att.no_speech_prob < _RECITED_HOTWORD_NO_SPEECH:
+            return False
+        words, _ = parse_hotwords(hotwords)
+        vocab = {w.lower() for h in words for w in _WORD_RE.findall(h)}
+        said = _WORD_RE.findall(text.lower())
+        return bool(said) and all(w in vocab for w in said)
 
     def _merge(
         self,
