@@ -809,23 +809,30 @@ class CallSession:
     async def _stop_playback(
         self, *, reason_offset_ms: int, clear_queue: bool, caller_text: str = ""
     ) -> None:
+        # Every Speak ends with exactly one PlaybackFinished or PlaybackInterrupted, also one
+        # that was still queued behind the reply being cut: a client counts its open replies
+        # by those events (and would otherwise wait for one forever).
+        dropped: list[SpeakIn] = []
         if clear_queue:
             while not self._speaks.empty():
                 item = self._speaks.get_nowait()
                 if isinstance(item, _End):  # keep the end-of-call sentinel
                     self._speaks.put_nowait(item)
                     break
+                if isinstance(item, SpeakIn):
+                    dropped.append(item)
         pb, task = self._playback, self._playback_task
-        if pb is None or task is None or task.done():
-            return
-        await cancel_and_wait(task)
-        loop = asyncio.get_running_loop()
-        heard_ms = 0 if pb.started_at == 0.0 else int((loop.time() - pb.started_at) * 1000)
-        played = max(0, min(pb.sent_ms, heard_ms))
-        words = tuple(w for w, end in pb.words if end <= played)
-        await self._emit(
-            InterruptedOut(pb.speak.speak_id, played, words, reason_offset_ms, caller_text)
-        )
+        if pb is not None and task is not None and not task.done():
+            await cancel_and_wait(task)
+            loop = asyncio.get_running_loop()
+            heard_ms = 0 if pb.started_at == 0.0 else int((loop.time() - pb.started_at) * 1000)
+            played = max(0, min(pb.sent_ms, heard_ms))
+            words = tuple(w for w, end in pb.words if end <= played)
+            await self._emit(
+                InterruptedOut(pb.speak.speak_id, played, words, reason_offset_ms, caller_text)
+            )
+        for speak in dropped:
+            await self._emit(InterruptedOut(speak.speak_id, 0, (), reason_offset_ms, caller_text))
 
     # -- send --------------------------------------------------------------------------------------
 

@@ -205,8 +205,33 @@ def test_clear_drops_the_queue_and_interrupts_the_current_reply() -> None:
 
     drive(call, script)
     assert {e.speak_id for _, e in call.of(AudioOutEvent)} == {"s0"}
-    ((_, intr),) = call.of(InterruptedOut)
-    assert intr.speak_id == "s0" and intr.at_offset_ms == -1
+    # Every Speak ends with one event, the queued ones too (played 0 ms), in queue order.
+    cut = [e for _, e in call.of(InterruptedOut)]
+    assert [e.speak_id for e in cut] == ["s0", "s1", "s2"]
+    assert all(e.at_offset_ms == -1 for e in cut)
+    assert cut[0].played_ms > 0 and [e.played_ms for e in cut[1:]] == [0, 0]
+    assert not call.of(PlaybackFinishedOut)
+
+
+def test_a_barge_in_also_ends_the_replies_queued_behind_the_one_it_cuts() -> None:
+    call = Call()
+
+    async def script(c: Call) -> None:
+        await c.inbox.put(SpeakIn("one two three four five six seven eight nine", "s1"))
+        await c.inbox.put(SpeakIn("ten eleven", "s2"))
+        await asyncio.sleep(2.0)
+        await c.say(tone(400) + silence(800))
+        await asyncio.sleep(3.0)
+        await c.inbox.put(None)
+
+    drive(call, script)
+    ((_, begin),) = [(t, e) for t, e in call.of(SpeechOut) if e.begin]
+    cut = [e for _, e in call.of(InterruptedOut)]
+    assert [e.speak_id for e in cut] == ["s1", "s2"]
+    assert cut[0].played_ms > 0 and cut[1].played_ms == 0 and cut[1].words_played == ()
+    assert all(e.at_offset_ms == begin.offset_ms for e in cut)  # both by the caller's speech
+    assert {e.speak_id for _, e in call.of(AudioOutEvent)} == {"s1"}
+    assert not call.of(PlaybackFinishedOut)
 
 
 # --- recognition: finals, speculation, interims, faults -----------------------------------------
