@@ -109,7 +109,7 @@ async def test_stt_manual_flush_finalises_the_utterance_without_trailing_silence
     pcm, rate = sample_call
     engine = voxgate.STT(target=server.target, end_silence_ms=3000)
     stream = engine.stream(conn_options=NO_RETRY)
-    await feed(stream, pcm[: int(10.9 * rate)], rate)
+    await feed(stream, pcm[: int(9.3 * rate)], rate)
     stream.flush()
 
     async def last_final() -> stt.SpeechEvent:
@@ -118,7 +118,7 @@ async def test_stt_manual_flush_finalises_the_utterance_without_trailing_silence
         async for ev in stream:
             if (
                 ev.type == stt.SpeechEventType.FINAL_TRANSCRIPT
-                and ev.alternatives[0].end_time > 10.0
+                and ev.alternatives[0].end_time > 8.4
             ):
                 return ev
         raise AssertionError("the stream ended without the flushed final")

@@ -146,7 +146,7 @@ async def test_the_pipelines_end_of_turn_flushes_the_utterance(
     silence: only the pipeline's VADUserStoppedSpeakingFrame (a Flush) can end the last
     utterance before the pipeline ends (earlier pauses may end earlier utterances)."""
     pcm, rate = sample_call
-    speech = pcm[: int(10.9 * rate)]
+    speech = pcm[: int(9.3 * rate)]
     stt = VoxgateSTTService(
         target=server.target,
         audio_passthrough=False,
