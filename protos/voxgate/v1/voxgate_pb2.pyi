@@ -424,3 +424,70 @@ class ListVoicesResponse(_message.Message):
     VOICES_FIELD_NUMBER: _ClassVar[int]
     voices: _containers.RepeatedCompositeFieldContainer[VoiceInfo]
     def __init__(self, voices: _Optional[_Iterable[_Union[VoiceInfo, _Mapping]]] = ...) -> None: ...
+
+class BotEvent(_message.Message):
+    __slots__ = ("call", "converse", "transfer_result")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    CONVERSE_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_RESULT_FIELD_NUMBER: _ClassVar[int]
+    call: CallInfo
+    converse: ConverseResponse
+    transfer_result: TransferResult
+    def __init__(self, call: _Optional[_Union[CallInfo, _Mapping]] = ..., converse: _Optional[_Union[ConverseResponse, _Mapping]] = ..., transfer_result: _Optional[_Union[TransferResult, _Mapping]] = ...) -> None: ...
+
+class CallInfo(_message.Message):
+    __slots__ = ("call_id", "from_uri", "to_uri", "channel", "headers", "transfer_supported")
+    class HeadersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_URI_FIELD_NUMBER: _ClassVar[int]
+    TO_URI_FIELD_NUMBER: _ClassVar[int]
+    CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_SUPPORTED_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    from_uri: str
+    to_uri: str
+    channel: str
+    headers: _containers.ScalarMap[str, str]
+    transfer_supported: bool
+    def __init__(self, call_id: _Optional[str] = ..., from_uri: _Optional[str] = ..., to_uri: _Optional[str] = ..., channel: _Optional[str] = ..., headers: _Optional[_Mapping[str, str]] = ..., transfer_supported: _Optional[bool] = ...) -> None: ...
+
+class BotAction(_message.Message):
+    __slots__ = ("request", "transfer", "answer")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    request: ConverseRequest
+    transfer: Transfer
+    answer: Answer
+    def __init__(self, request: _Optional[_Union[ConverseRequest, _Mapping]] = ..., transfer: _Optional[_Union[Transfer, _Mapping]] = ..., answer: _Optional[_Union[Answer, _Mapping]] = ...) -> None: ...
+
+class Transfer(_message.Message):
+    __slots__ = ("target_uri", "transfer_id")
+    TARGET_URI_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    target_uri: str
+    transfer_id: str
+    def __init__(self, target_uri: _Optional[str] = ..., transfer_id: _Optional[str] = ...) -> None: ...
+
+class TransferResult(_message.Message):
+    __slots__ = ("transfer_id", "code", "message", "sip_status")
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SIP_STATUS_FIELD_NUMBER: _ClassVar[int]
+    transfer_id: str
+    code: int
+    message: str
+    sip_status: int
+    def __init__(self, transfer_id: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., sip_status: _Optional[int] = ...) -> None: ...
+
+class Answer(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -276,3 +276,101 @@ class VoiceGateway:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class VoxgateBotStub:
+    """---------------------------------------------------------------------------------------------
+    Bots: calls that start elsewhere (a SIP INVITE, a media-stream WebSocket)
+
+    A bot served as a network service. A bridge (the SIP bridge, the media-stream adapter) holds
+    the call's media and its Converse stream to the gateway, and dials the bot once per call, as a
+    media-stream provider dials a WebSocket URL. The bot sees the very Converse events and answers
+    with the very Converse controls, so the same bot code serves direct Converse calls.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.HandleCall = channel.stream_stream(
+                '/voxgate.v1.VoxgateBot/HandleCall',
+                request_serializer=voxgate_dot_v1_dot_voxgate__pb2.BotEvent.SerializeToString,
+                response_deserializer=voxgate_dot_v1_dot_voxgate__pb2.BotAction.FromString,
+                _registered_method=True)
+
+
+class VoxgateBotServicer:
+    """---------------------------------------------------------------------------------------------
+    Bots: calls that start elsewhere (a SIP INVITE, a media-stream WebSocket)
+
+    A bot served as a network service. A bridge (the SIP bridge, the media-stream adapter) holds
+    the call's media and its Converse stream to the gateway, and dials the bot once per call, as a
+    media-stream provider dials a WebSocket URL. The bot sees the very Converse events and answers
+    with the very Converse controls, so the same bot code serves direct Converse calls.
+    """
+
+    def HandleCall(self, request_iterator, context):
+        """One call. The bridge sends `call` first, then the call's gateway events (every event kind
+        except `audio`, which only the bridge plays out) and the results of transfers the bot asked
+        for. The bot answers with actions; its first one (`answer`, or any other) must come within
+        the bridge's answer timeout. The bridge half-closes when the call has ended; a bot that ends
+        the stream leaves the call, which the bridge then hangs up.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_VoxgateBotServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'HandleCall': grpc.stream_stream_rpc_method_handler(
+                    servicer.HandleCall,
+                    request_deserializer=voxgate_dot_v1_dot_voxgate__pb2.BotEvent.FromString,
+                    response_serializer=voxgate_dot_v1_dot_voxgate__pb2.BotAction.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'voxgate.v1.VoxgateBot', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('voxgate.v1.VoxgateBot', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class VoxgateBot:
+    """---------------------------------------------------------------------------------------------
+    Bots: calls that start elsewhere (a SIP INVITE, a media-stream WebSocket)
+
+    A bot served as a network service. A bridge (the SIP bridge, the media-stream adapter) holds
+    the call's media and its Converse stream to the gateway, and dials the bot once per call, as a
+    media-stream provider dials a WebSocket URL. The bot sees the very Converse events and answers
+    with the very Converse controls, so the same bot code serves direct Converse calls.
+    """
+
+    @staticmethod
+    def HandleCall(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/voxgate.v1.VoxgateBot/HandleCall',
+            voxgate_dot_v1_dot_voxgate__pb2.BotEvent.SerializeToString,
+            voxgate_dot_v1_dot_voxgate__pb2.BotAction.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
