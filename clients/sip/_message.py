@@ -13,10 +13,15 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "BRANCH_COOKIE",
+    "DEFAULT_INFO_DTMF_MS",
+    "DTMF_INFO_TYPES",
     "MAX_DATAGRAM_BYTES",
+    "MAX_ROUTE_ENTRIES",
     "MAX_URI_CHARS",
+    "NextHop",
     "SipMessage",
     "SipParseError",
+    "DtmfInfoError",
     "SipUri",
     "UriError",
     "Via",
@@ -28,9 +33,14 @@ __all__ = [
     "make_response",
     "new_branch",
     "new_tag",
+    "next_hop",
     "option_tags",
+    "parse_dtmf_info",
     "parse_sip_uri",
+    "parse_sipfrag",
+    "record_route",
     "reply_address",
+    "uri_param",
 ]
 
 #: Larger datagrams are refused unread (a UDP SIP message must fit one datagram; 64 KiB max).
@@ -48,6 +58,10 @@ _COMPACT = {
     "s": "Subject",
     "e": "Content-Encoding",
     "x": "Session-Expires",
+    "r": "Refer-To",
+    "b": "Referred-By",
+    "o": "Event",
+    "u": "Allow-Events",
 }
 _CANONICAL = {
     name.lower(): name
@@ -76,6 +90,11 @@ _CANONICAL = {
         "Content-Encoding",
         "Session-Expires",
         "Min-SE",
+        "Refer-To",
+        "Referred-By",
+        "Event",
+        "Allow-Events",
+        "Subscription-State",
     )
 }
 _TOKEN = re.compile(r"^[A-Za-z0-9.!%*_+`'~-]+$")
@@ -562,3 +581,180 @@ def option_tags(value: str | None, *, limit: int = 16) -> list[str]:
         return []
     tags = [t.strip().lower() for t in value.split(",")]
     return [t for t in tags if t and len(t) <= 32 and _TOKEN.match(t)][:limit]
+
+
+#: Most Record-Route entries accepted on a dialog-forming request (each one is copied into our
+#: 2xx and into every request of the dialog, so the count is bounded like everything copied).
+MAX_ROUTE_ENTRIES = 16
+
+
+def uri_param(uri: str, name: str) -> str | None:
+    """A URI parameter's value ('' for a flag like ``;lr``), or None when it is absent.
+
+    Only the parameters of the URI itself count, not its ``?headers``: ``sip:p;lr`` has ``lr``.
+    """
+    _, _, rest = uri.partition(";")
+    rest = rest.split("?", 1)[0]
+    want = name.lower()
+    for p in rest.split(";") if rest else []:
+        k, _, v = p.partition("=")
+        if k.strip().lower() == want:
+            return v.strip()
+    return None
+
+
+def record_route(req: SipMessage) -> list[str]:
+    """The request's Record-Route entries, one name-addr each, top first (RFC 3261 20.30).
+
+    A UAS copies them, in order, into the response that creates the dialog and keeps them as
+    the dialog's route set (12.1.1). Each must be ``<sip:...>`` with a URI that
+    :func:`parse_sip_uri` accepts: the entries end up in our own requests' Route headers.
+
+    Raises:
+        UriError: more than :data:`MAX_ROUTE_ENTRIES`, an entry that is not a bracketed SIP
+            URI, or one that is too long.
+    """
+    out: list[str] = []
+    for value in req.get_all("Record-Route"):
+        for entry in _split_commas(value):
+            if len(out) >= MAX_ROUTE_ENTRIES:
+                raise UriError("too many Record-Route entries")
+            if len(entry) > MAX_CONTACT_CHARS or any(ch in entry for ch in "\r\n\0"):
+                raise UriError("Record-Route entry too long")
+            lt, gt = entry.find("<"), entry.find(">")
+            if lt == -1 or gt < lt or entry.count("<") != 1 or entry.count(">") != 1:
+                raise UriError("Record-Route entry is not <uri>")
+            parse_sip_uri(header_uri(entry))
+            out.append(entry)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class NextHop:
+    """Where an in-dialog request goes and what it says (RFC 3261 12.2.1.1).
+
+    Attributes:
+        request_uri: the Request-URI.
+        routes: the Route header values, in order.
+        host: the host to send the datagram to (the first Route's, else the target's).
+        port: its port (5060 when the URI has none).
+        via_route: True when a route set decided the hop (False: no route set).
+    """
+
+    request_uri: str
+    routes: list[str]
+    host: str
+    port: int
+    via_route: bool
+
+
+def next_hop(route_set: list[str], remote_target: str) -> NextHop:
+    """The Request-URI, Route headers and first hop of a request in a dialog.
+
+    Loose routing (the first route has ``;lr``, what every proxy written after RFC 2543
+    inserts): the Request-URI is the remote target and the route set becomes Route headers.
+    Strict routing (an RFC 2543 proxy): the first route becomes the Request-URI and the remote
+    target is appended to the rest as the last Route. Either way the datagram goes to the first
+    route's host and port; with no route set, to the remote target's.
+    """
+    if not route_set:
+        uri = parse_sip_uri(remote_target)
+        return NextHop(remote_target, [], uri.host.strip("[]"), uri.port or 5060, False)
+    first_text = header_uri(route_set[0])
+    first = parse_sip_uri(first_text)
+    hop_host, hop_port = first.host.strip("[]"), first.port or 5060
+    if uri_param(first_text, "lr") is not None:
+        return NextHop(remote_target, list(route_set), hop_host, hop_port, True)
+    strict_uri = first_text.split("?", 1)[0]  # 12.2.1.1: no headers in a Request-URI
+    return NextHop(strict_uri, [*route_set[1:], f"<{remote_target}>"], hop_host, hop_port, True)
+
+
+class DtmfInfoError(ValueError):
+    """A SIP INFO body that is not a key press we can read (a short fixed reason).
+
+    Attributes:
+        status: the SIP status to answer: 400 for a malformed body, 415 for another type.
+    """
+
+    def __init__(self, reason: str, status: int = 400) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+#: The INFO body types read as key presses (both are what SIP phones and PBXs send).
+DTMF_INFO_TYPES = ("application/dtmf-relay", "application/dtmf")
+#: Keys a DTMF INFO may carry (the RFC 4733 events 0-15).
+_DTMF_KEYS = "0123456789*#ABCD"
+#: Duration assumed when ``application/dtmf-relay`` gives none (the common default, in ms).
+DEFAULT_INFO_DTMF_MS = 250
+_MAX_INFO_BODY = 256
+
+
+def parse_dtmf_info(content_type: str | None, body: bytes) -> tuple[str, int]:
+    """The (key, duration ms) of a DTMF INFO body.
+
+    ``application/dtmf-relay`` (the Cisco format every PBX speaks) is ``Signal=5`` and an
+    optional ``Duration=160`` on separate lines, names case-insensitive; ``application/dtmf``
+    is the key alone. Keys are 0-9 * # A-D (letters in either case).
+
+    Raises:
+        DtmfInfoError: status 415 for any other body type, 400 for a body we cannot read.
+    """
+    ctype = (content_type or "").split(";", 1)[0].strip().lower()
+    if ctype not in DTMF_INFO_TYPES:
+        raise DtmfInfoError("INFO body type is not application/dtmf-relay", 415)
+    if len(body) > _MAX_INFO_BODY:
+        raise DtmfInfoError("DTMF INFO body too long")
+    try:
+        text = body.decode("ascii")
+    except UnicodeDecodeError:
+        raise DtmfInfoError("DTMF INFO body is not ASCII") from None
+    if ctype == "application/dtmf":
+        return _dtmf_key(text.strip()), DEFAULT_INFO_DTMF_MS
+    fields: dict[str, str] = {}
+    for line in text.replace("\r\n", "\n").split("\n"):
+        if not line.strip():
+            continue
+        name, eq, value = line.partition("=")
+        if not eq:
+            raise DtmfInfoError("DTMF INFO line without '='")
+        key = name.strip().lower()
+        if key in fields:
+            raise DtmfInfoError("DTMF INFO field repeated")
+        fields[key] = value.strip()
+    if "signal" not in fields:
+        raise DtmfInfoError("DTMF INFO without Signal=")
+    duration = DEFAULT_INFO_DTMF_MS
+    if "duration" in fields:
+        d = fields["duration"]
+        if not d.isdigit() or len(d) > 5 or not 0 < int(d) <= 60_000:
+            raise DtmfInfoError("bad DTMF INFO Duration=")
+        duration = int(d)
+    return _dtmf_key(fields["signal"]), duration
+
+
+def _dtmf_key(text: str) -> str:
+    if len(text) != 1 or text.upper() not in _DTMF_KEYS:
+        raise DtmfInfoError("DTMF INFO key is not 0-9, *, #, A-D")
+    return text.upper()
+
+
+def parse_sipfrag(body: bytes) -> tuple[int, str] | None:
+    """The status line of a ``message/sipfrag`` body (RFC 3420), as (code, reason), or None.
+
+    Only the status line matters to a REFER's NOTIFY (RFC 3515 2.4.5). The reason is bounded
+    and printable, since it may reach a log line or a bot.
+    """
+    line = body.split(b"\n", 1)[0].strip()
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    parts = text.split(" ", 2)
+    if len(parts) < 2 or parts[0].upper() != "SIP/2.0" or not parts[1].isdigit():
+        return None
+    code = int(parts[1])
+    if not 100 <= code <= 699:
+        return None
+    reason = parts[2] if len(parts) == 3 else ""
+    return code, "".join(ch for ch in reason[:60] if ch.isprintable())
