@@ -7,6 +7,9 @@ Three layers, each testable on its own:
   drive it step by step with a fake clock.
 * :class:`Batcher` owns the queue, the futures and one single-thread executor per engine worker.
   It asks the policy, runs ``engine.infer_batch`` on a worker thread and completes the futures.
+  With ``join_running`` it runs a :class:`ContinuousEngine` instead: one long call per batch
+  that takes newly queued items between its decode steps and hands each result back the moment
+  that item is done (iteration-level batching; see :meth:`BatchPolicy.join`).
 * :func:`choose_plan` picks ``max_batch_size`` and the worker count from measured throughput;
   :func:`default_plan` is the starting point before anything has been measured.
 
@@ -18,13 +21,15 @@ hashable value the caller derives from its request (for ASR, ``AsrRequest.batch_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import math
+import threading
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, Protocol, TypeVar, cast
 
 __all__ = [
     "DEFAULT_PLANS",
@@ -38,6 +43,7 @@ __all__ = [
     "Batcher",
     "BatcherClosedError",
     "BatcherStats",
+    "ContinuousEngine",
     "QueueFullError",
     "Schedulable",
     "WaitUntil",
@@ -49,6 +55,7 @@ __all__ = [
 T = TypeVar("T")
 R = TypeVar("R")
 T_contra = TypeVar("T_contra", contravariant=True)
+R_co = TypeVar("R_co", covariant=True)
 E = TypeVar("E", bound="Schedulable")
 
 
@@ -273,6 +280,50 @@ class BatchPolicy:
         size = min(self.max_batch_size, -(-len(same_key) // idle_workers))
         return Batch(key=key, entries=tuple(same_key[:size]))
 
+    def join(
+        self, queue: Sequence[E], *, key: Hashable, running: int, idle_workers: int
+    ) -> tuple[E, ...]:
+        """Which queued items may join a running batch now (iteration-level batching).
+
+        A continuous engine takes new items between its decode steps, so an utterance that
+        arrives while a batch decodes need not wait for that batch's slowest item. Rules:
+
+        * Only while every worker is busy: an idle worker serves the queue through
+          :meth:`next_batch` (a batch of its own, concurrent with the running one, which is
+          what a small CPU wants; on a one-worker GPU there is never an idle worker while a
+          batch runs, so everything that fits joins).
+        * Same batch key only, and the running batch never grows past ``max_batch_size``.
+        * Most urgent first (finals, then earliest deadline, then FIFO).
+        * Nothing overtakes a more urgent item of another key: only the items of this key that
+          are more urgent than every waiting item of another key join. So finals go before
+          interims (no interim joins while a final of another key waits, since a bigger batch
+          makes every step slower), and under a steady stream of one key the running batch
+          still drains, freeing the worker for the other key's turn instead of starving it.
+
+        The ``max_wait_ms`` hold does not apply: joining a batch that is already running
+        delays nobody's dispatch.
+
+        Args:
+            queue: live waiting items in any order.
+            key: the running batch's key.
+            running: items in the running batch now (decoding or handed over, not yet done).
+            idle_workers: workers free to take a batch right now.
+
+        Returns:
+            The items to hand to the running batch, most urgent first (empty for none).
+        """
+        room = self.max_batch_size - running
+        if room <= 0 or not queue or idle_workers > 0:
+            return ()
+        picks: list[E] = []
+        for entry in sorted(queue, key=_urgency):
+            if entry.key != key:
+                break  # the most urgent item of another key: nothing after it may join
+            picks.append(entry)
+            if len(picks) == room:
+                break
+        return tuple(picks)
+
 
 # --------------------------------------------------------------------------------------------
 # Driver (async)
@@ -288,6 +339,39 @@ class BatchEngine(Protocol[T_contra, R]):
 
     def infer_batch(self, items: Sequence[T_contra]) -> list[R]:
         """Process ``items`` together; exactly one result per item, in order."""
+        ...
+
+
+class ContinuousEngine(Protocol[T, R_co]):
+    """An engine whose batch stays open: items join it between steps and leave when done.
+
+    ``WhisperEngine`` provides this when its own decode loop is in use (``asr.decode_loop``).
+    The batcher uses it only with ``join_running``; ``infer_batch`` is then never called.
+
+    Threading: ``run_continuous`` runs on the worker's own thread; ``pull`` and ``emit`` may be
+    called from that thread (or any other) and return at once.
+    """
+
+    def run_continuous(
+        self,
+        first: Sequence[T],
+        pull: Callable[[int], list[T]],
+        emit: Callable[[T, R_co], None],
+    ) -> None:
+        """Process ``first``, taking more items from ``pull`` until nothing is left.
+
+        Contract:
+
+        * Call ``pull(free_slots)`` between every two steps (it is also the liveness signal:
+          ``batch_timeout_s`` runs from the last ``pull`` or ``emit``). It returns at most
+          ``free_slots`` new items, possibly none, never blocks.
+        * Call ``emit(item, result)`` exactly once per item (``first`` and pulled ones) as soon
+          as that item is finished, whatever rounds it took (fallback re-decodes included); the
+          item is matched by identity, so pass back the object that was handed over.
+        * Return when no item is live and ``pull`` gave nothing. Raising fails every item not
+          yet emitted with that exception; returning with items not emitted fails them with
+          :class:`BatchResultLengthError`.
+        """
         ...
 
 
@@ -309,6 +393,9 @@ class BatchObserver:
 
     def batch_started(self, worker: int, size: int, waits_s: Sequence[float]) -> None:
         """A batch of ``size`` went to ``worker``; ``waits_s`` is each item's queueing time."""
+
+    def items_joined(self, worker: int, waits_s: Sequence[float]) -> None:
+        """Items joined ``worker``'s running batch; ``waits_s`` is each one's queueing time."""
 
     def batch_finished(
         self, worker: int, size: int, duration_s: float, error: BaseException | None
@@ -333,6 +420,9 @@ class BatcherStats:
         max_batch_seen: the largest batch so far.
         timed_out_batches: batches that ran past ``batch_timeout_s`` (also in failed_batches).
         abandoned_threads: stuck worker threads left behind when their worker was replaced.
+        joined: items that joined a running batch (``join_running``; also in items_run).
+        returned: items handed to a running batch but not taken before it ended, put back
+            in the queue.
     """
 
     submitted: int = 0
@@ -344,6 +434,8 @@ class BatcherStats:
     max_batch_seen: int = 0
     timed_out_batches: int = 0
     abandoned_threads: int = 0
+    joined: int = 0
+    returned: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -357,6 +449,25 @@ class _Entry(Generic[T, R]):
     enqueued_at: float
     seq: int
     future: asyncio.Future[R]
+
+
+@dataclass(slots=True, eq=False)
+class _Run(Generic[T, R]):
+    """A continuous engine call in progress, shared by the loop and the worker thread.
+
+    ``handover`` (items given to the run, not yet pulled) and ``live`` (pulled, not yet
+    emitted) are touched only under ``lock``; ``dead`` (the run ended or was abandoned) is set
+    under it too, so a pull after the end takes nothing and a late emit is ignored.
+    """
+
+    worker: int
+    key: Hashable
+    live: list[_Entry[T, R]]
+    last_progress: float
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    handover: deque[_Entry[T, R]] = field(default_factory=deque)
+    dead: bool = False
+    size: int = 0
 
 
 def _resolve(future: asyncio.Future[Any], result: Any) -> None:
@@ -398,17 +509,27 @@ class Batcher(Generic[T, R]):
         replace: ``replace(worker)`` builds the engine a replaced worker uses from then on
             (e.g. ``WhisperEngine.sibling``); without it the worker keeps its engine object on
             a fresh thread. Called on the event loop, so it must be quick.
+        join_running: run every worker as a :class:`ContinuousEngine`: queued items join a
+            running batch between its steps (:meth:`BatchPolicy.join`) and each item's future
+            resolves when that item is done, not when its batch is. ``batch_timeout_s`` then
+            counts from the run's last sign of progress (a ``pull`` or an ``emit``), so a long
+            run that keeps stepping is not taken for a hung one.
+
+    Raises:
+        ValueError: no workers, a bad ``batch_timeout_s``, or ``join_running`` with a worker
+            that has no ``run_continuous``.
     """
 
     def __init__(
         self,
-        workers: Sequence[BatchEngine[T, R]],
+        workers: Sequence[BatchEngine[T, R] | ContinuousEngine[T, R]],
         policy: BatchPolicy,
         *,
         observer: BatchObserver | None = None,
         name: str = "batcher",
         batch_timeout_s: float | None = None,
-        replace: Callable[[int], BatchEngine[T, R]] | None = None,
+        replace: Callable[[int], BatchEngine[T, R] | ContinuousEngine[T, R]] | None = None,
+        join_running: bool = False,
     ) -> None:
         if not workers:
             raise ValueError("Batcher needs at least one worker engine, got none")
@@ -416,7 +537,13 @@ class Batcher(Generic[T, R]):
             batch_timeout_s > 0.0 and math.isfinite(batch_timeout_s)
         ):
             raise ValueError(f"batch_timeout_s must be a finite number > 0, got {batch_timeout_s}")
-        self._engines: list[BatchEngine[T, R]] = list(workers)
+        if join_running and not all(callable(getattr(w, "run_continuous", None)) for w in workers):
+            raise ValueError("join_running needs engines with run_continuous (ContinuousEngine)")
+        self._join_running = join_running
+        self._runs: dict[int, _Run[T, R]] = {}
+        #: seq -> the run an item was handed to and has not yet pulled.
+        self._handed: dict[int, _Run[T, R]] = {}
+        self._engines: list[BatchEngine[T, R] | ContinuousEngine[T, R]] = list(workers)
         self._policy = policy
         self._observer = observer if observer is not None else BatchObserver()
         self._name = name
@@ -557,6 +684,19 @@ class Batcher(Generic[T, R]):
     def _on_done_while_queued(self, seq: int, _future: object = None) -> None:
         # A future completes while queued only when its caller cancels it (or aclose fails it);
         # either way it must leave the queue so that it neither runs nor holds a slot.
+        run = self._handed.pop(seq, None)
+        if run is not None:
+            # Handed to a running batch: withdraw it unless the engine already took it.
+            with run.lock:
+                kept = [e for e in run.handover if e.seq != seq]
+                withdrawn = len(kept) < len(run.handover)
+                run.handover = deque(kept)
+            if withdrawn:
+                self.stats.dropped += 1
+                self._observer.dropped(1)
+                if self._wake is not None:
+                    self._wake.set()
+            return
         if self._queue.pop(seq, None) is not None:
             self.stats.dropped += 1
             self._observer.dropped(1)
@@ -578,11 +718,15 @@ class Batcher(Generic[T, R]):
             while not self._closing:
                 wake.clear()
                 self._drop_done()
+                if self._idle and self._handed:
+                    self._reclaim_handovers()
                 decision = self._policy.next_batch(
                     list(self._queue.values()), loop.time(), idle_workers=len(self._idle)
                 )
                 if isinstance(decision, Batch):
                     self._dispatch(decision.entries)
+                    continue
+                if self._runs and self._hand_over():
                     continue
                 if decision is None:
                     await wake.wait()
@@ -605,7 +749,8 @@ class Batcher(Generic[T, R]):
         for entry in entries:
             del self._queue[entry.seq]
         self._observer.queue_depth(len(self._queue))
-        task = self._loop.create_task(self._run_batch(worker, entries), name=f"batch-w{worker}")
+        runner = self._run_continuous if self._join_running else self._run_batch
+        task = self._loop.create_task(runner(worker, entries), name=f"batch-w{worker}")
         self._inflight.add(task)
         task.add_done_callback(self._on_batch_task_done)
 
@@ -641,10 +786,9 @@ class Batcher(Generic[T, R]):
                 # asyncio.timeout stops waiting, not the thread: a hung engine call keeps its
                 # thread, which is why the worker gets a fresh one below.
                 async with asyncio.timeout(self._batch_timeout_s):
+                    engine = cast(BatchEngine[T, R], self._engines[worker])
                     results = await loop.run_in_executor(
-                        self._executors[worker],
-                        self._engines[worker].infer_batch,
-                        [e.item for e in live],
+                        self._executors[worker], engine.infer_batch, [e.item for e in live]
                     )
             except TimeoutError:
                 assert self._batch_timeout_s is not None
@@ -676,6 +820,205 @@ class Batcher(Generic[T, R]):
             aborted = BatcherClosedError("batch was aborted before the engine returned")
             for entry in live:
                 _fail(entry.future, aborted)
+            self._idle.append(worker)
+            self._wake.set()
+
+    # ------------------------------------------------------------------ join_running
+
+    def _hand_over(self) -> bool:
+        """Give each running batch the queued items the policy lets join it; True if any."""
+        moved = False
+        for run in list(self._runs.values()):
+            with run.lock:
+                if run.dead:
+                    continue
+                running = len(run.live) + len(run.handover)
+            picks = self._policy.join(
+                list(self._queue.values()),
+                key=run.key,
+                running=running,
+                idle_workers=len(self._idle),
+            )
+            if not picks:
+                continue
+            with run.lock:
+                if run.dead:
+                    continue
+                for entry in picks:
+                    del self._queue[entry.seq]
+                    self._handed[entry.seq] = run
+                    run.handover.append(entry)
+            moved = True
+        if moved:
+            self._observer.queue_depth(len(self._queue))
+        return moved
+
+    def _take_back(self, run: _Run[T, R]) -> None:
+        """Put what was handed to ``run`` but not pulled back in the queue (closing: fail it).
+
+        Those items never reached the engine, so they keep their place and their wait.
+        """
+        with run.lock:
+            back = list(run.handover)
+            run.handover.clear()
+        if not back:
+            return
+        error = BatcherClosedError("batcher closed before this item was dispatched")
+        for entry in back:
+            self._handed.pop(entry.seq, None)
+            if self._closing:
+                _fail(entry.future, error)
+            elif not entry.future.done():
+                self._queue[entry.seq] = entry
+                self.stats.returned += 1
+        self._observer.queue_depth(len(self._queue))
+
+    def _reclaim_handovers(self) -> None:
+        # A worker is idle: items still waiting for a running batch's next step go back to the
+        # queue, so that the policy can give them that worker instead.
+        for run in list(self._runs.values()):
+            self._take_back(run)
+
+    def _pull(self, run: _Run[T, R], free_slots: int) -> list[T]:
+        """The engine thread asks for new items between two steps (never blocks)."""
+        taken: list[_Entry[T, R]] = []
+        with run.lock:
+            if run.dead:
+                return []
+            kept: deque[_Entry[T, R]] = deque()
+            for entry in run.handover:
+                # NOTE: reads the future's state from this thread (a flag; never mutated
+                # here): an item cancelled after it was handed over is left for the loop's
+                # done-callback to count as dropped, and never reaches the engine.
+                if len(taken) < free_slots and not entry.future.done():
+                    taken.append(entry)
+                else:
+                    kept.append(entry)
+            run.handover = kept
+            run.live.extend(taken)
+        self._call_on_loop(self._on_pulled, run, taken)
+        return [e.item for e in taken]
+
+    def _emit(self, run: _Run[T, R], item: T, result: R) -> None:
+        """The engine thread hands over one finished item's result."""
+        self._call_on_loop(self._on_emitted, run, item, result)
+
+    def _call_on_loop(self, fn: Callable[..., None], *args: Any) -> None:
+        assert self._loop is not None
+        # A closed loop raises RuntimeError: an abandoned engine thread outlived the batcher.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def _on_pulled(self, run: _Run[T, R], taken: Sequence[_Entry[T, R]]) -> None:
+        assert self._loop is not None and self._wake is not None
+        for entry in taken:
+            self._handed.pop(entry.seq, None)
+        if run.dead:
+            return
+        now = self._loop.time()
+        run.last_progress = now
+        if taken:
+            self.stats.items_run += len(taken)
+            self.stats.joined += len(taken)
+            run.size += len(taken)
+            self.stats.max_batch_seen = max(self.stats.max_batch_seen, len(run.live))
+            self._observer.items_joined(run.worker, [now - e.enqueued_at for e in taken])
+        self._wake.set()  # room may have changed: the driver may hand over more
+
+    def _on_emitted(self, run: _Run[T, R], item: T, result: R) -> None:
+        assert self._loop is not None and self._wake is not None
+        if run.dead:
+            return  # the run was abandoned (hung); its items already failed
+        with run.lock:
+            index = next((i for i, e in enumerate(run.live) if e.item is item), None)
+            entry = run.live.pop(index) if index is not None else None
+        run.last_progress = self._loop.time()
+        if entry is not None:
+            _resolve(entry.future, result)
+        self._wake.set()
+
+    async def _run_continuous(self, worker: int, entries: Sequence[_Entry[T, R]]) -> None:
+        assert self._loop is not None and self._wake is not None
+        loop = self._loop
+        live = [e for e in entries if not e.future.done()]
+        if len(live) < len(entries):
+            self.stats.dropped += len(entries) - len(live)
+            self._observer.dropped(len(entries) - len(live))
+        run: _Run[T, R] | None = None
+        try:
+            if not live:
+                return
+            started = loop.time()
+            run = _Run(worker=worker, key=live[0].key, live=list(live), last_progress=started)
+            run.size = len(live)
+            self._runs[worker] = run
+            self._observer.batch_started(worker, len(live), [started - e.enqueued_at for e in live])
+            self.stats.batches += 1
+            self.stats.items_run += len(live)
+            self.stats.max_batch_seen = max(self.stats.max_batch_seen, len(live))
+            engine = cast(ContinuousEngine[T, R], self._engines[worker])
+            future = loop.run_in_executor(
+                self._executors[worker],
+                engine.run_continuous,
+                [e.item for e in live],
+                functools.partial(self._pull, run),
+                functools.partial(self._emit, run),
+            )
+            error: BaseException | None = None
+            timed_out = False
+            while True:
+                if self._batch_timeout_s is None:
+                    await asyncio.wait({future})
+                    break
+                remaining = run.last_progress + self._batch_timeout_s - loop.time()
+                if remaining <= 0.0:
+                    # As with infer_batch: stop waiting (the thread cannot be stopped); whatever
+                    # it returns or raises later is discarded.
+                    future.cancel()
+                    timed_out = True
+                    break
+                done, _ = await asyncio.wait({future}, timeout=remaining)
+                if done:
+                    break
+            # Every emit the engine made before returning was queued on the loop ahead of the
+            # future's completion, so the results are all delivered by now.
+            with run.lock:
+                run.dead = True
+                missing = list(run.live)
+                run.live.clear()
+            if timed_out:
+                assert self._batch_timeout_s is not None
+                error = BatchTimeoutError(
+                    worker=worker, timeout_s=self._batch_timeout_s, size=len(missing)
+                )
+                self.stats.timed_out_batches += 1
+                self._replace_worker(worker)
+                self._observer.worker_replaced(worker, self._batch_timeout_s)
+            elif (exc := future.exception()) is not None:
+                error = exc
+            elif missing:
+                error = BatchResultLengthError(
+                    f"engine ended a continuous run on worker {worker} without a result for "
+                    f"{len(missing)} of its {run.size} items; run_continuous must emit one "
+                    "result per item"
+                )
+            if error is not None:
+                self.stats.failed_batches += 1
+                for entry in missing:
+                    _fail(entry.future, error)
+            self._observer.batch_finished(worker, run.size, loop.time() - started, error)
+        finally:
+            if run is not None:
+                with run.lock:
+                    run.dead = True
+                    leftover = list(run.live)
+                    run.live.clear()
+                aborted = BatcherClosedError("batch was aborted before the engine returned")
+                for entry in leftover:
+                    _fail(entry.future, aborted)
+                self._take_back(run)
+                if self._runs.get(worker) is run:
+                    del self._runs[worker]
             self._idle.append(worker)
             self._wake.set()
 

@@ -79,6 +79,13 @@ class VadConfig(_Frozen):
         "model's first voiced frame (at most 100 ms); 'auto' = on for silero, whose 32 ms "
         "windows confirm speech 40-120 ms after it begins, off for webrtc.",
     )
+    end_refine: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Report the end of speech at the last voiced frame that stands above the "
+        "noise floor (at most 160 ms before the model's last voiced frame); the audio and the "
+        "hangover do not change. 'auto' = on for silero, whose probability stays up for a "
+        "window or more after the last word, off for webrtc.",
+    )
     aggressiveness: int = Field(
         3, ge=0, le=3, description="webrtcvad aggressiveness; 3 resists line noise best."
     )
@@ -248,6 +255,15 @@ class BatcherConfig(_Frozen):
         description="A batch still running after this long is a hung engine: its utterances "
         "fail with DEADLINE_EXCEEDED (error events; the calls go on) and the worker gets a "
         "fresh thread and engine, s (0 = never). A normal batch takes well under 5 s on CPU.",
+    )
+    join_running: bool = Field(
+        False,
+        description="Iteration-level batching: an utterance that arrives while every worker "
+        "decodes joins a running batch of its kind at the next decode step, and each result "
+        "returns the moment its utterance is done (batch_timeout_s then counts from the last "
+        "step). Needs asr.decode_loop.always (our own decode loop, which is what can take new "
+        "items mid-batch); off by default because on CPU that loop is slower than "
+        "CTranslate2's generate (docs/decode_loop.md has the measurements).",
     )
 
 
@@ -634,6 +650,17 @@ class GatewayConfig(BaseSettings):
         frozenset({"asr", "tts"}),
         description="Engines to load: 'asr', 'tts', both ('asr,tts'), or 'none' (VAD only).",
     )
+
+    @model_validator(mode="after")
+    def _check_join_running(self) -> GatewayConfig:
+        # Only our decode loop can take an utterance into a batch that has started; with
+        # CTranslate2's generate the setting would silently do nothing.
+        if self.batcher.join_running and not self.asr.decode_loop.always:
+            raise ValueError(
+                "batcher.join_running needs asr.decode_loop.always: true (only the decode "
+                "loop can add an utterance to a running batch)"
+            )
+        return self
 
     @field_validator("engines", mode="before")
     @classmethod

@@ -211,6 +211,11 @@ class BatchMetrics(BatchObserver):
         for wait in waits_s:
             self._metrics.asr_queue_wait.observe(wait)
 
+    def items_joined(self, worker: int, waits_s: Sequence[float]) -> None:
+        """Queue waits of utterances that joined a running batch (admission reads them)."""
+        for wait in waits_s:
+            self._metrics.asr_queue_wait.observe(wait)
+
     def batch_finished(
         self, worker: int, size: int, duration_s: float, error: BaseException | None
     ) -> None:
@@ -446,6 +451,8 @@ class EngineHubImpl:
             batch_timeout_s=bcfg.batch_timeout_s or None,
             # A hung worker gets a fresh engine object over the same model on a fresh thread.
             replace=lambda _worker: first.sibling(),
+            # The config allows it only with the decode loop on (GatewayConfig checks).
+            join_running=bcfg.join_running,
         )
         self._metrics.engine_workers.labels("asr").set(workers)
         await batcher.start()
@@ -453,7 +460,12 @@ class EngineHubImpl:
         self.transcriber = AsrTranscriber(
             batcher, workers, self._asr_engines[0].encode_context, self._metrics
         )
-        log.info("asr batcher: %d worker(s), max batch %d", workers, batch)
+        log.info(
+            "asr batcher: %d worker(s), max batch %d%s",
+            workers,
+            batch,
+            ", utterances join running batches" if bcfg.join_running else "",
+        )
 
     async def aclose(self) -> None:
         """Stop the batcher, then close the engines."""

@@ -32,7 +32,7 @@ import re
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Self
@@ -47,7 +47,13 @@ from faster_whisper.tokenizer import _LANGUAGE_CODES, Tokenizer
 from engines.asr import _policy as policy
 from engines.asr._align import word_times
 from engines.asr._ct2_weights import load_decoder_weights
-from engines.asr._decode import DecodeItem, DecodeLoop, LogitsProcessor, WhisperDecoder
+from engines.asr._decode import (
+    DecodeItem,
+    DecodeLoop,
+    DecodeResult,
+    LogitsProcessor,
+    WhisperDecoder,
+)
 from engines.asr._model_files import resolve_model_dir
 from engines.asr._phrases import PhraseBoost, PhraseTree, parse_hotwords
 from engines.asr._processors import (
@@ -94,6 +100,10 @@ class EngineCounters:
         loop_s: wall time inside our own decode loop.
         loop_items: decodes run by the loop instead of ``generate``.
         loop_steps: decoder steps the loop ran (one step serves every live item).
+        loop_rows: rows those steps decoded (one per live item and beam); with items decoding
+            together, ``loop_rows`` exceeds ``loop_steps``.
+        loop_joined: loop decodes that joined a batch mid-run (``run_continuous``: after the
+            batch's first step, while another item was still decoding).
     """
 
     encode_s: float = 0.0
@@ -107,6 +117,8 @@ class EngineCounters:
     loop_s: float = 0.0
     loop_items: int = 0
     loop_steps: int = 0
+    loop_rows: int = 0
+    loop_joined: int = 0
 
     def reset(self) -> None:
         """Zero every counter."""
@@ -558,57 +570,68 @@ class WhisperEngine:
                     ids.add(enc[0])
         return np.asarray(sorted(ids), np.int64)
 
+    def _new_loop(self) -> DecodeLoop:
+        """An empty decode loop (its special tokens are the model's, whatever the language)."""
+        tok = self._tokenizer("en", "transcribe")
+        return DecodeLoop(
+            self._loop_shared.decoder(),
+            sot=tok.sot,
+            eot=tok.eot,
+            no_timestamps=tok.no_timestamps,
+            no_speech=tok.no_speech,
+        )
+
+    def _loop_item(self, job: _Job) -> tuple[float, DecodeItem]:
+        """The loop item for ``job``'s next decode (its temperature and processors)."""
+        assert job.language is not None
+        tok = self._tokenizer(job.language, job.options.task)
+        ts = self.config.decode_loop.silence_end and job.options.silence_aware
+        ts = ts and job.offset_s == 0.0
+        prompt = self._prompt(job)
+        if ts:
+            prompt = prompt[:-1]  # drop <|notimestamps|>
+        temp = job.plan.temperatures[job.temp_idx]
+        procs, late = self._loop_processors(job, tok, ts)
+        # Timestamp tokens take decode steps of their own (about one pair per phrase).
+        steps = job.plan.max_new_tokens + (16 if ts else 0)
+        item = DecodeItem(
+            job.encoder_out[job.frames],
+            prompt,
+            max_length=steps,
+            beam_size=job.plan.beam_size if temp == 0.0 else 1,
+            num_hypotheses=job.plan.num_hypotheses if temp == 0.0 else job.plan.best_of,
+            temperature=temp,
+            processors=procs,
+            late_processors=late,
+            seed=1000 * job.req + job.temp_idx,
+        )
+        return temp, item
+
+    def _loop_record(self, job: _Job, temp: float, res: DecodeResult) -> None:
+        """Record a loop decode in ``generate``'s shape."""
+        eot = self._tokenizer("en", "transcribe").eot
+        # With timestamp tokens the score is per token of every kind; _record reads it as per
+        # text token (generate's no-timestamp shape), so rescale it.
+        for h, ids in enumerate(res.sequences_ids):
+            n_text = sum(1 for t in ids if t < eot)
+            if n_text and n_text != len(ids):
+                res.scores[h] *= len(ids) / n_text
+        self._record(job, temp, res)
+
     def _loop_decode(self, jobs: list[_Job]) -> None:
         """Decode ``jobs`` with our loop: one batch, per-item processors, beams and lengths."""
-        decoder = self._loop_shared.decoder()
-        timestamps = self.config.decode_loop.silence_end
         for sl in self._chunks(len(jobs)):
             part = jobs[sl]
-            tok0 = self._tokenizer(part[0].language or "en", part[0].options.task)
-            loop = DecodeLoop(
-                decoder,
-                sot=tok0.sot,
-                eot=tok0.eot,
-                no_timestamps=tok0.no_timestamps,
-                no_speech=tok0.no_speech,
-            )
-            items: list[tuple[_Job, float, DecodeItem]] = []
-            for j in part:
-                assert j.language is not None
-                tok = self._tokenizer(j.language, j.options.task)
-                ts = timestamps and j.options.silence_aware and j.offset_s == 0.0
-                prompt = self._prompt(j)
-                if ts:
-                    prompt = prompt[:-1]  # drop <|notimestamps|>
-                temp = j.plan.temperatures[j.temp_idx]
-                procs, late = self._loop_processors(j, tok, ts)
-                # Timestamp tokens take decode steps of their own (about one pair per phrase).
-                steps = j.plan.max_new_tokens + (16 if ts else 0)
-                item = DecodeItem(
-                    j.encoder_out[j.frames],
-                    prompt,
-                    max_length=steps,
-                    beam_size=j.plan.beam_size if temp == 0.0 else 1,
-                    num_hypotheses=j.plan.num_hypotheses if temp == 0.0 else j.plan.best_of,
-                    temperature=temp,
-                    processors=procs,
-                    late_processors=late,
-                    seed=1000 * j.req + j.temp_idx,
-                )
-                items.append((j, temp, item))
+            loop = self._new_loop()
+            items = [(j, *self._loop_item(j)) for j in part]
             t0 = time.perf_counter()
             results = loop.run([it for _, _, it in items])
             self.counters.loop_s += time.perf_counter() - t0
             self.counters.loop_items += len(items)
             self.counters.loop_steps += loop.steps
+            self.counters.loop_rows += loop.rows
             for (j, temp, _), res in zip(items, results, strict=True):
-                # With timestamp tokens the score is per token of every kind; _record reads it
-                # as per text token (generate's no-timestamp shape), so rescale it.
-                for h, ids in enumerate(res.sequences_ids):
-                    n_text = sum(1 for t in ids if t < tok0.eot)
-                    if n_text and n_text != len(ids):
-                        res.scores[h] *= len(ids) / n_text
-                self._record(j, temp, res)
+                self._loop_record(j, temp, res)
 
     def _record(self, job: _Job, temperature: float, res: Any) -> None:
         """Store one decode and decide the job's next step (done, full window, hotter)."""
@@ -742,6 +765,107 @@ class WhisperEngine:
             results[i] = self._merge(req_jobs, chosen, words)
         assert all(r is not None for r in results)
         return [r for r in results if r is not None]
+
+    @property
+    def continuous(self) -> bool:
+        """Whether :meth:`run_continuous` batches at the decode-step level.
+
+        Only our decode loop can take an utterance into a batch that has started, so this is
+        ``decode_loop.always``: with it every utterance is decoded by the loop.
+        """
+        return self.config.decode_loop.always
+
+    def run_continuous(
+        self,
+        first: Sequence[AsrRequest],
+        pull: Callable[[int], list[AsrRequest]],
+        emit: Callable[[AsrRequest, AsrResult], None],
+    ) -> None:
+        """Transcribe ``first`` and whatever ``pull`` hands over, in one running decode batch.
+
+        Iteration-level batching (the batcher's ``join_running``): between two decode steps
+        the engine asks ``pull`` for up to ``max_batch_size - open utterances`` new ones,
+        encodes them with CTranslate2 and adds them to the running :class:`DecodeLoop`; an
+        utterance leaves the batch the step it ends. A fallback (full window, other language,
+        higher temperature) re-enters the loop as a new decode of the same utterance, so each
+        utterance gets exactly one ``emit``, when its last round is done (gates, alignment and
+        merging as in :meth:`infer_batch`). Returns when nothing is decoding and ``pull`` gave
+        nothing. Jobs the loop cannot decode (``no_repeat_ngram_size``) run through
+        ``generate`` at once, blocking the step they join at.
+        """
+        loop = self._new_loop()
+        live: dict[int, tuple[_Job, float, DecodeItem]] = {}
+        open_reqs: dict[int, tuple[AsrRequest, list[_Job]]] = {}
+        counter = [0, 0]  # next request number, steps run
+
+        def finished(job: _Job) -> None:
+            req, jobs = open_reqs[job.req]
+            if all(j.done for j in jobs):
+                del open_reqs[job.req]
+                emit(req, self._finish_request(jobs))
+
+        def advance(job: _Job) -> None:
+            if not job.done and not self._wants_loop(job):
+                self._run_rounds([job])
+            if job.done:
+                finished(job)
+                return
+            self._encode([job])  # a window fallback needs the full-window encoding
+            temp, item = self._loop_item(job)
+            if counter[1] and loop.active:
+                self.counters.loop_joined += 1
+            loop.add(item)
+            live[id(item)] = (job, temp, item)
+            self.counters.loop_items += 1
+
+        def admit(reqs: Sequence[AsrRequest]) -> None:
+            jobs: list[_Job] = []
+            for req in reqs:
+                refused = self._refusal(req)
+                if refused is not None:
+                    emit(req, refused)
+                    continue
+                index = counter[0]
+                counter[0] += 1
+                planned = self._plan_jobs(index, req)
+                open_reqs[index] = (req, planned)
+                jobs.extend(planned)
+            self._encode(jobs)  # the newcomers' encodes are batched
+            for job in jobs:
+                advance(job)
+
+        admit(first)
+        while True:
+            new = pull(max(0, self.config.max_batch_size - len(open_reqs)))
+            if new:
+                admit(new)
+            if not loop.active:
+                if new:
+                    continue  # all of them were refused or done at once; ask again
+                break
+            rows = loop.rows
+            t0 = time.perf_counter()
+            done = loop.step()
+            self.counters.loop_s += time.perf_counter() - t0
+            self.counters.loop_steps += 1
+            self.counters.loop_rows += loop.rows - rows
+            counter[1] += 1
+            for item in done:
+                job, temp, _ = live.pop(id(item))
+                assert item.result is not None
+                self._loop_record(job, temp, item.result)
+                advance(job)
+
+    def _finish_request(self, jobs: list[_Job]) -> AsrResult:
+        """Choose, gate, align and merge the finished jobs of one request."""
+        chosen = {id(job): self._choose(job) for job in jobs}
+        to_align = [
+            (j, chosen[id(j)][0], chosen[id(j)][1])
+            for j in jobs
+            if j.options.word_timestamps and not chosen[id(j)][2]
+        ]
+        words = self._align(to_align) if to_align else {}
+        return self._merge(jobs, chosen, words)
 
     def _refusal(self, req: AsrRequest) -> AsrResult | None:
         """The result of an item that is not decoded at all (language, policy skip), or None."""

@@ -2,12 +2,13 @@
 
 Threading: an :class:`AsrEngine` is used from one worker thread at a time; the gateway's batcher
 owns those threads. ``infer_batch`` is eager (no lazy generators cross the thread boundary) and
-returns exactly one :class:`AsrResult` per :class:`AsrRequest`, in order.
+returns exactly one :class:`AsrResult` per :class:`AsrRequest`, in order. An engine may also be a
+:class:`ContinuousAsrEngine` (iteration-level batching: utterances join a running batch).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, Self
 
@@ -20,6 +21,7 @@ __all__ = [
     "AsrRequest",
     "AsrResult",
     "AsrWord",
+    "ContinuousAsrEngine",
 ]
 
 
@@ -165,4 +167,31 @@ class AsrEngine(Protocol):
 
     def close(self) -> None:
         """Release the model."""
+        ...
+
+
+class ContinuousAsrEngine(AsrEngine, Protocol):
+    """An engine that can also keep one decode batch open while utterances join and leave.
+
+    The gateway's batcher drives it with ``batcher.join_running`` (it matches
+    ``gateway.batcher.ContinuousEngine`` structurally; engines do not import the gateway).
+    """
+
+    @property
+    def continuous(self) -> bool:
+        """Whether :meth:`run_continuous` really joins utterances at decode steps."""
+        ...
+
+    def run_continuous(
+        self,
+        first: Sequence[AsrRequest],
+        pull: Callable[[int], list[AsrRequest]],
+        emit: Callable[[AsrRequest, AsrResult], None],
+    ) -> None:
+        """Decode ``first`` and what ``pull`` hands over, emitting each result when it is done.
+
+        Between steps take up to n more from ``pull(n)``; ``emit`` each utterance's one result
+        the moment it is done; return when nothing is left (gateway.batcher.ContinuousEngine
+        has the whole contract).
+        """
         ...
