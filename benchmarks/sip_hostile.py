@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 from typing import Any
 
+from clients.bot import TurnBot
 from clients.sip import BridgeConfig, SipBridge
 from clients.sip._message import SipMessage, SipParseError
 from clients.sip._rtp import RtpPacketizer
@@ -34,17 +35,10 @@ LOCAL = "127.0.0.1"
 SILENCE = b"\xff" * 160
 
 
-class Greeter:
+class Greeter(TurnBot):
     """Greets with 10 s of tone; says nothing else."""
 
-    def greeting(self) -> str | None:
-        return "x" * 100
-
-    def on_transcript(self, text: str) -> list[str]:
-        return []
-
-    def on_dtmf(self, digit: str) -> list[str]:
-        return []
+    greeting = "x" * 100
 
 
 class RawSip(asyncio.DatagramProtocol):
@@ -203,7 +197,7 @@ async def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     args = ap.parse_args(argv)
     results: dict[str, dict[str, float]] = {}
     async with running_server(hub=FakeToneHub()) as srv:
-        bridge = SipBridge(bridge_config(srv.target, args.rtp_timeout), Greeter)
+        bridge = SipBridge(bridge_config(srv.target, args.rtp_timeout), Greeter())
         await bridge.start()
         try:
             results["spoofed c="] = await spoofed(bridge, args.window)

@@ -1,4 +1,10 @@
-"""``voxgate call``: play a WAV as the caller against a gateway, with a scripted bot answering.
+"""``voxgate call``: play a WAV as the caller against a gateway, with a bot answering.
+
+The bot is any ``--bot`` value (:func:`clients.bot.load_bot`: the built-in rules or echo, run
+in-process, or ``grpc://host:port`` of a bot in its own process); this command is then one more
+door on the bot contract: it holds the call, plays the caller, and hands the call to the bot
+through :class:`voxgate_client.BotLink`, exactly as the SIP bridge and the media-stream adapter
+do.
 
 Prints events as they happen (interim text updates in place on a terminal), optionally writes
 the bot's reply audio and a timeline PNG, and ends with a latency table. :func:`play_call` is
@@ -11,7 +17,7 @@ import argparse
 import asyncio
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TextIO
@@ -25,9 +31,11 @@ from clients.voxgate_client import (
     REALTIME,
     TOKEN_ENV,
     AudioOut,
+    BotLink,
     Call,
     CallConfig,
     CallEndedError,
+    CallInfo,
     Dtmf,
     ErrorEvent,
     MarkReached,
@@ -48,6 +56,7 @@ from clients.voxgate_client import (
     stream_audio,
     tls_credentials,
 )
+from clients.voxgate_client._proto import voxgate_pb2 as pb
 
 __all__ = [
     "CallOptions",
@@ -62,6 +71,10 @@ __all__ = [
 #: Mark sent after the last audio chunk and the flush: once it is reached, the server has seen
 #: everything the caller said.
 EOF_MARK = "voxgate-cli-end-of-audio"
+
+#: How long the caller waits, after a final transcript, for the bot to act on it: the bot runs
+#: behind a link (perhaps in another process), and may decide to say nothing.
+REPLY_WAIT_S = 5.0
 
 #: How the caller takes turns with the bot (``--wait-for-bot``). ``never``: the file plays
 #: straight through, over anything the bot says. ``start``: the caller hears the opening lines
@@ -258,6 +271,8 @@ class _CallState:
     hung_up: bool = False
     open_utterances: set[int] = field(default_factory=set)  # ended, final not yet seen
     open_speaks: set[str] = field(default_factory=set)  # sent, not finished/interrupted
+    # Finals the bot has not acted on yet (each for at most REPLY_WAIT_S).
+    awaiting_reply: set[int] = field(default_factory=set)
     opening: set[str] = field(default_factory=set)  # --say and greeting speak ids
     speech_end_s: dict[int, float] = field(default_factory=dict)
     final_s_of_speak: dict[str, float] = field(default_factory=dict)
@@ -273,7 +288,7 @@ class _CallState:
     @property
     def busy(self) -> bool:
         """The bot has something to answer or to finish saying."""
-        return bool(self.open_utterances or self.open_speaks)
+        return bool(self.open_utterances or self.open_speaks or self.awaiting_reply)
 
     def caller_waits(self, mode: WaitForBot) -> bool:
         """Whether a caller taking turns by ``mode`` holds its audio now."""
@@ -281,7 +296,12 @@ class _CallState:
             return self.busy
         if mode == "start":
             unstarted = self.open_speaks - self.first_audio_s.keys()
-            return bool(self.opening & self.open_speaks or self.open_utterances or unstarted)
+            return bool(
+                self.opening & self.open_speaks
+                or self.open_utterances
+                or self.awaiting_reply
+                or unstarted
+            )
         return False
 
 
@@ -372,7 +392,7 @@ async def _converse(
     audio: WireAudio,
     *,
     opts: CallOptions,
-    bot: Bot | None,
+    bot: Bot | str | None,
     printer: _Printer,
     log: CallLog,
     result: CallResult,
@@ -405,9 +425,51 @@ async def _converse(
         result.replies.append((sid, text))
         printer.line(loop.time(), f'bot: "{text}"')
 
+    opening_done = asyncio.Event()
+    last_final: list[float] = []  # received_s of the latest final the bot has not answered
+
+    def bot_acted(req: pb.ConverseRequest) -> None:
+        """The link's action tee: what the bot does, as this command shows and times it."""
+        state.awaiting_reply.clear()
+        if req.WhichOneof("event") == "speak" and not session.has_tts:
+            printer.line(loop.time(), f'bot (no voice on this server): "{req.speak.text}"')
+        elif req.WhichOneof("event") == "speak":
+            sid, text = req.speak.speak_id, req.speak.text
+            state.open_speaks.add(sid)
+            if not opening_done.is_set():
+                state.opening.add(sid)
+            log.speaks.append((loop.time(), sid, text))
+            result.replies.append((sid, text))
+            printer.line(loop.time(), f'bot: "{text}"')
+            if last_final:
+                state.final_s_of_speak[sid] = last_final.pop()
+        update_gate()
+
+    def waited_long_enough(index: int) -> None:
+        state.awaiting_reply.discard(index)
+        update_gate()
+
+    events: asyncio.Queue[ServerEvent | None] = asyncio.Queue()
+    link = (
+        BotLink(
+            call,
+            bot,
+            CallInfo(call_id=session.effective_config.call_id, channel="converse"),
+            on_event=events.put_nowait,
+            on_action=bot_acted,
+        )
+        if bot is not None
+        else None
+    )
+
     async def send() -> None:
-        for text in (*opts.say, *([bot.greeting] if bot and bot.greeting else [])):
+        for text in opts.say:
             await say(text, opening=True)
+        if link is not None:
+            runner.append(asyncio.create_task(run_link(link), name="voxgate-call-bot"))
+            # The bot's opening lines (its first actions) come before the caller's audio.
+            await link.wait_answered()
+        opening_done.set()
         pacing = REALTIME if opts.realtime else AS_FAST_AS_ALLOWED
         await stream_audio(
             call, audio, pacing, on_chunk=lambda t, o: log.sent.append((t, o)), gate=gate
@@ -426,25 +488,41 @@ async def _converse(
             state.hung_up = True
             await call.hangup()
 
+    async def run_link(link: BotLink) -> None:
+        try:
+            outcome = await link.run()
+            if outcome.bot_fault is not None:
+                printer.line(loop.time(), f"the bot failed the call: {outcome.reason}")
+        finally:
+            events.put_nowait(None)
+
+    async def call_events() -> AsyncIterator[ServerEvent]:
+        if link is None:
+            async for ev in call:
+                yield ev
+            return
+        while (teed := await events.get()) is not None:
+            yield teed
+        if (error := await call.error()) is not None:
+            raise error
+
     _describe_session(session, printer)
     log.events.append(session)
+    runner: list[asyncio.Task[None]] = []
     sender = asyncio.create_task(send(), name="voxgate-call-sender")
     guard = asyncio.create_task(watchdog(), name="voxgate-call-watchdog")
     try:
-        async for ev in call:
+        async for ev in call_events():
             if isinstance(ev, SessionStarted):
                 continue  # already shown
             log.events.append(ev)
             if isinstance(ev, AudioOut):
                 recorder.add(ev)
             reply = _show(ev, state, printer)
-            if reply is not None and bot is not None:
-                answer = bot.reply(reply.text)
-                if answer:
-                    before = len(result.replies)
-                    await say(answer)
-                    if len(result.replies) > before:
-                        state.final_s_of_speak[result.replies[-1][0]] = reply.received_s
+            if reply is not None and link is not None:
+                state.awaiting_reply.add(reply.utterance_index)
+                last_final[:] = [reply.received_s]
+                loop.call_later(REPLY_WAIT_S, waited_long_enough, reply.utterance_index)
             update_gate()
             if state.idle and not state.hung_up:
                 state.hung_up = True
@@ -453,6 +531,10 @@ async def _converse(
         for task in (guard, sender):
             task.cancel()
         await asyncio.wait([guard, sender])
+        if link is not None:
+            await link.aclose()
+        if runner:
+            await asyncio.wait(runner)
         # A sender that failed because the call ended reports the same status as the
         # iteration; retrieve it so it is not logged as unretrieved, and keep the iteration's.
         for task in (guard, sender):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from clients.bot import EchoBot, ScriptedBot, load_bot, sample_bot_path
+from clients.bot import BotFileError, EchoBot, ScriptedBot, load_bot, sample_bot_path
 
 pytestmark = pytest.mark.unit
 
@@ -72,7 +72,7 @@ def test_yaml_file_and_specs(tmp_path: Path) -> None:
     assert isinstance(echo, EchoBot)
     assert echo.reply(" Ask not what your country can do ") == "Ask not what your country can do"
     assert echo.reply("") is None
-    with pytest.raises(OSError):
+    with pytest.raises(BotFileError, match="expected none, echo, sample, a YAML rules file"):
         load_bot(str(tmp_path / "missing.yaml"))
 
 

@@ -704,22 +704,20 @@ async def test_the_sip_bridge_reaches_a_gateway_over_mutual_tls_with_a_token(
                 gateway_tls_key=pki.client_key,
                 gateway_token=token,  # type: ignore[arg-type]
             )
-            bridge = SipBridge(config, SilentBot)
+            bridge = SipBridge(config, SilentBot())
             await bridge.start()
             try:
                 # The bridge asks for the gateway's voices at start (over mTLS, with its token)
-                # and opens each call's Converse on the same channel with the same metadata.
-                assert bridge._can_speak is (True if token else None)
-                call = bridge._stub.Converse(metadata=bridge._metadata, timeout=20)
-                with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                    await call.write(pb.ConverseRequest(config=CallConfig().to_proto()))
+                # and opens each call's Converse with the same client (channel and metadata).
+                assert bridge._client is not None
                 if token:
-                    assert (await call.read()).WhichOneof("event") == "started"
-                    call.cancel()
+                    call = await bridge._client.converse(CallConfig())
+                    assert call.session is not None
+                    await call.aclose()
                 else:
-                    with pytest.raises(grpc.aio.AioRpcError) as info:
-                        await call.read()
-                    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                    with pytest.raises(VoxgateError) as info:
+                        await bridge._client.converse(CallConfig())
+                    assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
             finally:
                 await bridge.aclose()
     assert "UNAUTHENTICATED" in caplog.text

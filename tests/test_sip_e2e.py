@@ -17,8 +17,16 @@ from typing import Any
 import pytest
 from calls import encode_wav
 
+from clients.bot import TurnBot
 from clients.sip import BridgeConfig, SilentBot, SipBridge
 from clients.sip.testing import RtpPeer, SippResult, run_sipp
+from clients.voxgate_client import (
+    PlaybackInterrupted,
+    ServerEvent,
+    SessionStarted,
+    SpeechBegin,
+    SpeechEnd,
+)
 from gateway.testing.fake_engines import FakeToneHub
 from gateway.testing.server import running_server
 from voxgate.v1 import voxgate_pb2 as pb
@@ -33,46 +41,47 @@ SIPP_DIR = Path(__file__).parent / "sipp"
 CLIP = "cmu_goforward.wav"  # 2.8 s, one utterance
 
 
-class RecordingBot(SilentBot):
-    """Records what reaches the bot; optionally greets."""
+class RecordingBot(TurnBot):
+    """Records what reaches the bot (an in-process handler on the bot contract); may greet."""
 
     def __init__(self, log: list[tuple[str, str]], greeting: str | None = None) -> None:
         self.log = log
-        self._greeting = greeting
+        self.greeting = greeting
 
-    def greeting(self) -> str | None:
-        return self._greeting
-
-    def on_transcript(self, text: str) -> list[str]:
+    def reply(self, text: str) -> str | None:
         self.log.append(("transcript", text))
-        return []
+        return None
 
-    def on_dtmf(self, digit: str) -> list[str]:
+    def on_dtmf(self, digit: str) -> str | None:
         self.log.append(("dtmf", digit))
-        return []
+        return None
 
 
 class Events:
     """The observation channel: every gateway event per SIP call."""
 
     def __init__(self) -> None:
-        self.by_call: dict[str, list[pb.ConverseResponse]] = defaultdict(list)
+        self.by_call: dict[str, list[ServerEvent]] = defaultdict(list)
         self.loop_time: dict[tuple[str, str], float] = {}
         self.server: Any = None  # the in-process GatewayServer
         self.bridge: Any = None
         #: RTP packets the bridge had sent to the caller when `interrupted` arrived.
         self.sent_at_interrupt: dict[str, int] = {}
 
-    def __call__(self, call_id: str, msg: pb.ConverseResponse) -> None:
+    def __call__(self, call_id: str, msg: ServerEvent) -> None:
         self.by_call[call_id].append(msg)
-        kind = msg.WhichOneof("event")
+        kind = "interrupted" if isinstance(msg, PlaybackInterrupted) else type(msg).__name__
         self.loop_time.setdefault((call_id, kind), asyncio.get_running_loop().time())
         if kind == "interrupted" and self.bridge is not None:
             # Called before the bridge handles the event (and clears its queue), synchronously.
             self.sent_at_interrupt[call_id] = self.bridge.calls[call_id].media.stats.sent
 
     def speech(self, call_id: str) -> list[int]:
-        return [m.speech.type for m in self.by_call[call_id] if m.WhichOneof("event") == "speech"]
+        return [
+            pb.SpeechEvent.SPEECH_BEGIN if isinstance(m, SpeechBegin) else pb.SpeechEvent.SPEECH_END
+            for m in self.by_call[call_id]
+            if isinstance(m, SpeechBegin | SpeechEnd)
+        ]
 
 
 @asynccontextmanager
@@ -90,7 +99,7 @@ async def bridge_and_gateway(
             rtp_port_max=39999,
             **cfg,
         )
-        bridge = SipBridge(config, bot, on_event=events)
+        bridge = SipBridge(config, bot(), on_event=events)
         events.bridge = bridge
         await bridge.start()
         try:
@@ -131,7 +140,7 @@ async def test_call_streams_real_speech_to_the_gateway(caller_audio: Path) -> No
     assert "BYE" in reason
     speech = events.speech(call_id)
     assert speech[:2] == [pb.SpeechEvent.SPEECH_BEGIN, pb.SpeechEvent.SPEECH_END], speech
-    assert events.by_call[call_id][0].WhichOneof("event") == "started"
+    assert isinstance(events.by_call[call_id][0], SessionStarted)
 
 
 async def test_ten_concurrent_calls_are_isolated(caller_audio: Path) -> None:

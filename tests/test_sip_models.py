@@ -20,8 +20,10 @@ import pytest
 from calls import encode_wav
 
 from benchmarks import _wer
-from clients.sip import BridgeConfig, SilentBot, SipBridge
+from clients.bot import TurnBot
+from clients.sip import BridgeConfig, SipBridge
 from clients.sip.testing import RtpPeer, SippResult, run_sipp
+from clients.voxgate_client import PlaybackInterrupted, ServerEvent
 from gateway.config import load_config
 from gateway.testing.server import running_server
 from pcmcodec import MULAW_DECODE
@@ -42,25 +44,25 @@ def hub_overrides() -> dict[str, Any]:
     return {"engines": "asr,tts"}
 
 
-class ListeningBot(SilentBot):
+class ListeningBot(TurnBot):
+    """An in-process handler on the bot contract that records what it hears; may greet."""
+
     def __init__(self, heard: list[str], greeting: str | None = None) -> None:
         self.heard = heard
-        self._greeting = greeting
+        self.greeting = greeting
 
-    def greeting(self) -> str | None:
-        return self._greeting
-
-    def on_transcript(self, text: str) -> list[str]:
+    def reply(self, text: str) -> str | None:
         self.heard.append(text)
-        return []
+        return None
 
 
 class Events:
     def __init__(self) -> None:
         self.first: dict[str, float] = {}
 
-    def __call__(self, call_id: str, msg: pb.ConverseResponse) -> None:
-        self.first.setdefault(msg.WhichOneof("event"), asyncio.get_running_loop().time())
+    def __call__(self, call_id: str, msg: ServerEvent) -> None:
+        kind = "interrupted" if isinstance(msg, PlaybackInterrupted) else type(msg).__name__
+        self.first.setdefault(kind, asyncio.get_running_loop().time())
 
 
 @asynccontextmanager
@@ -79,7 +81,7 @@ async def stack(bot: Any, overrides: dict[str, Any]) -> AsyncIterator[tuple[SipB
                 rtp_port_max=39999,
                 language="en",
             ),
-            bot,
+            bot(),
             on_event=events,
         )
         await bridge.start()

@@ -42,6 +42,7 @@ from clients.sip._session_timer import (
     negotiate_session_timer,
 )
 from clients.sip.testing import RtpPeer, run_sipp
+from clients.voxgate_client import VoxgateClient
 from gateway.testing.fake_engines import FakeToneHub
 from gateway.testing.virtual_time import run_virtual
 from voxgate.v1 import voxgate_pb2 as pb
@@ -578,13 +579,20 @@ def test_contact_forms() -> None:
 
 class FakeConverse:
     """A stand-in for one gateway Converse stream (virtual-clock tests only: a real gRPC
-    channel needs real time). Says ``started``, records requests, ends on hang-up."""
+    channel needs real time). Says ``started``, records requests, ends on hang-up. It has the
+    grpc.aio call surface ``voxgate_client.Call`` uses, so the bridge's real client runs on it."""
 
     def __init__(self) -> None:
         self.requests: list[pb.ConverseRequest] = []
         self.cancelled = False
         self._inbox: asyncio.Queue[Any] = asyncio.Queue()
         self._inbox.put_nowait(pb.ConverseResponse(started=pb.SessionStarted()))
+
+    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+        pass  # never ends with a status: it ends by EOF
+
+    def done(self) -> bool:
+        return self.cancelled
 
     async def write(self, req: pb.ConverseRequest) -> None:
         self.requests.append(req)
@@ -631,11 +639,11 @@ SRC = ("127.0.0.1", 40000)
 
 def virtual_bridge(**cfg: Any) -> tuple[SipBridge, TimedTransport, FakeStub]:
     config = BridgeConfig(listen_host=LOCAL, rtp_port_min=41000, rtp_port_max=41999, **cfg)
-    bridge = SipBridge(config, SilentBot)
+    bridge = SipBridge(config, SilentBot())
     transport, stub = TimedTransport(), FakeStub()
     bridge._transport = transport
-    bridge._stub = stub
-    bridge._can_speak = True
+    bridge._client = VoxgateClient("127.0.0.1:9")  # never dialled: the fake stub answers
+    bridge._client._stub = stub
     return bridge, transport, stub
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from clients.bot import BotFileError
 from clients.sip import BridgeConfig, EchoBot, RuleBot, SilentBot, SipBridge, load_bot
-from clients.sip._bots import BotFileError
 from clients.sip._message import SipMessage, SipParseError, Via, make_response, reply_address
 from clients.sip._rtp import (
     DtmfDecoder,
@@ -146,7 +146,7 @@ class FakeTransport:
 def offline_bridge(**cfg: object) -> tuple[SipBridge, FakeTransport]:
     """A bridge that was never started: no gateway, so INVITEs end in 503."""
     config = BridgeConfig(listen_host="127.0.0.1", rtp_port_min=40000, rtp_port_max=40999, **cfg)
-    bridge = SipBridge(config, SilentBot)
+    bridge = SipBridge(config, SilentBot())
     fake = FakeTransport()
     bridge._transport = fake
     return bridge, fake
@@ -348,34 +348,40 @@ def test_rule_bot_file(tmp_path: Path) -> None:
         "    say: Goodbye!\n"
         "dtmf:\n  '1': You pressed one.\n"
     )
-    bot = load_bot(str(f))()
-    assert bot.greeting() == "Hello there"
-    assert bot.on_transcript("What are your Opening Hours?") == ["Nine to five."]
-    assert bot.on_transcript("maybe") == []  # "bye" only matches as a whole word
-    assert bot.on_transcript("OK, bye.") == ["Goodbye!"]
-    assert bot.on_dtmf("1") == ["You pressed one."] and bot.on_dtmf("2") == []
-    assert isinstance(load_bot("echo")(), EchoBot)
-    assert EchoBot().on_transcript(" hi ") == ["hi"]
-    assert load_bot("none")().on_transcript("hi") == []
+    bot = load_bot(str(f))
+    assert isinstance(bot, RuleBot)
+    assert bot.greeting == "Hello there"
+    assert bot.reply("What are your Opening Hours?") == "Nine to five."
+    assert bot.reply("maybe") is None  # "bye" only matches as a whole word
+    assert bot.reply("OK, bye.") == "Goodbye!"
+    assert bot.on_dtmf("1") == "You pressed one." and bot.on_dtmf("2") is None
+    assert isinstance(load_bot("echo"), EchoBot)
+    assert EchoBot().reply(" hi ") == "hi"
+    none = load_bot("none")
+    assert isinstance(none, SilentBot) and none.reply("hi") is None
     bad = tmp_path / "bad.yaml"
     bad.write_text("rules:\n  - say: no condition\n")
-    with pytest.raises(BotFileError, match=r"rules\[0\] needs `say` and one of `if`, `if_says`"):
+    with pytest.raises(BotFileError, match=r"rule 1: give exactly one of `if`, `if_says`"):
         load_bot(str(bad))
-    with pytest.raises(BotFileError, match="expected none, echo or a YAML file"):
+    with pytest.raises(BotFileError, match="expected none, echo, sample, a YAML rules file"):
         load_bot(str(tmp_path / "missing.yaml"))
-    assert isinstance(RuleBot.from_mapping({}), RuleBot)
+    assert load_bot("grpc://127.0.0.1:5070") == "127.0.0.1:5070"
+    with pytest.raises(BotFileError, match="expected grpc://host:port"):
+        load_bot("grpc://nowhere")
+    assert isinstance(RuleBot.from_dict({}), RuleBot)
 
 
 def test_the_call_bot_file_answers_phone_calls_too() -> None:
     """v0.1: the README's `voxgate sip --bot clients/sample_bot.yaml` exited with
     "rules[0] needs `if` and `say`": the two bot YAML schemas differed."""
-    bot = load_bot("clients/sample_bot.yaml")()
-    assert bot.greeting() == "Hello! You are through to the voxgate demo line. Go ahead."
-    assert bot.on_transcript("Ask what you can do for your country.") == [
+    bot = load_bot("clients/sample_bot.yaml")
+    assert isinstance(bot, RuleBot)
+    assert bot.greeting == "Hello! You are through to the voxgate demo line. Go ahead."
+    assert bot.reply("Ask what you can do for your country.") == (
         "Thank you, Mister President. I will ask what I can do for my country."
-    ]
-    assert bot.on_transcript("the printed books of the time")[0].startswith("Block books")
-    assert bot.on_transcript("Pardon?") == ["Sorry, I did not catch that. You said: Pardon?"]
+    )
+    assert (bot.reply("the printed books of the time") or "").startswith("Block books")
+    assert bot.reply("Pardon?") == "Sorry, I did not catch that. You said: Pardon?"
 
 
 def test_the_readme_sip_command_starts_with_the_sample_bot() -> None:
@@ -427,7 +433,7 @@ async def test_cli_flags_and_bad_bot_exit_code(capsys: pytest.CaptureFixture[str
     )
     assert args.listen == ("127.0.0.1", 0) and args.ring_ms == 200
     assert await run_sip(args) == 2
-    assert "expected none, echo or a YAML file" in capsys.readouterr().err
+    assert "expected none, echo, sample, a YAML rules file" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parser.parse_args(["--listen", "nohost"])
 

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from clients.sip._bots import BotFileError, EchoBot, RuleBot, SilentBot, load_bot
-from clients.sip._bridge import BridgeConfig, SipBridge
-from clients.sip.base import Bot, BotFactory
+from clients.bot import Bot, BotFileError, EchoBot, RuleBot, SilentBot, load_bot
+from clients.sip._bridge import BridgeConfig, ReferOutcome, SipBridge
 from clients.sip.cli import add_sip_arguments, run_sip
 
 __all__ = [
     "Bot",
-    "BotFactory",
     "BotFileError",
     "BridgeConfig",
     "EchoBot",
+    "ReferOutcome",
     "RuleBot",
     "SilentBot",
     "SipBridge",

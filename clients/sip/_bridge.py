@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import secrets
 import socket
@@ -43,6 +44,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from clients.sip._media import SILENCE, RtpSession, bind_rtp_socket
 from clients.sip._message import (
+    DTMF_INFO_TYPES,
+    DtmfInfoError,
     SipMessage,
     SipParseError,
     UriError,
@@ -53,8 +56,12 @@ from clients.sip._message import (
     make_response,
     new_branch,
     new_tag,
+    next_hop,
     option_tags,
+    parse_dtmf_info,
     parse_sip_uri,
+    parse_sipfrag,
+    record_route,
     reply_address,
 )
 from clients.sip._rtp import DtmfEvent
@@ -65,17 +72,32 @@ from clients.sip._session_timer import (
     SessionTimerError,
     negotiate_session_timer,
 )
-from clients.sip.base import Bot
-from clients.voxgate_client import auth_metadata, open_channel, tls_credentials
+from clients.voxgate_client import (
+    AudioOut,
+    BotHandler,
+    BotLink,
+    BotPolicy,
+    CallConfig,
+    CallInfo,
+    EncodingName,
+    ErrorEvent,
+    PlaybackInterrupted,
+    ServerEvent,
+    Transcript,
+    TransferResult,
+    VoxgateClient,
+    VoxgateError,
+    tls_credentials,
+)
+from clients.voxgate_client import Call as GatewayCall
 from voxgate.v1 import voxgate_pb2 as pb
-from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 
-__all__ = ["BridgeConfig", "SipBridge"]
+__all__ = ["BridgeConfig", "ReferOutcome", "SipBridge"]
 
 log = logging.getLogger("voxgate.sip")
 
 T = TypeVar("T")
-_ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, UPDATE"
+_ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, UPDATE, NOTIFY"
 _SUPPORTED = "timer"
 #: While the media is on hold, a silent frame goes to the gateway this often (its idle timeout).
 _HOLD_KEEPALIVE_S = 10.0
@@ -194,6 +216,32 @@ class BridgeConfig(BaseModel):
         return self
 
 
+@dataclass(frozen=True, slots=True)
+class ReferOutcome:
+    """How a blind transfer (REFER, RFC 3515) ended.
+
+    Attributes:
+        ok: the transfer target answered (the NOTIFY's sipfrag said 2xx); the bridge then ends
+            the call with BYE.
+        status: the SIP status that decided it: the sipfrag's (200, 486, ...), the REFER's
+            own final response when the caller refused it (e.g. 405, 603), 408 when nothing
+            came back in time, 481 when the call was not up, 400 for a bad target URI.
+        reason: a short reason phrase (bounded, printable).
+    """
+
+    ok: bool
+    status: int
+    reason: str
+
+
+@dataclass(eq=False, slots=True)
+class _Refer:
+    """The one REFER of a call in progress: its implicit subscription's final NOTIFY."""
+
+    done: asyncio.Future[ReferOutcome]
+    cseq: int
+
+
 class _Ended(Exception):
     """The call ended (CANCEL, BYE, shutdown) or timed out while a setup step was waiting."""
 
@@ -261,8 +309,10 @@ class _Call:
     local_tag: str
     remote_tag: str | None
     choice: MediaChoice
-    bot: Bot
     remote_target: str = ""  # the validated Contact URI: request-URI of our in-dialog requests
+    # RFC 3261 12.1.1: the INVITE's Record-Route, in order; our requests carry it as Route.
+    route_set: list[str] = field(default_factory=list)
+    refer: _Refer | None = None
     session_timer: SessionTimer | None = None
     peer_allows_update: bool = False
     sdp_origin: str = ""  # the caller's last offer's o= (unchanged: the media did not change)
@@ -271,7 +321,8 @@ class _Call:
     local_ip: str = ""
     state: CallState = "setup"
     media: RtpSession | None = None
-    rpc: Any = None  # grpc.aio.StreamStreamCall
+    gw: GatewayCall | None = None  # the gateway Converse call (voxgate_client)
+    link: BotLink | None = None  # its only reader: relays to the bot, tees to _on_gateway
     out_q: asyncio.Queue[pb.ConverseRequest | None] = field(
         default_factory=lambda: asyncio.Queue(maxsize=500)
     )
@@ -281,7 +332,6 @@ class _Call:
     local_cseq: int = field(default_factory=lambda: secrets.randbelow(10_000) + 1)
     session_id: int = field(default_factory=lambda: secrets.randbelow(2**31))
     sdp_version: int = 1
-    speak_count: int = 0
     dropped_audio: int = 0
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -313,26 +363,28 @@ class SipBridge:
 
     Args:
         config: bridge settings.
-        bot_factory: makes one :class:`~clients.sip.base.Bot` per call.
-        on_event: observer called with (SIP Call-ID, gateway response) for every gateway
+        bot: the bot every call is handed to (``voxgate_client.BotLink``): an in-process
+            handler ``async def bot(call)`` (the built-in bots of :mod:`clients.bot`) or the
+            ``host:port`` of a bot served with ``voxgate_client.serve_bot``.
+        on_event: observer called with (SIP Call-ID, typed gateway event) for every gateway
             event of every call (logging, metrics, tests); must not block.
+        bot_policy: what happens to a call whose bot is down, slow, crashes or sends garbage.
     """
 
     def __init__(
         self,
         config: BridgeConfig,
-        bot_factory: Callable[[], Bot],
+        bot: BotHandler | str,
         *,
-        on_event: Callable[[str, pb.ConverseResponse], None] | None = None,
+        on_event: Callable[[str, ServerEvent], None] | None = None,
+        bot_policy: BotPolicy | None = None,
     ) -> None:
         self.config = config
-        self._bot_factory = bot_factory
+        self._bot = bot
+        self._bot_policy = bot_policy or BotPolicy()
         self._on_event = on_event
         self._transport: Any = None  # asyncio.DatagramTransport (or a test fake with sendto)
-        self._channel: Any = None
-        self._stub: Any = None
-        self._metadata: tuple[tuple[str, str], ...] = ()
-        self._can_speak: bool | None = None
+        self._client: VoxgateClient | None = None
         self._accepting = True
         self.calls: dict[str, _Call] = {}
         self._server_tx: dict[str, _ServerTx] = {}
@@ -365,25 +417,25 @@ class SipBridge:
         if cfg.gateway_tls_ca is not None or cfg.gateway_tls_cert is not None:
             tls = tls_credentials(cfg.gateway_tls_ca, cfg.gateway_tls_cert, cfg.gateway_tls_key)
         token = cfg.gateway_token.get_secret_value() if cfg.gateway_token else None
-        self._metadata = auth_metadata(token)
-        self._channel = open_channel(cfg.gateway, tls)
-        self._stub = pb_grpc.VoiceGatewayStub(self._channel)  # type: ignore[no-untyped-call]
-        await self._check_voices()
+        self._client = VoxgateClient(cfg.gateway, tls, token)
+        await self._probe_gateway()
         log.info("SIP bridge on udp %s:%d → gateway %s", *self.address, self.config.gateway)
 
-    async def _check_voices(self) -> None:
-        """Speak only if the gateway has a voice: a VAD-only gateway fails the call on Speak."""
-        if self._can_speak is not None or self._stub is None:
-            return
+    async def _probe_gateway(self) -> None:
+        """Say at start-up, not at the first call, when the gateway refuses us or has no voice.
+
+        Each call's session says whether it has a voice (the link then drops the bot's speech,
+        logged once); this only makes a misconfiguration visible early. Never fatal: the
+        gateway may come up after the bridge.
+        """
+        assert self._client is not None
         try:
-            resp = await self._stub.ListVoices(
-                pb.ListVoicesRequest(), timeout=2.0, metadata=self._metadata
-            )
-        except grpc.aio.AioRpcError as exc:
-            log.warning("gateway %s: ListVoices failed (%s)", self.config.gateway, exc.code())
+            voices = await asyncio.wait_for(self._client.list_voices(), 2.0)
+        except (VoxgateError, TimeoutError) as exc:
+            why = exc.code.name if isinstance(exc, VoxgateError) else "no answer in 2 s"
+            log.warning("gateway %s: ListVoices failed (%s)", self.config.gateway, why)
             return
-        self._can_speak = bool(resp.voices)
-        if not self._can_speak:
+        if not voices:
             log.warning(
                 "gateway %s has no voice: bot replies are logged, not spoken", self.config.gateway
             )
@@ -411,9 +463,9 @@ class SipBridge:
         if self._transport is not None:
             self._transport.close()
             self._transport = None
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
 
     # -- datagrams --------------------------------------------------------------------------------
 
@@ -565,7 +617,7 @@ class SipBridge:
                     ("Supported", _SUPPORTED),
                 ],
             )
-        elif method in ("BYE", "INFO", "UPDATE"):
+        elif method in ("BYE", "INFO", "UPDATE", "NOTIFY"):
             call = self._dialog(req)
             if call is None:
                 self._respond(req, source, 481, "Call/Transaction Does Not Exist")
@@ -574,8 +626,10 @@ class SipBridge:
                 call.end("caller hung up (BYE)", bye=False)
             elif method == "UPDATE":
                 self._on_update(call, req, source)
+            elif method == "NOTIFY":
+                self._on_notify(call, req, source)
             else:
-                self._respond(req, source, 200, "OK")
+                self._on_info(call, req, source)
         else:
             self._respond(
                 req,
@@ -667,6 +721,12 @@ class SipBridge:
             self._final(req, source, 400, f"Bad Contact ({exc})", local_tag)
             return
         try:
+            routes = record_route(req)
+        except UriError as exc:
+            self.stats["bad_record_route"] += 1
+            self._final(req, source, 400, f"Bad Record-Route ({exc})", local_tag)
+            return
+        try:
             timer = self._session_timer(req)
         except SessionIntervalTooSmall as exc:
             self._final(
@@ -718,8 +778,8 @@ class SipBridge:
             local_tag=local_tag,
             remote_tag=header_tag(req.get("From") or ""),
             choice=choice,
-            bot=self._bot_factory(),
             remote_target=target.text,
+            route_set=routes,
             session_timer=timer,
             peer_allows_update=_allows(req, "UPDATE"),
             sdp_origin=origin,
@@ -732,12 +792,13 @@ class SipBridge:
         self._supervisors.add(task)
         task.add_done_callback(self._supervisors.discard)
         log.info(
-            "INVITE %s from %s (%s, contact %s%s)",
+            "INVITE %s from %s (%s, contact %s%s%s)",
             call.call_id,
             _short(header_uri(req.get("From") or "")),
             choice.encoding,
             target.text,
             f", session timer {timer.interval_s} s by {timer.refresher}" if timer else "",
+            f", {len(routes)} Record-Route" if routes else "",
         )
 
     def _session_timer(self, req: SipMessage) -> SessionTimer | None:
@@ -803,7 +864,13 @@ class SipBridge:
             return
         call.sdp_version += 1
         self._final(
-            req, source, 200, "OK", call.local_tag, self._answer_headers(call), body=self._sdp(call)
+            req,
+            source,
+            200,
+            "OK",
+            call.local_tag,
+            self._answer_headers(call, req),
+            body=self._sdp(call),
         )
 
     def _on_update(self, call: _Call, req: SipMessage, source: tuple[str, int]) -> None:
@@ -816,6 +883,7 @@ class SipBridge:
             self._respond(req, source, refused[0], refused[1], headers=refused[2])
             return
         headers = [
+            *_record_route_copy(req),
             ("Contact", f"<sip:voxgate@{call.local_ip}:{self.address[1]}>"),
             ("Supported", _SUPPORTED),
             *(call.session_timer.response_headers() if call.session_timer else []),
@@ -826,6 +894,57 @@ class SipBridge:
             headers.append(("Content-Type", "application/sdp"))
             body = self._sdp(call)
         self._respond(req, source, 200, "OK", headers=headers, body=body)
+
+    def _on_info(self, call: _Call, req: SipMessage, source: tuple[str, int]) -> None:
+        """SIP INFO: a key press as ``application/dtmf-relay`` or ``application/dtmf``.
+
+        It reaches the gateway exactly as an RFC 4733 key press does. An INFO with no body is
+        a keep-alive some phones send (200); another body type gets 415 with the types we
+        read; a body we cannot read gets 400, and the call goes on.
+        """
+        if not req.body.strip():
+            self._respond(req, source, 200, "OK")
+            return
+        try:
+            digit, duration_ms = parse_dtmf_info(req.get("Content-Type"), req.body)
+        except DtmfInfoError as exc:
+            self.stats["info_refused"] += 1
+            if exc.status == 415:
+                accept = [("Accept", ", ".join(DTMF_INFO_TYPES))]
+                self._respond(req, source, 415, "Unsupported Media Type", headers=accept)
+            else:
+                self._respond(req, source, 400, f"Bad Request ({exc})")
+            return
+        self._respond(req, source, 200, "OK")
+        self.stats["dtmf_info"] += 1
+        if call.state in ("answered", "confirmed"):
+            self._caller_dtmf(call, DtmfEvent(digit, duration_ms))
+
+    def _on_notify(self, call: _Call, req: SipMessage, source: tuple[str, int]) -> None:
+        """NOTIFY of a REFER's implicit subscription (RFC 3515 2.4.4): the transfer's progress.
+
+        The sipfrag's status line says how the transferee's call to the target goes: 1xx is
+        progress, 2xx success, anything else failure. A ``terminated`` subscription without a
+        final status is a failure too.
+        """
+        event = (req.get("Event") or "").split(";", 1)[0].strip().lower()
+        if event != "refer":
+            self._respond(req, source, 489, "Bad Event", headers=[("Allow-Events", "refer")])
+            return
+        refer = call.refer
+        if refer is None or refer.done.done():
+            self._respond(req, source, 481, "Subscription Does Not Exist")
+            return
+        self._respond(req, source, 200, "OK")
+        frag = parse_sipfrag(req.body)
+        state = (req.get("Subscription-State") or "").split(";", 1)[0].strip().lower()
+        if frag is not None:
+            log.info("call %s: transfer NOTIFY %d %s", call.call_id, frag[0], frag[1])
+        if frag is not None and frag[0] >= 200:
+            refer.done.set_result(ReferOutcome(200 <= frag[0] < 300, frag[0], frag[1]))
+        elif state == "terminated":
+            reason = "subscription terminated without a final status"
+            refer.done.set_result(ReferOutcome(False, 0, reason))
 
     def _in_dialog_offer(
         self, call: _Call, req: SipMessage, what: str
@@ -901,12 +1020,20 @@ class SipBridge:
         headers: list[tuple[str, str]] | None = None,
         body: bytes = b"",
     ) -> tuple[SipMessage, str]:
-        """A request inside the call's dialog, to its validated remote target."""
+        """A request inside the call's dialog (RFC 3261 12.2.1.1).
+
+        Its Request-URI is the validated remote target and its Route headers the route set
+        (loose routing; a strict-routing first hop gets the RFC 2543 rewrite, see
+        :func:`~clients.sip._message.next_hop`).
+        """
         branch = new_branch()
         ip, port = call.local_ip, self.address[1]
-        req = SipMessage(method=method, uri=call.remote_target, body=body)
+        hop = next_hop(call.route_set, call.remote_target)
+        req = SipMessage(method=method, uri=hop.request_uri, body=body)
         req.add("Via", f"SIP/2.0/UDP {ip}:{port};branch={branch};rport")
         req.add("Max-Forwards", "70")
+        for route in hop.routes:
+            req.add("Route", route)
         req.add("From", call.to_header)
         req.add("To", call.invite.get("From") or "")
         req.add("Call-ID", call.call_id)
@@ -923,8 +1050,11 @@ class SipBridge:
         A 2xx to our INVITE is ACKed, and the ACK resent to any retransmission of that 2xx.
         """
         data = req.encode()
-        # In-dialog requests go back where the INVITE came from (no Record-Route support).
-        dest = call.source
+        try:
+            dest = await self._first_hop(call)
+        except OSError as exc:  # RFC 3261 8.1.3.1: a transport failure counts as 503
+            log.warning("call %s: %s not sent: %s", call.call_id, req.method, exc)
+            return 503
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._client_tx[branch] = fut
         self._send(data, dest)
@@ -946,6 +1076,8 @@ class SipBridge:
             ack.add("Via", f"SIP/2.0/UDP {call.local_ip}:{self.address[1]};branch={new_branch()}")
             for name in ("Max-Forwards", "From", "To", "Call-ID"):
                 ack.add(name, req.get(name) or "")
+            for route in req.get_all("Route"):  # the ACK of a 2xx follows the route set too
+                ack.add("Route", route)
             ack.add("CSeq", f"{req.cseq()[0]} ACK")
             ack_data = ack.encode()
             self._send(ack_data, dest)
@@ -955,6 +1087,26 @@ class SipBridge:
 
     def _forget_ack(self, branch: str) -> None:
         self._acks.pop(branch, None)
+
+    async def _first_hop(self, call: _Call) -> tuple[str, int]:
+        """Where the call's in-dialog requests go.
+
+        With a route set: its first entry's host and port (a proxy), resolved when it is a
+        name. Without one: back where the INVITE came from, which is the caller's Contact host
+        on a direct call and the only address that works when the caller is behind NAT.
+        """
+        hop = next_hop(call.route_set, call.remote_target)
+        if not hop.via_route:
+            return call.source
+        with contextlib.suppress(ValueError):
+            ipaddress.ip_address(hop.host)
+            return hop.host, hop.port
+        infos = await asyncio.get_running_loop().getaddrinfo(
+            hop.host, hop.port, family=socket.AF_INET, type=socket.SOCK_DGRAM
+        )
+        if not infos:
+            raise OSError(f"route host {_short(hop.host)} has no address")
+        return str(infos[0][4][0]), int(infos[0][4][1])
 
     def _send_bye(self, call: _Call) -> None:
         req, branch = self._in_dialog_request(call, "BYE")
@@ -967,6 +1119,69 @@ class SipBridge:
         task = asyncio.create_task(run(), name=f"sip-bye-{call.call_id}")
         self._byes.add(task)
         task.add_done_callback(self._byes.discard)
+
+    async def transfer(
+        self, call_id: str, target: str, *, timeout_s: float = 30.0
+    ) -> ReferOutcome:
+        """Blind-transfer a call (RFC 3515): REFER the caller to ``target`` and await NOTIFY.
+
+        The caller's phone gets ``Refer-To: <target>`` and ``Referred-By`` (us); once it
+        accepts (202) its NOTIFYs report its call to the target. A 2xx there ends this call
+        with BYE (the caller now talks to the target). A refusal, a failed target, or no final
+        NOTIFY within ``timeout_s`` returns ``ok=False`` and the call goes on as before.
+
+        Args:
+            call_id: the SIP Call-ID of a confirmed call of this bridge.
+            target: a ``sip:``/``sips:`` URI (validated; it is copied into the REFER).
+            timeout_s: how long to wait for the final NOTIFY after the 202.
+        """
+        call = self.calls.get(call_id)
+        if call is None or call.state != "confirmed" or call.ended.is_set():
+            self.stats["transfer_failed"] += 1
+            return ReferOutcome(False, 481, "call is not up")
+        try:
+            uri = parse_sip_uri(target)
+        except UriError as exc:
+            self.stats["transfer_failed"] += 1
+            return ReferOutcome(False, 400, f"bad transfer target ({exc})")
+        if call.refer is not None:
+            self.stats["transfer_failed"] += 1
+            return ReferOutcome(False, 491, "a transfer is already in progress")
+        me = f"<sip:voxgate@{call.local_ip}:{self.address[1]}>"
+        headers = [("Refer-To", f"<{uri.text}>"), ("Referred-By", me), ("Contact", me)]
+        req, branch = self._in_dialog_request(call, "REFER", headers)
+        refer = _Refer(asyncio.get_running_loop().create_future(), req.cseq()[0])
+        call.refer = refer  # before sending: a NOTIFY may overtake the 202 on UDP
+        self.stats["refer_sent"] += 1
+        log.info("call %s: REFER to %s", call.call_id, _short(uri.text))
+        try:
+            status = await self._until_ended(call, self._transact(call, req, branch), None)
+            if not 200 <= status < 300:
+                result = ReferOutcome(False, status, "REFER refused")
+            else:
+                try:
+                    result = await self._until_ended(call, asyncio.shield(refer.done), timeout_s)
+                except _Ended:
+                    if call.ended.is_set():
+                        raise
+                    result = ReferOutcome(False, 408, "no final NOTIFY in time")
+        except _Ended:
+            result = ReferOutcome(False, 487, "the call ended during the transfer")
+        finally:
+            call.refer = None
+            if not refer.done.done():
+                refer.done.cancel()
+        self.stats["transferred" if result.ok else "transfer_failed"] += 1
+        log.info(
+            "call %s: transfer %s (%d %s)",
+            call.call_id,
+            "succeeded" if result.ok else "failed",
+            result.status,
+            result.reason,
+        )
+        if result.ok:
+            call.end(f"transferred ({result.status} {result.reason})", bye=True)
+        return result
 
     # -- call lifetime ----------------------------------------------------------------------------
 
@@ -1096,8 +1311,18 @@ class SipBridge:
             version=call.sdp_version,
         )
 
-    def _answer_headers(self, call: _Call) -> list[tuple[str, str]]:
+    def _answer_headers(self, call: _Call, req: SipMessage | None = None) -> list[tuple[str, str]]:
+        """Headers of a 2xx to an INVITE: the initial one (``req`` None) or a re-INVITE.
+
+        RFC 3261 12.1.1: the 2xx copies the request's Record-Route, in order, so that the
+        caller's route set matches ours and its ACK, BYE and re-INVITEs pass the proxy too.
+        """
+        if req is None:
+            rr = [("Record-Route", v) for v in call.route_set]
+        else:
+            rr = _record_route_copy(req)
         return [
+            *rr,
             ("Contact", f"<sip:voxgate@{call.local_ip}:{self.address[1]}>"),
             ("Allow", _ALLOW),
             ("Supported", _SUPPORTED),
@@ -1168,7 +1393,7 @@ class SipBridge:
         call.media.sending_enabled = call.choice.we_send
         try:
             await self._until_ended(call, self._open_gateway(call), self.config.gateway_timeout_s)
-        except (_Ended, grpc.aio.AioRpcError, OSError) as exc:
+        except (_Ended, VoxgateError, OSError) as exc:
             if call.ended.is_set():
                 self._final(req, src, 487, "Request Terminated", call.local_tag)
             else:
@@ -1218,12 +1443,9 @@ class SipBridge:
         self._timer(call, "max_call", max_s, lambda: self._max_duration(call))
         self._arm_session_timer(call)
         call.tasks += [
-            asyncio.create_task(self._gateway_reader(call), name="gw-read"),
+            asyncio.create_task(self._run_link(call), name="gw-link"),
             asyncio.create_task(self._gateway_writer(call), name="gw-write"),
         ]
-        greeting = call.bot.greeting()
-        if greeting:
-            self._speak(call, greeting)
         log.info(
             "call %s answered (RTP %d → %s:%d)",
             call.call_id,
@@ -1233,31 +1455,80 @@ class SipBridge:
         return True
 
     async def _open_gateway(self, call: _Call) -> None:
-        if self._stub is None:
+        """Start the call's Converse stream (voxgate_client: its status handling, its errors)."""
+        if self._client is None:
             raise OSError("no gateway channel (bridge not started)")
-        await self._check_voices()
-        fmt = pb.AudioFormat(encoding=_ENCODINGS[call.choice.encoding], sample_rate_hertz=8000)
-        call.rpc = self._stub.Converse(metadata=self._metadata)
-        await call.rpc.write(
-            pb.ConverseRequest(
-                config=pb.SessionConfig(
-                    input_audio=fmt,
-                    output_audio=fmt,
-                    language=self.config.language,
-                    voice=self.config.voice,
-                    call_id=call.call_id,
-                )
+        enc: EncodingName = "alaw" if call.choice.encoding == "PCMA" else "mulaw"
+        call.gw = await self._client.converse(
+            CallConfig(
+                encoding=enc,
+                sample_rate_hz=8000,
+                language=self.config.language,
+                voice=self.config.voice,
+                call_id=call.call_id,
             )
         )
-        first = await call.rpc.read()
-        if first is grpc.aio.EOF or first.WhichOneof("event") != "started":
-            raise OSError(f"gateway answered {first!r} instead of `started`")
-        self._observe(call, first)
+        assert call.gw.session is not None
+        self._observe(call, call.gw.session)
 
-    def _observe(self, call: _Call, msg: pb.ConverseResponse) -> None:
+    def _bot_info(self, call: _Call) -> CallInfo:
+        """What the bot learns of a SIP call: the dialog's parties and a few headers."""
+        req = call.invite
+        headers = {
+            name: value[:256]
+            for name in ("User-Agent", "Subject", "P-Asserted-Identity", "Diversion")
+            if (value := req.get(name))
+        }
+        return CallInfo(
+            call_id=call.call_id,
+            from_uri=header_uri(req.get("From") or "")[:256],
+            to_uri=header_uri(req.get("To") or "")[:256],
+            channel="sip",
+            headers=headers,
+            transfer_supported=True,
+        )
+
+    async def _bot_transfer(self, call: _Call, target_uri: str) -> TransferResult:
+        """The link's transfer hook: REFER (:meth:`transfer`) as a ``TransferResult``."""
+        outcome = await self.transfer(call.call_id, target_uri)
+        if outcome.ok:
+            code = grpc.StatusCode.OK
+        elif outcome.status == 400:
+            code = grpc.StatusCode.INVALID_ARGUMENT
+        elif outcome.status == 408:
+            code = grpc.StatusCode.DEADLINE_EXCEEDED
+        else:
+            code = grpc.StatusCode.FAILED_PRECONDITION
+        return TransferResult("", code, outcome.reason, outcome.status)
+
+    async def _run_link(self, call: _Call) -> None:
+        """Hand the call to the bot until the gateway stream ends; then end the SIP leg."""
+        assert call.gw is not None
+        call.link = BotLink(
+            call.gw,
+            self._bot,
+            self._bot_info(call),
+            on_event=lambda ev: self._on_gateway(call, ev),
+            transfer=lambda uri: self._bot_transfer(call, uri),
+            policy=self._bot_policy,
+        )
+        try:
+            outcome = await call.link.run()
+        except asyncio.CancelledError:
+            await call.link.aclose()
+            raise
+        reason = outcome.reason
+        if reason == "gateway ended":
+            reason = "gateway ended the call"
+        elif reason.startswith("gateway error"):
+            err = await call.gw.error()
+            reason = f"gateway error: {err}" if err is not None else reason
+        call.end(reason, bye=True)
+
+    def _observe(self, call: _Call, event: ServerEvent) -> None:
         if self._on_event is not None:
             try:
-                self._on_event(call.call_id, msg)
+                self._on_event(call.call_id, event)
             except Exception:  # an observer's bug must not end the call
                 log.exception("on_event observer failed")
 
@@ -1276,14 +1547,16 @@ class SipBridge:
             r = self._await_ack.pop((call.call_id, call.invite.cseq()[0]), None)
             if r is not None:
                 r.cancel()
-        if call.rpc is not None:
-            with contextlib.suppress(asyncio.QueueFull):
-                call.out_q.put_nowait(pb.ConverseRequest(hangup=pb.Hangup()))
+        if call.gw is not None:
+            # The writer sends the hangup after the queued audio; the gateway then flushes the
+            # last utterance's events to the link (and the bot), bounded.
             with contextlib.suppress(asyncio.QueueFull):
                 call.out_q.put_nowait(None)
-            if call.tasks:  # let the gateway flush the last utterance's events (bounded)
+            if call.tasks:
                 await asyncio.wait(list(call.tasks), timeout=1.0)
-            call.rpc.cancel()
+            if call.link is not None:
+                await call.link.aclose()
+            await call.gw.aclose()
         for t in call.tasks:
             t.cancel()
         for t in call.tasks:
@@ -1313,7 +1586,8 @@ class SipBridge:
     # -- gateway stream ---------------------------------------------------------------------------
 
     def _put(self, call: _Call, req: pb.ConverseRequest) -> None:
-        if call.ended.is_set() or call.rpc is None:
+        """Queue caller audio or a key for the gateway (the writer task sends them in order)."""
+        if call.ended.is_set() or call.gw is None:
             return
         try:
             call.out_q.put_nowait(req)
@@ -1339,73 +1613,62 @@ class SipBridge:
             call, pb.ConverseRequest(dtmf=pb.Dtmf(digit=ev.digit, duration_ms=ev.duration_ms))
         )
 
-    def _speak(self, call: _Call, text: str) -> None:
-        if self._can_speak is False:
-            log.info("call %s: bot reply not spoken: the gateway has no voice", call.call_id)
-            return
-        call.speak_count += 1
-        self._put(
-            call, pb.ConverseRequest(speak=pb.Speak(text=text, speak_id=f"s{call.speak_count}"))
-        )
-
     async def _gateway_writer(self, call: _Call) -> None:
-        # The only task that writes: grpc.aio allows one write at a time.
+        """Caller audio and keys to the gateway, in order; ``None`` (teardown) hangs up.
+
+        The bot's controls go through the link; ``Call`` serialises both writers.
+        """
+        gw = call.gw
+        assert gw is not None
         try:
             while True:
                 req = await call.out_q.get()
                 if req is None:
-                    await call.rpc.done_writing()
+                    await gw.hangup()
                     return
-                await call.rpc.write(req)
+                if req.WhichOneof("event") == "dtmf":
+                    await gw.dtmf(req.dtmf.digit, req.dtmf.duration_ms)
+                else:
+                    await gw.send_audio(req.audio.data)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # any failed write ends the call; its status is the reader's
+        except Exception as exc:  # a failed write ends the call; its status is the link's
             call.end(f"gateway write failed: {_rpc_text(exc)}", bye=True)
 
-    async def _gateway_reader(self, call: _Call) -> None:
-        try:
-            while True:
-                msg = await call.rpc.read()
-                if msg is grpc.aio.EOF:
-                    call.end("gateway ended the call", bye=True)
-                    return
-                self._on_gateway(call, msg)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise  # our own teardown
-            # grpc.aio surfaces a cancelled RPC as CancelledError in read(): the stream is over.
-            call.end("gateway stream cancelled", bye=True)
-        except Exception as exc:  # AioRpcError and friends: the call is over either way
-            call.end(f"gateway error: {_rpc_text(exc)}", bye=True)
-
-    def _on_gateway(self, call: _Call, msg: pb.ConverseResponse) -> None:
-        self._observe(call, msg)
-        kind = msg.WhichOneof("event")
+    def _on_gateway(self, call: _Call, event: ServerEvent) -> None:
+        """The link's tee: what the SIP leg does with each gateway event (before the bot)."""
+        self._observe(call, event)
         media = call.media
-        assert media is not None
-        if kind == "audio":
-            media.queue_audio(msg.audio.data, last=msg.audio.is_last)
-        elif kind == "interrupted":
+        if media is None:
+            return
+        if isinstance(event, AudioOut):
+            media.queue_audio(event.data, last=event.is_last)
+        elif isinstance(event, PlaybackInterrupted):
             dropped = media.queued_ms
             media.clear()
             log.info("call %s: barge-in, %d ms of queued reply dropped", call.call_id, dropped)
-        elif kind == "transcript" and msg.transcript.is_final:
-            if self.config.log_content:
-                log.info("call %s: caller said %r", call.call_id, msg.transcript.text)
-            for reply in call.bot.on_transcript(msg.transcript.text):
-                self._speak(call, reply)
-        elif kind == "dtmf":
-            for reply in call.bot.on_dtmf(msg.dtmf.digit):
-                self._speak(call, reply)
-        elif kind == "error":
+        elif isinstance(event, Transcript) and event.is_final and self.config.log_content:
+            log.info("call %s: caller said %r", call.call_id, event.text)
+        elif isinstance(event, ErrorEvent):
             log.warning(
-                "call %s: gateway error event %d %s (%s)",
+                "call %s: gateway error event %s %s (%s)",
                 call.call_id,
-                msg.error.code,
-                msg.error.message,
-                msg.error.scope,
+                event.code.name,
+                event.message,
+                event.scope,
             )
+
+
+def _record_route_copy(req: SipMessage) -> list[tuple[str, str]]:
+    """Record-Route of an in-dialog request, for its 2xx (nothing when it does not validate).
+
+    A proxy may record-route a re-INVITE too; its entries do not change the route set (12.2),
+    but copying them back is what the proxy expects.
+    """
+    try:
+        return [("Record-Route", v) for v in record_route(req)]
+    except UriError:
+        return []
 
 
 def _allows(req: SipMessage, method: str) -> bool:

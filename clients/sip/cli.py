@@ -20,8 +20,15 @@ import sys
 
 from pydantic import SecretStr, ValidationError
 
+from clients.bot import (
+    BOT_HELP,
+    BotFileError,
+    SilentBot,
+    add_bot_policy_arguments,
+    bot_policy_from_args,
+    load_bot,
+)
 from clients.cli import add_connection_arguments, connection_from_args
-from clients.sip._bots import BotFileError, load_bot
 from clients.sip._bridge import BridgeConfig, SipBridge
 
 __all__ = ["add_sip_arguments", "main", "run_sip"]
@@ -60,10 +67,10 @@ def add_sip_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bot",
         default="none",
-        metavar="none|echo|FILE.yaml",
-        help="who answers: none (listen only), echo (repeat the caller) or a "
-        "YAML rule file (greeting, rules: [{if, say}], dtmf)",
+        metavar="none|echo|FILE.yaml|grpc://HOST:PORT",
+        help=BOT_HELP,
     )
+    add_bot_policy_arguments(parser)
     parser.add_argument(
         "--advertise",
         metavar="HOST",
@@ -139,7 +146,8 @@ def add_sip_arguments(parser: argparse.ArgumentParser) -> None:
 async def run_sip(args: argparse.Namespace) -> int:
     """Run the bridge until SIGTERM/SIGINT, then end every call with BYE; returns an exit code."""
     try:
-        bot_factory = load_bot(args.bot)
+        bot = load_bot(args.bot) or SilentBot()
+        bot_policy = bot_policy_from_args(args)
         # Checks the files and resolves the token (flag, file or $VOXGATE_TOKEN) up front.
         tls, token = connection_from_args(args, prefix="gateway-")
         config = BridgeConfig(
@@ -165,10 +173,10 @@ async def run_sip(args: argparse.Namespace) -> int:
             session_expires_s=args.session_expires,
             min_se_s=args.min_se,
         )
-    except (BotFileError, ValidationError, ValueError) as exc:
+    except (BotFileError, ValidationError, ValueError, OSError) as exc:
         print(f"voxgate sip: {exc}", file=sys.stderr)
         return 2
-    bridge = SipBridge(config, bot_factory)
+    bridge = SipBridge(config, bot, bot_policy=bot_policy)
     # Handlers go in before the `sip listening on` line: a supervisor that reads the line and
     # stops the bridge at once must get BYEs sent, not Python's default SIGTERM death.
     stop = asyncio.Event()

@@ -32,6 +32,17 @@ from ._audio import (
     stream_audio,
     write_wav,
 )
+from ._bot import (
+    BOT_SERVICE,
+    BotFault,
+    BotLink,
+    BotPolicy,
+    BotServer,
+    LinkOutcome,
+    ServedCall,
+    TransferHook,
+    serve_bot,
+)
 from ._client import (
     TOKEN_ENV,
     Call,
@@ -42,6 +53,7 @@ from ._client import (
     tls_credentials,
 )
 from ._config import BargeInName, CallConfig, EncodingName, VadOptions
+from ._contract import BotHandler, CallInfo, TransferError, TransferResult, VoiceCall
 from ._errors import CallEndedError, VoxgateError
 from ._events import (
     Alternative,
@@ -59,11 +71,13 @@ from ._events import (
     Transcript,
     Word,
     event_from_proto,
+    event_to_proto,
 )
 from ._sync import VoxgateSyncClient
 
 __all__ = [
     "AS_FAST_AS_ALLOWED",
+    "BOT_SERVICE",
     "REALTIME",
     "TOKEN_ENV",
     "UNPACED",
@@ -71,16 +85,24 @@ __all__ = [
     "AudioOut",
     "AudioSink",
     "BargeInName",
+    "BotFault",
+    "BotHandler",
+    "BotLink",
+    "BotPolicy",
+    "BotServer",
     "Call",
     "CallConfig",
     "CallEndedError",
+    "CallInfo",
     "Dtmf",
     "EncodingName",
     "ErrorEvent",
+    "LinkOutcome",
     "MarkReached",
     "Pacing",
     "PlaybackFinished",
     "PlaybackInterrupted",
+    "ServedCall",
     "ReplyRecorder",
     "ServerEvent",
     "SessionStarted",
@@ -88,7 +110,11 @@ __all__ = [
     "SpeechEnd",
     "SynthesisChunk",
     "Transcript",
+    "TransferError",
+    "TransferHook",
+    "TransferResult",
     "VadOptions",
+    "VoiceCall",
     "VoxgateClient",
     "VoxgateError",
     "VoxgateSyncClient",
@@ -98,11 +124,13 @@ __all__ = [
     "decode_pcm16",
     "encode_pcm16",
     "event_from_proto",
+    "event_to_proto",
     "load_audio",
     "open_channel",
     "read_token",
     "read_wav",
     "sample_call_path",
+    "serve_bot",
     "stream_audio",
     "tls_credentials",
     "write_wav",

@@ -32,6 +32,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ._config import BargeInName, CallConfig, EncodingName, barge_in_number, encoding_number
+from ._contract import CallInfo, TransferError, TransferResult, not_supported
 from ._errors import CallEndedError, VoxgateError, quota_from_trailers
 from ._events import (
     ServerEvent,
@@ -86,8 +87,9 @@ class Call:
     the iteration as :class:`VoxgateError`. Iteration ends quietly after :meth:`aclose`.
     """
 
-    def __init__(self, rpc: Any) -> None:
+    def __init__(self, rpc: Any, info: CallInfo | None = None) -> None:
         self._rpc = rpc
+        self._info = info or CallInfo()
         self._events: asyncio.Queue[ServerEvent | _End] = asyncio.Queue()
         self._space = asyncio.Semaphore(EVENT_BUFFER)
         self._write_lock = asyncio.Lock()
@@ -136,6 +138,11 @@ class Call:
     def done(self) -> bool:
         """Whether the RPC is over (status received, or closed locally)."""
         return self._reader.done()
+
+    @property
+    def info(self) -> CallInfo:
+        """The call as a bot sees it (:class:`VoiceCall`): channel ``"converse"``, its call_id."""
+        return self._info
 
     # -- reading -----------------------------------------------------------------------------------
 
@@ -321,6 +328,15 @@ class Call:
         await self._write(pb.ConverseRequest(hangup=pb.Hangup()))
         await self.done_sending()
 
+    async def transfer(self, target_uri: str) -> TransferResult:
+        """Part of :class:`VoiceCall`: a direct Converse call has no telephone leg to hand over.
+
+        Raises:
+            TransferError: always, UNIMPLEMENTED ("transfer is not supported on a converse
+                call"), so a bot written for the SIP bridge learns it precisely here too.
+        """
+        raise TransferError(not_supported("converse"))
+
     async def done_sending(self) -> None:
         """Half-close: no more requests; events keep arriving until the server ends the call."""
         async with self._write_lock:
@@ -497,7 +513,7 @@ class VoxgateClient:
 
     async def _start(self, method: Any, config: CallConfig | pb.SessionConfig) -> Call:
         cfg = config.to_proto() if isinstance(config, CallConfig) else config
-        call = Call(method(metadata=self._metadata))
+        call = Call(method(metadata=self._metadata), CallInfo(call_id=cfg.call_id))
         self._calls.add(call)
         # A call that ended on its own needs no closing by the client; forget it.
         call._reader.add_done_callback(lambda _: self._calls.discard(call))

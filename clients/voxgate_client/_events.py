@@ -31,6 +31,7 @@ __all__ = [
     "Transcript",
     "Word",
     "event_from_proto",
+    "event_to_proto",
 ]
 
 
@@ -293,3 +294,95 @@ def event_from_proto(msg: pb.ConverseResponse, received_s: float = 0.0) -> Serve
     if kind == "dtmf":
         return Dtmf(msg.dtmf.digit, msg.dtmf.duration_ms, t)
     return None
+
+
+def event_to_proto(event: ServerEvent) -> pb.ConverseResponse:
+    """The wire message of a typed event: the inverse of :func:`event_from_proto`.
+
+    A bridge relays the gateway's events to a bot (``BotEvent.converse``) after reading them as
+    typed events; rebuilding the message keeps the client's single reader and its status
+    handling in :class:`~voxgate_client.Call` instead of a second raw reader.
+    """
+    if isinstance(event, SessionStarted):
+        return pb.ConverseResponse(
+            started=pb.SessionStarted(
+                session_id=event.session_id,
+                effective_config=event.effective_config,
+                model=event.model,
+                voice=event.voice,
+                server_version=event.server_version,
+            )
+        )
+    if isinstance(event, SpeechBegin | SpeechEnd):
+        kind = (
+            pb.SpeechEvent.SPEECH_BEGIN
+            if isinstance(event, SpeechBegin)
+            else (pb.SpeechEvent.SPEECH_END)
+        )
+        return pb.ConverseResponse(
+            speech=pb.SpeechEvent(
+                type=kind, offset_ms=event.offset_ms, utterance_index=event.utterance_index
+            )
+        )
+    if isinstance(event, Transcript):
+        return pb.ConverseResponse(
+            transcript=pb.Transcript(
+                text=event.text,
+                is_final=event.is_final,
+                start_ms=event.start_ms,
+                end_ms=event.end_ms,
+                utterance_index=event.utterance_index,
+                confidence=event.confidence,
+                no_speech_probability=event.no_speech_probability,
+                language=event.language,
+                latency_ms=event.latency_ms,
+                words=[
+                    pb.Word(
+                        word=w.word, start_ms=w.start_ms, end_ms=w.end_ms, probability=w.probability
+                    )
+                    for w in event.words
+                ],
+                alternatives=[
+                    pb.Alternative(text=a.text, confidence=a.confidence) for a in event.alternatives
+                ],
+            )
+        )
+    if isinstance(event, AudioOut):
+        return pb.ConverseResponse(
+            audio=pb.AudioOut(
+                data=event.data,
+                sequence_number=event.sequence_number,
+                speak_id=event.speak_id,
+                offset_ms=event.offset_ms,
+                is_last=event.is_last,
+            )
+        )
+    if isinstance(event, MarkReached):
+        return pb.ConverseResponse(mark=pb.MarkReached(name=event.name))
+    if isinstance(event, PlaybackInterrupted):
+        return pb.ConverseResponse(
+            interrupted=pb.PlaybackInterrupted(
+                speak_id=event.speak_id,
+                played_ms=event.played_ms,
+                words_played=list(event.words_played),
+                at_offset_ms=event.at_offset_ms,
+                caller_text=event.caller_text,
+            )
+        )
+    if isinstance(event, PlaybackFinished):
+        return pb.ConverseResponse(
+            playback_finished=pb.PlaybackFinished(
+                speak_id=event.speak_id, duration_ms=event.duration_ms
+            )
+        )
+    if isinstance(event, ErrorEvent):
+        return pb.ConverseResponse(
+            error=pb.ErrorEvent(
+                code=event.code.value[0],
+                message=event.message,
+                scope=event.scope,
+                utterance_index=event.utterance_index,
+                speak_id=event.speak_id,
+            )
+        )
+    return pb.ConverseResponse(dtmf=pb.Dtmf(digit=event.digit, duration_ms=event.duration_ms))

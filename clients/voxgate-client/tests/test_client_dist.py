@@ -80,3 +80,36 @@ async def test_a_bad_config_is_invalid_argument(target: str) -> None:
         with pytest.raises(VoxgateError) as err:
             await client.recognize(CallConfig(sample_rate_hz=12345))
     assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_serves_a_bot_and_links_a_call_to_it(target: str) -> None:
+    """The bot contract on this protobuf: a served bot greets a linked call, then hangs up."""
+    seen: list[voxgate_client.CallInfo] = []
+
+    async def bot(call: voxgate_client.VoiceCall) -> None:
+        seen.append(call.info)
+        sid = await call.speak("Hello there.")
+        async for event in call:
+            if isinstance(event, voxgate_client.PlaybackFinished) and event.speak_id == sid:
+                await call.hangup()
+
+    audio: list[voxgate_client.AudioOut] = []
+    async with (
+        await voxgate_client.serve_bot(bot) as server,
+        VoxgateClient(target) as client,
+    ):
+        call = await client.converse(CallConfig(encoding="mulaw", sample_rate_hz=8000))
+        info = voxgate_client.CallInfo(
+            call_id="dist-1", channel="sip", headers={"X-Test": "1"}, transfer_supported=True
+        )
+        link = voxgate_client.BotLink(
+            call,
+            server.address,
+            info,
+            on_event=lambda e: audio.append(e) if isinstance(e, voxgate_client.AudioOut) else None,
+        )
+        outcome = await link.run()
+        await call.aclose()
+    assert outcome.reason == "bot hung up" and outcome.bot_fault is None
+    assert seen[0].call_id == "dist-1" and dict(seen[0].headers) == {"X-Test": "1"}
+    assert sum(len(a.data) for a in audio) > 4000  # over half a second of μ-law speech
