@@ -14,9 +14,12 @@ The ladder, cheapest quality loss first:
    each and are superseded anyway).
 2. ``mbr``: MBR selection off: one hypothesis instead of N candidates scored against each other.
 3. ``beam``: beam search becomes greedy (beam 1, no N-best alternatives).
-4. ``encoder_window``: the encoder margin after an utterance drops from the engine's
+4. ``word_times``: finals carry no per-word times (the cross-attention alignment that finds
+   them is about a tenth of a long utterance's decode, and on the gateway's default traffic —
+   greedy, no interims — it is the first step that saves anything).
+5. ``encoder_window``: the encoder margin after an utterance drops from the engine's
    ``encoder.margin_ms`` (2 s) to 0.5 s, so more utterances fit a smaller, cheaper bucket.
-5. ``tts_window``: later TTS decoder windows double in size (less real context decoded and
+6. ``tts_window``: later TTS decoder windows double in size (less real context decoded and
    thrown away per second of speech; the first window, and so the first audio, is unchanged).
 
 Steps 2-3 change only calls that asked for MBR or a beam (the gateway's default is greedy), so
@@ -57,11 +60,12 @@ LADDER: tuple[Step, ...] = (
     Step("interim_results", "interim re-decodes off (finals only)"),
     Step("mbr", "MBR selection off (one hypothesis)"),
     Step("beam", "beam search -> greedy, no alternatives"),
+    Step("word_times", "no per-word times on finals"),
     Step("encoder_window", f"encoder margin -> {DEGRADED_ENCODER_MARGIN_MS} ms (smaller buckets)"),
     Step("tts_window", "later TTS decoder windows x2"),
 )
 
-_INTERIM, _MBR, _BEAM, _ENCODER, _TTS = range(1, len(LADDER) + 1)
+_INTERIM, _MBR, _BEAM, _WORDS, _ENCODER, _TTS = range(1, len(LADDER) + 1)
 
 
 class QualityLevel:
@@ -92,6 +96,8 @@ class QualityLevel:
         if self.level >= _BEAM and (options.beam_size > 1 or options.num_alternatives):
             changes["beam_size"] = 1
             changes["num_alternatives"] = 0
+        if self.level >= _WORDS and options.word_timestamps:
+            changes["word_timestamps"] = False
         if self.level >= _ENCODER:
             changes["encoder_margin_ms"] = DEGRADED_ENCODER_MARGIN_MS
         return dataclasses.replace(options, **changes) if changes else options  # type: ignore[arg-type]

@@ -42,6 +42,7 @@ def test_the_ladder_is_the_documented_order() -> None:
         "interim_results",
         "mbr",
         "beam",
+        "word_times",
         "encoder_window",
         "tts_window",
     ]
@@ -56,8 +57,9 @@ def test_sheds_one_step_per_interval_in_order_and_stops_at_the_top() -> None:
         (0.0, "shed", "interim_results", 1),
         (3.0, "shed", "mbr", 2),
         (6.0, "shed", "beam", 3),
-        (9.0, "shed", "encoder_window", 4),
-        (12.0, "shed", "tts_window", 5),
+        (9.0, "shed", "word_times", 4),
+        (12.0, "shed", "encoder_window", 5),
+        (15.0, "shed", "tts_window", 6),
     ]
     assert policy.level == len(LADDER)
 
@@ -133,14 +135,20 @@ def test_levels_apply_their_steps_and_only_theirs() -> None:
         0,
         None,
     )
+    assert o.word_timestamps
     q.level = 4
+    o = q.asr_options(rich)
+    assert not o.word_timestamps and o.encoder_margin_ms is None
+    q.level = 5
     assert q.asr_options(rich).encoder_margin_ms == 500
     speak = SpeakIn("hello", "s1")
     assert q.speak(speak) is speak
-    q.level = 5
+    q.level = 6
     assert q.speak(speak).degraded and not speak.degraded
     # Default greedy options are untouched by the MBR and beam steps.
     assert QualityLevel(3).asr_options(AsrOptions()) == AsrOptions()
+    # ... and the word-times step is the first that changes them.
+    assert QualityLevel(4).asr_options(AsrOptions()) == AsrOptions(word_timestamps=False)
 
 
 def test_the_encoder_step_moves_an_utterance_to_a_smaller_bucket() -> None:
@@ -148,5 +156,5 @@ def test_the_encoder_step_moves_an_utterance_to_a_smaller_bucket() -> None:
     stats = UtteranceStats.from_frames(audio, [True] * 450, frame_ms=20)
     window, policy = EncoderWindowConfig(), DecodingPolicyConfig()
     full = plan_decoding(stats, AsrOptions(), policy, window)
-    shed = plan_decoding(stats, QualityLevel(4).asr_options(AsrOptions()), policy, window)
+    shed = plan_decoding(stats, QualityLevel(5).asr_options(AsrOptions()), policy, window)
     assert (full.encoder_frames, shed.encoder_frames) == (1500, 1000)
