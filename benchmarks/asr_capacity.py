@@ -47,6 +47,15 @@ per probed K: per side p50/p95 latency, utterances done, corpus WER (benchmarks/
 normalisation), which budgets its p95 met, the probes pooled, and the CPU other users of the
 machine took meanwhile; then the largest K held per side and budget and their ratio.
 
+``--join`` adds a third side, ``join``: a second gateway server with our own decode loop for
+every utterance and iteration-level batching (``asr.decode_loop.always`` and
+``batcher.join_running``: an utterance that arrives while every worker decodes joins a running
+batch at its next step), otherwise configured as the ``gateway`` side (same flags, same beam),
+probed in turn with the others on the same clip schedules. The ``join`` server runs with
+``OPENBLAS_NUM_THREADS=1`` (the loop is NumPy; one BLAS thread per worker is its measured
+best). ``--skip-baseline --join`` compares the two gateways alone; the ratio of their
+capacities is printed as ``join / gateway``.
+
 ``--tune`` first measures the CPU plan in-process on a fixed workload (8 utterances queued at
 once into a :class:`~gateway.batcher.Batcher`, real Whisper engine): workers x max_batch_size x
 CTranslate2 (inter_threads, intra_threads), through :func:`gateway.batcher.choose_plan`.
@@ -54,6 +63,7 @@ CTranslate2 (inter_threads, intra_threads), through :func:`gateway.batcher.choos
     .venv/bin/python -m benchmarks.asr_capacity --out capacity.json
     .venv/bin/python -m benchmarks.asr_capacity --duration 30 --gateway-start 4 --max-minutes 20
     .venv/bin/python -m benchmarks.asr_capacity --tune-only
+    .venv/bin/python -m benchmarks.asr_capacity --skip-baseline --join --duration 30
 
 Other work on the machine skews every number here; the load average is recorded per probe.
 """
@@ -200,7 +210,7 @@ class UttResult:
 
 @dataclass
 class StepResult:
-    side: str  # "gateway" | "baseline"
+    side: str  # "gateway" | "join" | "baseline"
     k: int
     duration_s: float
     offered: int
@@ -291,7 +301,9 @@ def summarise(
 class ServerProcess:
     """``python -m cli serve --engines asr`` with a YAML config, on a free port."""
 
-    def __init__(self, overrides: dict[str, Any], log_path: Path) -> None:
+    def __init__(
+        self, overrides: dict[str, Any], log_path: Path, env: dict[str, str] | None = None
+    ) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="voxgate-capacity-")
         cfg = {"server": {"host": "127.0.0.1", "port": 0, "grace_s": 1.0}, **overrides}
         cfg_path = Path(self._dir.name) / "config.yaml"
@@ -305,6 +317,7 @@ class ServerProcess:
             stdout=subprocess.PIPE,
             stderr=self._log,
             text=True,
+            env={**os.environ, **(env or {})},
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -463,7 +476,17 @@ async def _warm_gateway(target: str, clip: Clip) -> None:
             pass
 
 
+#: Sides served by a gateway server (the others run in this process).
+GATEWAY_SIDES = ("gateway", "join")
+#: What the ``join`` side adds to the gateway's config.
+JOIN_OVERRIDES: dict[str, Any] = {
+    "asr": {"decode_loop": {"always": True}},
+    "batcher": {"join_running": True},
+}
+
+
 async def _gateway_step(
+    side: str,
     server: ServerProcess,
     clips: Sequence[Clip],
     k: int,
@@ -497,7 +520,7 @@ async def _gateway_step(
     client_cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     utts = [u for r in results for u in r[0]]
     return summarise(
-        "gateway",
+        side,
         k,
         duration_s,
         utts,
@@ -1030,7 +1053,7 @@ def print_table(cache: Cache, budgets: Sequence[float], sides: Sequence[str]) ->
     head = ["K"]
     for side in sides:
         head += [f"{side} p50 s", f"{side} p95 s", "done", "WER %", f"p95 {ok_head}"]
-        if side == "gateway":
+        if side in GATEWAY_SIDES:
             head.append("server p50/p95 ms")
         head += ["probes", "others cores"]
     print("| " + " | ".join(head) + " |")
@@ -1039,7 +1062,7 @@ def print_table(cache: Cache, budgets: Sequence[float], sides: Sequence[str]) ->
         cells = [str(k)]
         for side in sides:
             if (side, k) not in cache:
-                cells += ["-"] * (8 if side == "gateway" else 7)
+                cells += ["-"] * (8 if side in GATEWAY_SIDES else 7)
                 continue
             p = pool(cache[(side, k)])
             cells += [
@@ -1049,7 +1072,7 @@ def print_table(cache: Cache, budgets: Sequence[float], sides: Sequence[str]) ->
                 f"{100 * p.wer:.2f}",
                 "/".join("yes" if p.p95_s <= b else "no" for b in budgets),
             ]
-            if side == "gateway":
+            if side in GATEWAY_SIDES:
                 cells.append(
                     f"{p.server_p50_ms:.0f}/{p.server_p95_ms:.0f}"
                     if p.server_p50_ms is not None and p.server_p95_ms is not None
@@ -1073,10 +1096,10 @@ def _busy_cpu_s() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def _own_cpu_s(server: ServerProcess | None) -> float:
-    """CPU seconds of this process and of the gateway server."""
+def _own_cpu_s(servers: Sequence[ServerProcess]) -> float:
+    """CPU seconds of this process and of the gateway servers."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime + (server.cpu_seconds() if server is not None else 0.0)
+    return ru.ru_utime + ru.ru_stime + sum(s.cpu_seconds() for s in servers)
 
 
 def _git_head() -> str:
@@ -1147,6 +1170,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="30 s per K, tuning in 2 rounds")
     ap.add_argument("--skip-gateway", action="store_true")
     ap.add_argument("--skip-baseline", action="store_true")
+    ap.add_argument(
+        "--join",
+        action="store_true",
+        help="add the 'join' side: a gateway with the decode loop and batcher.join_running",
+    )
     ap.add_argument("--workers", type=int, help="server batcher.workers (default: server's)")
     ap.add_argument("--max-batch", type=int, help="server batcher.max_batch_size")
     ap.add_argument("--inter-threads", type=int, help="server asr.inter_threads")
@@ -1196,10 +1224,14 @@ def main() -> None:
 
     sides = [
         side
-        for side, skip in (("gateway", args.skip_gateway), ("baseline", args.skip_baseline))
+        for side, skip in (
+            ("gateway", args.skip_gateway),
+            ("join", not args.join),
+            ("baseline", args.skip_baseline),
+        )
         if not skip
     ]
-    server: ServerProcess | None = None
+    servers: dict[str, ServerProcess] = {}
     model: Any = None
     cache: Cache = {}
     searches: dict[str, list[Search]] = {}
@@ -1236,7 +1268,7 @@ def main() -> None:
                 "num_workers": chosen_threads[0],
                 "cpu_threads": chosen_threads[1],
             }
-        if "gateway" in sides:
+        if any(side in GATEWAY_SIDES for side in sides):
             overrides: dict[str, Any] = {}
             batcher = {
                 k: v
@@ -1255,12 +1287,23 @@ def main() -> None:
                 overrides["batcher"] = batcher
             if asr:
                 overrides["asr"] = asr
-            log_path = Path(tempfile.gettempdir()) / f"voxgate-capacity-server-{os.getpid()}.log"
-            server = ServerProcess(overrides, log_path)
-            asyncio.run(_warm_gateway(server.target, clips[0]))
-            plan = server.plan_line()
-            print(f"gateway: {server.target}, {plan}, overrides {overrides}", flush=True)
-            report["gateway_plan"] = plan
+            for side in (s for s in sides if s in GATEWAY_SIDES):
+                side_overrides = dict(overrides)
+                if side == "join":
+                    for key, extra in JOIN_OVERRIDES.items():
+                        side_overrides[key] = {**overrides.get(key, {}), **extra}
+                log_path = (
+                    Path(tempfile.gettempdir()) / f"voxgate-capacity-{side}-{os.getpid()}.log"
+                )
+                # The loop is NumPy: one BLAS thread per worker is its measured best (docs).
+                env = {"OPENBLAS_NUM_THREADS": "1"} if side == "join" else {}
+                server = ServerProcess(side_overrides, log_path, env)
+                servers[side] = server
+                asyncio.run(_warm_gateway(server.target, clips[0]))
+                plan = server.plan_line()
+                print(f"{side}: {server.target}, {plan}, overrides {side_overrides}", flush=True)
+                report[f"{side}_plan"] = plan
+                report[f"{side}_overrides"] = side_overrides
 
         count = 0
 
@@ -1271,11 +1314,13 @@ def main() -> None:
             # the same workload; repeats sample other clips.
             seed = args.seed + 1000 * len(cache.get((side, k), []))
             t = time.monotonic()
-            busy0, own0 = _busy_cpu_s(), _own_cpu_s(server)
-            if side == "gateway":
-                assert server is not None
+            own = list(servers.values())
+            busy0, own0 = _busy_cpu_s(), _own_cpu_s(own)
+            if side in GATEWAY_SIDES:
+                server = servers[side]
                 r = asyncio.run(
                     _gateway_step(
+                        side,
                         server,
                         clips,
                         k,
@@ -1290,7 +1335,7 @@ def main() -> None:
             else:
                 r = _baseline_step(model, clips, k, args.duration, seed, args.drain, args.beam)
             wall = time.monotonic() - t
-            others = (_busy_cpu_s() - busy0) - (_own_cpu_s(server) - own0)
+            others = (_busy_cpu_s() - busy0) - (_own_cpu_s(own) - own0)
             r.other_cpu_cores = max(0.0, others) / max(1e-9, wall)
             if r.offered == 0:
                 sys.exit(f"--duration {args.duration:g} s is too short for any clip to fit")
@@ -1298,7 +1343,11 @@ def main() -> None:
             print(_probe_line(r), flush=True)
             return r
 
-        starts = {"gateway": args.gateway_start, "baseline": args.baseline_start}
+        starts = {
+            "gateway": args.gateway_start,
+            "join": args.gateway_start,
+            "baseline": args.baseline_start,
+        }
         searches.update(
             {side: [Search(side, args.budget, starts[side], args.max_k)] for side in sides}
         )
@@ -1316,7 +1365,7 @@ def main() -> None:
             fill=args.fill,
         )
     finally:
-        if server is not None:
+        for server in servers.values():
             server.stop()
 
     print_table(cache, budgets, sides)
@@ -1335,7 +1384,12 @@ def main() -> None:
             for side, s in held.items()
         }
         print(f"largest K with p95 <= {_fmt_budget(b)}: {line}")
-        if len(held) == 2:
+        if "gateway" in held and "join" in held:
+            g, j = held["gateway"], held["join"]
+            jtext = f"{j.good / g.good:.2f}x ({j.good} / {g.good})" if g.good else "undefined"
+            entry["join_ratio_text"] = jtext
+            print(f"  join / gateway capacity at {_fmt_budget(b)}: {jtext}")
+        if "gateway" in held and "baseline" in held:
             g, bl = held["gateway"], held["baseline"]
             if bl.good == 0:
                 bl_p95 = pool(cache[("baseline", bl.bad)]).p95_s if bl.bad is not None else math.nan

@@ -11,6 +11,12 @@ Sections (all by default; pick with flags):
   Piper voice: term recall and WER without hotwords, with prompt-only hotwords, with boosts.
 * ``--speed``: ms per decoder step and per utterance at batch 1, 2, 8, 16 (greedy, int8),
   interleaved with ``generate`` on the same encoder outputs.
+* ``--join``: iteration-level batching in isolation, through the real batcher with one worker:
+  a long utterance is submitted, a short one ``--join-after`` of the long one's solo decode time
+  later; each one's latency (submission to result) with ``generate`` and batch-at-a-time
+  (today's default), with the loop and batch-at-a-time, and with the loop and
+  ``join_running``, interleaved, median over ``--reps`` and the clip pairs. (Not in the default
+  set of sections: run it by name.)
 
 Set ``OPENBLAS_NUM_THREADS=1`` (measured best on shared cores; the script sets it when unset).
 
@@ -25,6 +31,7 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
+import asyncio  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 import wave  # noqa: E402
@@ -43,7 +50,8 @@ from engines.asr._decode import DecodeItem, DecodeLoop, WhisperDecoder  # noqa: 
 from engines.asr._model_files import resolve_model_dir  # noqa: E402
 from engines.asr._processors import SuppressBlank, SuppressTokens  # noqa: E402
 from engines.asr._whisper import WhisperEngine  # noqa: E402
-from engines.asr.base import AsrOptions, AsrRequest  # noqa: E402
+from engines.asr.base import AsrOptions, AsrRequest, AsrResult  # noqa: E402
+from gateway.batcher import Batcher, BatchPolicy  # noqa: E402
 from gateway.testing.signals import (  # noqa: E402
     hallucination_set,
     mulaw_decode,
@@ -200,6 +208,83 @@ def speed(clips: list[tuple[str, str, np.ndarray]], batches: tuple[int, ...], re
     pair.engine.close()
 
 
+# ---------------------------------------------------------------------------------- join
+
+
+async def _pair_latency(
+    engine: WhisperEngine, join: bool, long_req: AsrRequest, short_req: AsrRequest, gap_s: float
+) -> tuple[float, float, int]:
+    """Latency of the long and the short request (short submitted ``gap_s`` later), s."""
+    batcher: Batcher[AsrRequest, AsrResult] = Batcher(
+        [engine], BatchPolicy(max_batch_size=8), join_running=join
+    )
+    loop = asyncio.get_running_loop()
+    async with batcher:
+        t_long = loop.time()
+        first = batcher.submit(long_req)
+        await asyncio.sleep(gap_s)
+        t_short = loop.time()
+        second = batcher.submit(short_req)
+        done: dict[str, float] = {}
+        first.add_done_callback(lambda _f: done.setdefault("long", loop.time()))
+        second.add_done_callback(lambda _f: done.setdefault("short", loop.time()))
+        await asyncio.gather(first, second)
+    return done["long"] - t_long, done["short"] - t_short, batcher.stats.joined
+
+
+def join_section(
+    clips: list[tuple[str, str, np.ndarray]], pairs: int, reps: int, after: float, tiny: bool
+) -> None:
+    print(
+        "\n== join: one worker; a short utterance submitted while a long one decodes "
+        f"({100 * after:.0f} % into the long one's solo decode); latency = submit -> result"
+    )
+    ranked = sorted(clips, key=lambda c: len(c[2]))
+    chosen = [(ranked[-1 - i], ranked[i]) for i in range(min(pairs, len(ranked) // 2))]
+    if tiny:  # the two shortest clips, so that the smoke run takes seconds
+        chosen = [(ranked[1], ranked[0])]
+    engines = {"generate": _engine({}), "loop": _engine({"always": True})}
+    configs = (
+        ("generate, batch at a time", "generate", False),
+        ("loop, batch at a time", "loop", False),
+        ("loop + join_running", "loop", True),
+    )
+    lat: dict[str, tuple[list[float], list[float]]] = {c[0]: ([], []) for c in configs}
+    joins: dict[str, int] = dict.fromkeys(lat, 0)
+    for (ln, _, la), (sn, _, sa) in chosen:
+        long_req = AsrRequest(la, stats_for(la), AsrOptions())
+        short_req = AsrRequest(sa, stats_for(sa), AsrOptions())
+        solo: dict[str, float] = {}
+        for key, engine in engines.items():
+            t0 = time.perf_counter()
+            engine.infer_batch([long_req])
+            solo[key] = time.perf_counter() - t0
+        for _ in range(reps):  # interleaved
+            for name, key, join in configs:
+                gap = after * solo[key]
+                a, b, j = asyncio.run(_pair_latency(engines[key], join, long_req, short_req, gap))
+                lat[name][0].append(a)
+                lat[name][1].append(b)
+                joins[name] += j
+        print(
+            f"  pair {ln} ({len(la) / 16000:.1f} s) + {sn} ({len(sa) / 16000:.1f} s): "
+            f"solo long decode generate {solo['generate']:.2f} s, loop {solo['loop']:.2f} s",
+            flush=True,
+        )
+    print(
+        f"{'config':28s} {'long p50 s':>10s} {'short p50 s':>11s} {'short max s':>11s} "
+        f"{'joined':>6s} {'runs':>4s}"
+    )
+    for name, _, _ in configs:
+        longs, shorts = lat[name]
+        print(
+            f"{name:28s} {median(longs):10.2f} {median(shorts):11.2f} {max(shorts):11.2f} "
+            f"{joins[name]:6d} {len(shorts):4d}"
+        )
+    for e in engines.values():
+        e.close()
+
+
 # ---------------------------------------------------------------------------------- quality
 
 
@@ -344,6 +429,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quality", action="store_true")
     ap.add_argument("--phrases", action="store_true")
     ap.add_argument("--speed", action="store_true")
+    ap.add_argument("--join", action="store_true", help="iteration-level batching section")
+    ap.add_argument("--join-pairs", type=int, default=3, help="clip pairs in --join")
+    ap.add_argument(
+        "--join-after", type=float, default=0.25, help="when the short one arrives (fraction)"
+    )
     ap.add_argument("--no-mulaw", action="store_true")
     ap.add_argument("--boost", type=float, default=6.0)
     ap.add_argument("--reps", type=int, default=3)
@@ -351,7 +441,7 @@ def main(argv: list[str] | None = None) -> None:
         "--tiny", action="store_true", help="1 clip, float32 greedy, batch 1, one rep (CI)"
     )
     args = ap.parse_args(argv)
-    every = not (args.equality or args.quality or args.phrases or args.speed)
+    every = not (args.equality or args.quality or args.phrases or args.speed or args.join)
     limit = 1 if args.tiny else None
     clips = load_clips(limit)
     print(f"{len(clips)} clips; OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}")
@@ -362,6 +452,10 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"{differing} float32 decodes differ from generate")
     if every or args.speed:
         speed(clips[:16], (1,) if args.tiny else (1, 2, 8, 16), 1 if args.tiny else args.reps)
+    if args.join:
+        all_clips = clips if not args.tiny else load_clips(None)
+        pairs = 1 if args.tiny else args.join_pairs
+        join_section(all_clips, pairs, 1 if args.tiny else args.reps, args.join_after, args.tiny)
     if every or args.phrases:
         phrases(args.boost, 1 if args.tiny else None)
     if (every and not args.tiny) or args.quality:

@@ -19,6 +19,7 @@ from benchmarks.asr_capacity import (
     UttResult,
     interleave,
     pool,
+    print_table,
     resolve,
     widen,
 )
@@ -183,3 +184,19 @@ def test_a_search_cut_by_the_deadline_reports_a_range() -> None:
     search = resolve(spec, cache)[0]
     assert not search.done and 1 <= search.good < 64
     assert "search cut" in search.describe()
+
+
+def test_three_sides_alternate_and_the_table_has_the_join_side(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    calls: list[tuple[str, int]] = []
+    curves = {"gateway": lambda k: 0.1 * k, "join": lambda k: 0.2 * k, "baseline": lambda k: k}
+    probe = fake(curves, calls)
+    searches = {side: [Search(side, 1.0, 1, max_k=64)] for side in curves}
+    cache: Cache = {}
+    assert interleave(searches, probe, cache, deadline=math.inf, fill=False)
+    assert [s for s, _ in calls][:3] == ["gateway", "join", "baseline"]
+    assert resolve(searches["join"][0], cache)[0].good == 5
+    print_table(cache, [1.0], list(curves))
+    head = capsys.readouterr().out.strip().splitlines()[0]
+    assert "join p95 s" in head and head.count("server p50/p95 ms") == 2
