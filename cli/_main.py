@@ -1,4 +1,4 @@
-"""The ``voxgate`` command line: ``serve``, ``call``, ``demo`` and ``sip``.
+"""The ``voxgate`` command line: ``serve``, ``call``, ``demo``, ``sip`` and ``media-streams``.
 
 Flags beat ``VOXGATE_*`` environment variables, which beat a ``--config`` YAML file, which beats
 the defaults (see :mod:`gateway.config`).
@@ -176,9 +176,36 @@ def _cmd_sip(args: argparse.Namespace) -> int:
     return code
 
 
+def _cmd_media_streams(args: argparse.Namespace) -> int:
+    from clients.media_streams.cli import run_media_streams  # noqa: PLC0415
+
+    setup_logging("INFO", "text")
+    code: int = asyncio.run(run_media_streams(args))
+    return code
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """The help formatter of ``voxgate --help``: every command on one line.
+
+    argparse measures subcommand names at the subparsers' indent, two columns short of where
+    it prints them, so the longest name ("media-streams") would wrap its help onto a second
+    line; this counts those two columns.
+    """
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        if action.help is not argparse.SUPPRESS and isinstance(action.choices, dict):
+            self._action_max_length += 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
-    parser = argparse.ArgumentParser(prog="voxgate", description=DESCRIPTION, epilog=EPILOG)
+    parser = argparse.ArgumentParser(
+        prog="voxgate",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=_HelpFormatter,
+    )
     sub = parser.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("serve", help="run the gateway server (gRPC, optional metrics)")
@@ -190,7 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--target", default="127.0.0.1:50051", help="server host:port")
     c.add_argument("--realtime", action="store_true", help="stream at real-time pace")
     c.add_argument("--say", action="append", default=[], help="text the bot says at the start")
-    c.add_argument("--bot", default="", help="'echo' or a YAML rules file")
+    c.add_argument(
+        "--bot",
+        default="",
+        help="who answers: echo, sample, a YAML rules file, or grpc://HOST:PORT of a bot "
+        "served with voxgate_client.serve_bot (default: nobody)",
+    )
     c.add_argument("--out", type=Path, help="write the reply audio to this WAV")
     c.add_argument("--timeline", type=Path, help="draw the call to this PNG")
     c.add_argument("--mulaw", action="store_true", help="send as 8 kHz mu-law (telephone)")
@@ -229,6 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sip", help="answer phone calls (SIP/RTP) and bridge them to a gateway")
     add_sip_arguments(s)
     s.set_defaults(func=_cmd_sip)
+
+    from clients.media_streams.cli import add_media_streams_arguments  # noqa: PLC0415
+
+    m = sub.add_parser("media-streams", help="answer Twilio/Telnyx media-stream WebSockets")
+    add_media_streams_arguments(m)
+    m.set_defaults(func=_cmd_media_streams)
     return parser
 
 

@@ -14,7 +14,7 @@ from clients.cli import WAIT_FOR_BOT_CHOICES
 
 pytestmark = pytest.mark.unit
 
-COMMANDS = {"serve", "call", "demo", "sip"}
+COMMANDS = {"serve", "call", "demo", "sip", "media-streams"}
 
 
 def help_text(*args: str) -> str:
@@ -45,7 +45,7 @@ def test_top_level_help_lists_every_command_on_one_line() -> None:
     assert section[0].strip() == "COMMAND"
     listed = {}
     for line in section[1:]:
-        m = re.fullmatch(r"    (\w+)\s{2,}(\S.*)", line)
+        m = re.fullmatch(r"    ([\w-]+)\s{2,}(\S.*)", line)
         assert m, f"not a one-line command entry: {line!r}\n{text}"
         listed[m.group(1)] = m.group(2)
     assert set(listed) == COMMANDS, text

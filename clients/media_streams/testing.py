@@ -27,6 +27,7 @@ import json
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -49,12 +50,14 @@ class ReturnedMark:
 
     Attributes:
         played_bytes: how much outbound audio had been played when it was answered.
+        waited_s: from its arrival to its answer (the audio queued ahead of it).
     """
 
     name: str
     at_s: float
     cleared: bool
     played_bytes: int
+    waited_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -106,6 +109,8 @@ class ReplayClient:
             self.call_id = "v3:" + uuid.uuid4().hex
         self.account_id = "AC" + uuid.uuid4().hex
         self._ws: ClientConnection | None = None
+        # Numbers are taken and messages sent under one lock, so that they leave in order.
+        self._send_lock = asyncio.Lock()
         self._seq = 0
         self._chunk = 0
         self._sent_ms = 0
@@ -124,6 +129,9 @@ class ReplayClient:
         self.violations: list[str] = []
         #: Most audio queued ahead of playout at any arrival, in ms (the adapter's lead).
         self.max_queued_ms = 0.0
+        #: Times playback started from an empty buffer (a reply's start, or an underrun).
+        self.spurts = 0
+        self._mark_arrived: dict[str, float] = {}
         self.closed = asyncio.Event()
         self.close_code: int | None = None
         self.close_reason = ""
@@ -183,14 +191,23 @@ class ReplayClient:
         text = json.dumps(message) if isinstance(message, dict) else message
         await self._ws.send(text)
 
+    async def _send_numbered(self, build: Callable[[], dict[str, Any]]) -> None:
+        async with self._send_lock:
+            await self.send_raw(build())
+
     async def send_event(self, event: str, body: dict[str, Any] | None = None, **top: Any) -> None:
         """Send one well-formed message: next sequence number, this stream's id, ``body``."""
         seq_key, sid_key = self._names()
-        msg: dict[str, Any] = {"event": event, seq_key: self._next_seq(), sid_key: self.stream_id}
-        if body is not None:
-            msg[event] = body
-        msg.update(top)
-        await self.send_raw(msg)
+
+        def build() -> dict[str, Any]:
+            msg: dict[str, Any] = {"event": event, seq_key: self._next_seq()}
+            msg[sid_key] = self.stream_id
+            if body is not None:
+                msg[event] = body
+            msg.update(top)
+            return msg
+
+        await self._send_numbered(build)
 
     async def send_connected(self) -> None:
         """The ``connected`` message (no sequence number in either dialect)."""
@@ -223,8 +240,13 @@ class ReplayClient:
                 "custom_parameters": self.custom_parameters,
                 "media_format": {"encoding": self.encoding, "sample_rate": 8000, "channels": 1},
             }
-        await self.send_raw(
-            {"event": "start", seq_key: self._next_seq(), "start": start, sid_key: self.stream_id}
+        await self._send_numbered(
+            lambda: {
+                "event": "start",
+                seq_key: self._next_seq(),
+                "start": start,
+                sid_key: self.stream_id,
+            }
         )
         self._t0 = time.monotonic()
 
@@ -259,7 +281,9 @@ class ReplayClient:
                 delay = start + (i // CHUNK_BYTES) * CHUNK_MS / 1000.0 - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-            await self.send_raw(self.media_message(audio[i : i + CHUNK_BYTES]))
+            piece = audio[i : i + CHUNK_BYTES]
+            async with self._send_lock:
+                await self.send_raw(self.media_message(piece))
 
     async def send_wav(self, path: Path | str, *, realtime: bool = True) -> None:
         """Stream a WAV as 8 kHz G.711: μ-law (Twilio, Telnyx PCMU) or A-law (Telnyx PCMA)."""
@@ -350,6 +374,7 @@ class ReplayClient:
             if not isinstance(name, str) or not name:
                 self._violation("mark: no name")
                 return
+            self._mark_arrived[name] = time.monotonic()
             p.queue.append(name)
         elif event == "clear":
             self.clears += 1
@@ -368,26 +393,25 @@ class ReplayClient:
     _model_end = 0.0
 
     def _answer(self, name: str, *, cleared: bool) -> None:
-        self.returned.append(ReturnedMark(name, time.monotonic(), cleared, len(self.played)))
-        if self._ws is None:
-            return
-        seq_key, sid_key = self._names()
-        msg: dict[str, Any] = {"event": "mark", seq_key: self._next_seq()}
-        msg[sid_key] = self.stream_id
-        msg["mark"] = {"name": name}
-        task = asyncio.ensure_future(self._send_quietly(json.dumps(msg)))
+        now = time.monotonic()
+        waited = now - self._mark_arrived.pop(name, now)
+        mark = ReturnedMark(name, now, cleared, len(self.played), waited)
+        task = asyncio.ensure_future(self._send_mark(mark))
         self._tasks.append(task)
 
-    async def _send_quietly(self, text: str) -> None:
+    async def _send_mark(self, mark: ReturnedMark) -> None:
+        # Listed in `returned` once sent, so a test that waits for it and then sends `stop`
+        # cannot overtake the mark on the wire.
         with contextlib.suppress(ConnectionClosed):
-            assert self._ws is not None
-            await self._ws.send(text)
+            await self.send_event("mark", {"name": mark.name})
+        self.returned.append(mark)
 
     async def _play(self) -> None:
         """The playback clock: 20 ms of audio per 20 ms of time; marks when reached."""
         p = self._playout
         clock = 0.0
         while True:
+            ran_dry = not p.queue
             while not p.queue:
                 p.wake.clear()
                 await p.wake.wait()
@@ -396,8 +420,11 @@ class ReplayClient:
                 self._answer(item, cleared=False)
                 continue
             now = time.monotonic()
-            if clock < now:  # the buffer ran dry: a new talk spurt waits out the jitter buffer
+            # A new talk spurt starts at its arrival (after the jitter buffer's delay); within
+            # one, the clock is absolute, so a late wake-up of this task loses no audio time.
+            if ran_dry and clock < now:
                 clock = now + self._playout_delay_s
+                self.spurts += 1
             # Play in 20 ms steps so that a clear cuts within one chunk.
             for i in range(0, len(item), CHUNK_BYTES):
                 piece = item[i : i + CHUNK_BYTES]

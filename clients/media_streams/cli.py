@@ -1,0 +1,143 @@
+"""``voxgate media-streams``: serve provider media streams until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+
+from clients.cli import add_connection_arguments, connection_from_args
+
+from ._dialect import DIALECTS
+
+__all__ = ["add_media_streams_arguments", "run_media_streams"]
+
+
+def _host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return host, int(port)
+
+
+def add_media_streams_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``voxgate media-streams`` flags to ``parser``."""
+    parser.add_argument(
+        "--listen",
+        type=_host_port,
+        default=("127.0.0.1", 8080),
+        metavar="HOST:PORT",
+        help="WebSocket address (default 127.0.0.1:8080; put TLS in front: providers dial wss)",
+    )
+    parser.add_argument(
+        "--gateway",
+        default="127.0.0.1:50051",
+        metavar="HOST:PORT",
+        help="voxgate gateway gRPC target (default 127.0.0.1:50051)",
+    )
+    add_connection_arguments(parser, prefix="gateway-")
+    parser.add_argument(
+        "--bot",
+        default="echo",
+        metavar="none|echo|FILE.yaml|grpc://HOST:PORT",
+        help="who answers each call: a built-in bot, a rules file or a bot service (default echo)",
+    )
+    parser.add_argument(
+        "--dialect",
+        choices=DIALECTS,
+        default="twilio",
+        help="message format when the URL path does not end in /twilio or /telnyx (default twilio)",
+    )
+    parser.add_argument("--language", default="", help="caller language hint, e.g. en")
+    parser.add_argument("--voice", default="", help="gateway voice name (default: its default)")
+    parser.add_argument(
+        "--lead-ms",
+        type=int,
+        default=100,
+        help="how far reply audio may run ahead of the provider's playout (default 100)",
+    )
+    parser.add_argument(
+        "--max-streams", type=int, default=200, help="concurrent streams (default 200)"
+    )
+    parser.add_argument(
+        "--max-message-bytes",
+        type=int,
+        default=64 * 1024,
+        help="largest WebSocket message; bigger closes the stream with 1009 (default 65536)",
+    )
+    parser.add_argument(
+        "--gateway-chunk-ms",
+        type=int,
+        default=40,
+        help="caller audio goes to the gateway in pieces of this many ms, a multiple of 20 "
+        "(default 40: half the CPU of 20, 20 ms later)",
+    )
+    parser.add_argument(
+        "--log-content",
+        action="store_true",
+        help="debugging: log DTMF digits (personal data; off by default)",
+    )
+
+
+async def run_media_streams(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM/SIGINT, then close every stream (1001); returns an exit code."""
+    from clients.bot import load_bot  # noqa: PLC0415  (loads YAML and bot code only when run)
+
+    from ._server import MediaStreamsConfig, MediaStreamServer  # noqa: PLC0415
+
+    try:
+        bot = load_bot(args.bot or "none")
+        if bot is None:  # only for an empty value, which the default rules out
+            raise ValueError("--bot must name a bot")
+        tls, token = connection_from_args(args, prefix="gateway-")
+        if not 0 <= args.lead_ms <= 2000:
+            raise ValueError(f"--lead-ms must be 0..2000, got {args.lead_ms}")
+        if not (20 <= args.gateway_chunk_ms <= 200 and args.gateway_chunk_ms % 20 == 0):
+            raise ValueError(
+                f"--gateway-chunk-ms must be 20..200 in steps of 20, got {args.gateway_chunk_ms}"
+            )
+        if args.max_streams < 1 or args.max_message_bytes < 1024:
+            raise ValueError("--max-streams must be >= 1 and --max-message-bytes >= 1024")
+    except (ValueError, OSError) as exc:
+        print(f"voxgate media-streams: {exc}", file=sys.stderr)
+        return 2
+    config = MediaStreamsConfig(
+        host=args.listen[0],
+        port=args.listen[1],
+        gateway=args.gateway,
+        gateway_tls=tls,
+        gateway_token=token,
+        dialect=args.dialect,
+        language=args.language,
+        voice=args.voice,
+        lead_ms=args.lead_ms,
+        max_streams=args.max_streams,
+        max_message_bytes=args.max_message_bytes,
+        log_content=args.log_content,
+        gateway_chunk_ms=args.gateway_chunk_ms,
+    )
+    server = MediaStreamServer(config, bot)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+    except OSError as exc:
+        print(
+            f"voxgate media-streams: cannot listen on {args.listen[0]}:{args.listen[1]}: {exc}",
+            file=sys.stderr,
+        )
+        await server.aclose()
+        return 1
+    host, port = server.address
+    print(f"media streams listening on ws://{host}:{port}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await server.aclose()
+    print("stopped", file=sys.stderr, flush=True)
+    return 0
