@@ -812,15 +812,22 @@ class CallSession:
         # Every Speak ends with exactly one PlaybackFinished or PlaybackInterrupted, also one
         # that was still queued behind the reply being cut: a client counts its open replies
         # by those events (and would otherwise wait for one forever).
+        # Marks queued behind the cut replies stay, in order, and are reached at once (the
+        # audio before them will never play): dropping them left a client that waits for its
+        # mark waiting forever; a media-stream provider likewise returns its marks on clear.
         dropped: list[SpeakIn] = []
         if clear_queue:
+            kept: list[MarkIn | _End] = []
             while not self._speaks.empty():
                 item = self._speaks.get_nowait()
-                if isinstance(item, _End):  # keep the end-of-call sentinel
-                    self._speaks.put_nowait(item)
-                    break
                 if isinstance(item, SpeakIn):
                     dropped.append(item)
+                else:
+                    kept.append(item)
+                if isinstance(item, _End):  # nothing is queued after the end-of-call sentinel
+                    break
+            for item in kept:  # the queue held at least these, so they fit again
+                self._speaks.put_nowait(item)
         pb, task = self._playback, self._playback_task
         if pb is not None and task is not None and not task.done():
             await cancel_and_wait(task)

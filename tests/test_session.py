@@ -234,6 +234,27 @@ def test_a_barge_in_also_ends_the_replies_queued_behind_the_one_it_cuts() -> Non
     assert not call.of(PlaybackFinishedOut)
 
 
+def test_marks_queued_behind_a_cleared_reply_are_reached_in_order_not_dropped() -> None:
+    call = Call()
+
+    async def script(c: Call) -> None:
+        await c.inbox.put(SpeakIn("x" * 20, "s1"))
+        await c.inbox.put(MarkIn("m1"))
+        await c.inbox.put(SpeakIn("x" * 20, "s2"))
+        await c.inbox.put(MarkIn("m2"))
+        await asyncio.sleep(0.5)
+        await c.inbox.put(ClearIn())
+        await asyncio.sleep(3.0)
+        await c.inbox.put(None)
+
+    drive(call, script)
+    ((t_cut, _), *_) = call.of(InterruptedOut)
+    marks = call.of(MarkReachedOut)
+    assert [m.name for _, m in marks] == ["m1", "m2"]
+    # Reached once the cut reply's audio already sent has played: within a frame and the lead.
+    assert all(t_cut <= t <= t_cut + LEAD_S + FRAME_S for t, _ in marks)
+
+
 # --- recognition: finals, speculation, interims, faults -----------------------------------------
 
 
