@@ -1120,9 +1120,7 @@ class SipBridge:
         self._byes.add(task)
         task.add_done_callback(self._byes.discard)
 
-    async def transfer(
-        self, call_id: str, target: str, *, timeout_s: float = 30.0
-    ) -> ReferOutcome:
+    async def transfer(self, call_id: str, target: str, *, timeout_s: float = 30.0) -> ReferOutcome:
         """Blind-transfer a call (RFC 3515): REFER the caller to ``target`` and await NOTIFY.
 
         The caller's phone gets ``Refer-To: <target>`` and ``Referred-By`` (us); once it
@@ -1420,7 +1418,10 @@ class SipBridge:
                 180,
                 "Ringing",
                 to_tag=call.local_tag,
-                headers=[("Contact", f"<sip:voxgate@{call.local_ip}:{self.address[1]}>")],
+                headers=[
+                    *[("Record-Route", v) for v in call.route_set],  # an early dialog's route
+                    ("Contact", f"<sip:voxgate@{call.local_ip}:{self.address[1]}>"),
+                ],
             )
             with contextlib.suppress(_Ended):
                 await self._until_ended(call, asyncio.sleep(self.config.ring_ms / 1000), None)
