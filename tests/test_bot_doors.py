@@ -8,9 +8,10 @@ for a direct Converse call. Its language model is the stand-in ``StandInLlm`` on
 (tokens with delays), run here so the test can read what the bot asked it: the caller's words
 as the bot heard them, and the history the bot kept after a barge-in.
 
-Callers: SIPp with an RTP peer playing real speech (the softphone and Kamailio path is
-``tests/test_sip_*``'s), the media-stream replayer playing a Twilio stream, and the example's
-own ``converse`` mode streaming a WAV.
+Callers: a real softphone (baresip, from Debian) calling through Kamailio into the SIP bridge,
+playing real speech and recording what it hears (Whisper then checks the recording holds the
+bot's answer); the media-stream replayer playing a Twilio stream; and the example's own
+``converse`` mode streaming a WAV.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from calls import encode_wav
 
@@ -34,7 +36,7 @@ from benchmarks import _wer
 from clients.media_streams import MediaStreamsConfig, MediaStreamServer
 from clients.media_streams.testing import ReplayClient
 from clients.sip import BridgeConfig, SipBridge
-from clients.sip.testing import RtpPeer, run_sipp
+from clients.sip.testing import Baresip, running_kamailio, write_wav_8k
 from clients.voxgate_client import (
     AudioOut,
     BotLink,
@@ -43,19 +45,21 @@ from clients.voxgate_client import (
     PlaybackFinished,
     PlaybackInterrupted,
     ServerEvent,
+    Transcript,
     VoxgateClient,
+    VoxgateSyncClient,
     load_audio,
 )
 from gateway.config import load_config
 from gateway.runtime import build_hub
 from gateway.testing.server import running_server
+from pcmcodec import MULAW_DECODE
 from voxgate.v1 import voxgate_pb2 as pb
 
-pytestmark = [pytest.mark.model, pytest.mark.usefixtures("sipp"), pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.model, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "llm_bot.py"
-SIPP_DIR = Path(__file__).parent / "sipp"
 QUESTION = "cmu_goforward.wav"  # 2.8 s, one utterance
 INTERRUPTION = "vctk_p317_166.wav"
 # The example imports the client library by its distribution name; in this repository that is
@@ -75,6 +79,26 @@ def last_user(messages: list[dict[str, str]]) -> str:
 
 def words(text: str) -> list[str]:
     return re.findall(r"[a-z']+", text.lower())
+
+
+def caller_wav(speech_dir: Path, path: Path) -> None:
+    """The softphone's microphone: 0.5 s of silence, the question at 8 kHz, then 60 s of quiet.
+
+    baresip's file source ends the call when the file ends; the quiet keeps the line open.
+    """
+    pcm = MULAW_DECODE[np.frombuffer(encode_wav(speech_dir / QUESTION, pb.MULAW, 8000), np.uint8)]
+    silence = np.zeros(8000, np.int16)
+    audio = np.concatenate([silence[:4000], pcm.astype(np.int16), np.tile(silence, 60)])
+    write_wav_8k(path, audio.astype("<i2").tobytes())
+
+
+def transcribe(target: str, wav: Path) -> list[Transcript]:
+    """Final transcripts of a WAV through the gateway (the real Whisper)."""
+    client = VoxgateSyncClient(target)
+    try:
+        return client.transcribe_file(wav, config=CallConfig(sample_rate_hz=8000, language="en"))
+    finally:
+        client.close()
 
 
 @asynccontextmanager
@@ -235,7 +259,9 @@ async def test_one_bot_process_answers_a_sip_call_a_media_stream_and_a_converse_
     question = speech_dir / QUESTION
     ref = reference(speech_dir, QUESTION)
     async with gateway_and_llm() as (target, llm), bot_process(llm.port) as bot:
-        # (1) A phone call: SIPp and an RTP peer playing the question, through the SIP bridge.
+        # (1) A phone call: baresip (a real softphone) through Kamailio and the SIP bridge.
+        caller_wav(speech_dir, tmp_path / "caller.wav")  # the question after 0.5 s, then quiet
+        events: list[ServerEvent] = []
         bridge = SipBridge(
             BridgeConfig(
                 listen_host="127.0.0.1",
@@ -246,36 +272,37 @@ async def test_one_bot_process_answers_a_sip_call_a_media_stream_and_a_converse_
                 language="en",
             ),
             bot,
+            on_event=lambda _, ev: events.append(ev),
         )
         await bridge.start()
         try:
-            async with RtpPeer() as peer:
-                sipp = asyncio.create_task(
-                    run_sipp(
-                        SIPP_DIR / "uac_peer.xml",
-                        bridge.address,
-                        cwd=SIPP_DIR,
-                        duration_ms=16000,
-                        variables={"rtpport": str(peer.port)},
-                        timeout_s=90,
-                    )
+            async with (
+                running_kamailio([bridge.address], tmp_path / "kamailio") as kam,
+                Baresip(tmp_path / "phone", tmp_path / "caller.wav") as phone,
+            ):
+                uri = f"sip:bot@{kam.address[0]}:{kam.address[1]}"
+                assert (await phone.command("dial", uri))["ok"], phone.log()[-2000:]
+                await phone.wait_event("CALL_ESTABLISHED")
+                await until(lambda: len(llm.requests) >= 1, "the phone's question")
+                # The answer's first two sentences played out to the phone.
+                await until(
+                    lambda: sum(isinstance(e, PlaybackFinished) for e in events) >= 2,
+                    "the spoken answer",
                 )
-                await until(lambda: any(c.media for c in bridge.calls.values()), "answered")
-                [call] = bridge.calls.values()
-                assert call.media is not None
-                await until(lambda: len(peer.received) >= 50, "a second of the greeting")
-                greeted = len(peer.received)
-                await asyncio.sleep(2.0)  # the greeting ends
-                await peer.send_audio(
-                    encode_wav(question, pb.MULAW, 8000), ("127.0.0.1", call.media.local_port)
-                )
-                await until(lambda: len(llm.requests) >= 1, "the SIP caller's question")
-                await until(lambda: len(peer.received) > greeted + 150, "the spoken answer")
-                result = await sipp
-                assert result.returncode == 0, result.explain()
+                assert (await phone.command("hangup"))["ok"]
+                await phone.wait_event("CALL_CLOSED")
+                await until(lambda: not bridge.calls, "the call torn down")
+                recordings = phone.recordings()
         finally:
             await bridge.aclose()
         assert _wer.wer(ref, last_user(llm.requests[0])) <= 0.3, llm.requests[0]
+        assert recordings
+        heard_by_phone = " ".join(
+            t.text for t in await asyncio.to_thread(transcribe, target, recordings[0])
+        )
+        # The answer's second sentence, as Whisper hears it in the phone's recording.
+        said = " ".join(words(heard_by_phone))
+        assert "good question and i am glad you called about it today" in said, heard_by_phone
 
         # (2) A replayed Twilio media stream through the adapter.
         config = MediaStreamsConfig(host="127.0.0.1", port=0, gateway=target, language="en")
