@@ -265,7 +265,7 @@ async def call_up(
     raise AssertionError("the bridge never confirmed the call")
 
 
-@pytest.mark.component
+@pytest.mark.e2e
 async def test_2xx_copies_record_route_and_bye_follows_the_route_set() -> None:
     """The BYE goes to the first Record-Route hop, with Route in order and the Contact as R-URI.
 
@@ -299,7 +299,7 @@ async def test_2xx_copies_record_route_and_bye_follows_the_route_set() -> None:
     assert not phone.received and not proxy2.received
 
 
-@pytest.mark.component
+@pytest.mark.e2e
 async def test_180_ringing_copies_record_route_too() -> None:
     """The 180 with our To-tag starts an early dialog (RFC 3261 12.1.1): same Record-Route."""
     async with SipPeer() as caller, bridge_with_gateway(ring_ms=300) as (bridge, _):
@@ -310,7 +310,7 @@ async def test_180_ringing_copies_record_route_too() -> None:
         assert dialog.ok.get_all("Record-Route") == [rr]
 
 
-@pytest.mark.component
+@pytest.mark.e2e
 async def test_reinvite_through_the_proxy_gets_its_record_route_back_and_the_dialog_stays() -> None:
     async with SipPeer() as caller, bridge_with_gateway() as (bridge, _):
         rr = f"<sip:127.0.0.1:{caller.port};lr>"
@@ -330,7 +330,7 @@ async def test_reinvite_through_the_proxy_gets_its_record_route_back_and_the_dia
         assert b"a=recvonly" in ok.body
 
 
-@pytest.mark.component
+@pytest.mark.e2e
 async def test_dtmf_info_reaches_the_gateway_and_bad_bodies_get_400_or_415() -> None:
     async with SipPeer() as caller, bridge_with_gateway() as (bridge, events):
         dialog = await call_up(caller, bridge, "info-1", [])
@@ -395,7 +395,7 @@ async def _refer_exchange(
     return refer
 
 
-@pytest.mark.component
+@pytest.mark.e2e
 async def test_refer_success_sends_refer_to_and_referred_by_then_bye() -> None:
     async with SipPeer() as caller, bridge_with_gateway() as (bridge, _):
         rr = f"<sip:127.0.0.1:{caller.port};lr>"
@@ -419,7 +419,7 @@ async def test_refer_success_sends_refer_to_and_referred_by_then_bye() -> None:
         assert [r for c, r in bridge.ended if c == "refer-1"] == ["transferred (200 OK)"]
 
 
-@pytest.mark.component
+@pytest.mark.e2e
 async def test_failed_or_refused_transfer_leaves_the_call_up() -> None:
     async with SipPeer() as caller, bridge_with_gateway() as (bridge, _):
         await call_up(caller, bridge, "refer-2", [])
@@ -448,7 +448,7 @@ async def test_failed_or_refused_transfer_leaves_the_call_up() -> None:
         assert bridge.stats["transfer_failed"] == 5
 
 
-@pytest.mark.component
+@pytest.mark.e2e
 async def test_notify_without_a_refer_or_for_another_event_is_refused() -> None:
     async with SipPeer() as caller, bridge_with_gateway() as (bridge, _):
         dialog = await call_up(caller, bridge, "notify-1", [])
@@ -461,7 +461,7 @@ async def test_notify_without_a_refer_or_for_another_event_is_refused() -> None:
         assert bridge.calls["notify-1"].state == "confirmed"
 
 
-@pytest.mark.component
+@pytest.mark.e2e
 async def test_invite_with_a_bad_record_route_gets_400_and_no_call() -> None:
     async with SipPeer() as caller, bridge_with_gateway() as (bridge, _):
         invite = caller.request(
