@@ -151,11 +151,32 @@ async def test_telnyx_dialect_by_path_with_a_law_straight_through() -> None:
         await peer.begin()
         await peer.send_silence(200)
         await until(lambda: peer.returned, "the reply-end mark came back")
+        await peer.send_dtmf("7")
+        await peer.send_event("error", None, payload={"code": 100002, "title": "Unknown error"})
+        await until(lambda: bot.of(Dtmf), "the key press reached the bot")
         await peer.send_stop()
         assert (await peer.wait_closed())[0] == 1000
     assert peer.violations == []  # no streamSid in any frame to Telnyx
     assert len(peer.outbound("media")) == 60
     assert bot.info.from_uri == "+15550100001" and bot.info.call_id.startswith("v3:")
+    assert [d.digit for d in bot.of(Dtmf)] == ["7"]
+    assert adapter.records[-1].close_code == 1000  # a provider error frame is logged, not fatal
+
+
+async def test_shutdown_closes_every_stream_with_1001_and_ends_its_call() -> None:
+    bot = Recorder(greeting="", mark=False)
+    async with running_server(hub=FakeToneHub()) as srv:
+        config = MediaStreamsConfig(host="127.0.0.1", port=0, gateway=srv.target)
+        adapter = MediaStreamServer(config, bot)
+        await adapter.start()
+        async with ReplayClient(url(adapter)) as peer:
+            await peer.begin()
+            await until(lambda: bot.info is not None, "the call is up")
+            await adapter.aclose()
+            code, reason = await peer.wait_closed()
+        await asyncio.wait_for(bot.ended.wait(), 10)
+    assert (code, reason) == (1001, "adapter shutting down")
+    assert adapter.active == 0
 
 
 async def test_the_bot_hanging_up_lets_its_last_words_play_then_closes() -> None:
