@@ -42,7 +42,7 @@ from voxgate.v1 import voxgate_pb2 as pb
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
-CLIP = "cmu_goforward.wav"
+CLIP = "librispeech_1988-24833-0000.wav"  # 3.3 s, nine words
 
 
 async def echo_until_hash(call: VoiceCall) -> None:
