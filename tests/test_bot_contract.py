@@ -25,6 +25,8 @@ import pytest
 
 from clients.bot import EchoBot, RuleBot, load_bot
 from clients.cli import CallOptions, play_call
+from clients.sip import BridgeConfig, SipBridge
+from clients.sip.testing import RtpPeer, run_sipp
 from clients.voxgate_client import (
     AudioOut,
     BotLink,
@@ -50,6 +52,8 @@ from gateway.testing.fake_engines import FakeToneHub
 from gateway.testing.server import running_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+SIPP_DIR = Path(__file__).parent / "sipp"
 
 #: Short fallback: 0.6 s of fake tone.
 POLICY = BotPolicy(answer_timeout_s=1.0, fallback_speech="sorry!", fallback_timeout_s=10.0)
@@ -389,3 +393,36 @@ async def test_voxgate_call_hands_its_call_to_an_external_bot(tmp_path: Path) ->
     first_audio = next(t for t, _ in result.log.sent) if result.log else 0.0
     finished = next(e.received_s for e in result.events if isinstance(e, PlaybackFinished))
     assert first_audio >= finished
+
+
+@pytest.mark.usefixtures("sipp")
+async def test_a_phone_call_to_a_bot_that_is_down_hears_the_fallback_then_gets_bye(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The SIP bridge's side of the policy: the caller hears the fallback, then our BYE."""
+    async with running_server(hub=FakeToneHub()) as srv, RtpPeer() as peer:
+        config = BridgeConfig(
+            listen_host="127.0.0.1",
+            listen_port=0,
+            gateway=srv.target,
+            rtp_port_min=30000,
+            rtp_port_max=39999,
+        )
+        bridge = SipBridge(config, f"127.0.0.1:{free_port()}", bot_policy=POLICY)
+        await bridge.start()
+        try:
+            res = await run_sipp(
+                SIPP_DIR / "uac_peer_wait_bye.xml",
+                bridge.address,
+                cwd=SIPP_DIR,
+                variables={"rtpport": str(peer.port)},
+                timeout_s=60,
+            )
+        finally:
+            await bridge.aclose()
+    assert res.returncode == 0, res.explain()  # the BYE came
+    assert [r for _, r in bridge.ended] == ["bot failed (down)"]
+    assert bridge.stats["bye_sent"] == 1
+    assert len(peer.received) >= 25  # the 0.6 s fallback, as 20 ms RTP packets
+    [line] = bot_warnings(caplog)
+    assert " down: " in line
