@@ -434,3 +434,40 @@ async def test_the_command_serves_a_stream_and_stops_on_sigterm(tmp_path: Path) 
             _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()
     assert "stream MZ" in err.decode()  # the one line per stream
+
+
+async def test_with_a_stream_token_only_streams_that_carry_it_get_in(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from websockets.exceptions import InvalidStatus
+
+    token = "s3cret-Stream-Token_0123"
+    bot = Recorder(greeting="", mark=False)
+    async with stack(bot, stream_token=token) as adapter:
+        for path in ("/twilio", "/wrong-token-0123456789/twilio", f"/{token[:-1]}/twilio"):
+            with pytest.raises(InvalidStatus) as err:
+                await ReplayClient(url(adapter, path)).connect()
+            assert err.value.response.status_code == 401
+        async with ReplayClient(url(adapter, f"/{token}/twilio")) as peer:
+            await peer.begin()
+            await peer.send_dtmf("1")
+            await until(lambda: bot.of(Dtmf), "the call is up")
+            await peer.send_stop()
+            assert (await peer.wait_closed())[0] == 1000
+        # Telnyx sends its streaming auth token as a header.
+        host, port = adapter.address
+        telnyx = ReplayClient(f"ws://{host}:{port}/telnyx", "telnyx")
+        from websockets.asyncio.client import connect
+
+        telnyx._ws = await connect(
+            telnyx.url,
+            additional_headers={"x-telnyx-streaming-auth-token": token},
+            compression=None,
+        )
+        await telnyx.aclose()
+        await until(lambda: len(adapter.records) == 2, "both accepted streams ended")
+    twilio_record, telnyx_record = adapter.records
+    assert twilio_record.close_code == 1000
+    assert telnyx_record.dialect == "telnyx" and telnyx_record.end == "socket closed before start"
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "no valid stream token" in logged and token not in logged and token[:-1] not in logged

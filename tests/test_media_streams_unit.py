@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 import pytest
 
@@ -261,3 +262,20 @@ def test_pacer_restarts_after_a_clear_and_after_running_dry() -> None:
     assert p.delay_s(0.0) == 0
     # Idle for a second: the provider ran dry, the next chunk plays on arrival.
     assert p.delay_s(1.0) == 0 and p.queued_s(1.0) == 0
+
+
+def test_the_stream_token_file_must_hold_one_url_safe_token(tmp_path: Path) -> None:
+    from clients.media_streams.cli import _read_stream_token
+
+    good = tmp_path / "good"
+    good.write_text("abcdefgh-1234567_89\n")
+    assert _read_stream_token(good) == "abcdefgh-1234567_89"
+    assert _read_stream_token(None) is None
+    for text, words in (("short", "16 or more"), ("a/b" * 8, "URL-safe"), ("x" * 20 + " y", "one")):
+        bad = tmp_path / "bad"
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=words) as err:
+            _read_stream_token(bad)
+        assert text not in str(err.value)  # the token itself is never echoed
+    with pytest.raises(ValueError, match="cannot read"):
+        _read_stream_token(tmp_path / "missing")

@@ -20,15 +20,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 import grpc
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
 
 from clients.voxgate_client import (
     AudioOut,
@@ -103,6 +106,10 @@ class MediaStreamsConfig:
             (confirmed by the provider echoing a final mark) before the socket is closed.
         max_streams: concurrent streams; more are closed with 1013 at once.
         log_content: debugging only: log DTMF digits (personal data; off by default).
+        stream_token: when set, a WebSocket must carry it, as one segment of the URL path
+            (``wss://host/<token>/twilio``: Twilio's ``<Stream url>`` takes no query string)
+            or as Telnyx's ``x-telnyx-streaming-auth-token`` header; others get HTTP 401
+            before the upgrade. Never logged.
         gateway_chunk_ms: caller audio is sent to the gateway in pieces of this length
             (a multiple of 20 ms): each gRPC write costs the adapter about 0.5 ms of CPU, so
             40 ms halves the cost of 20 ms at 20 ms more delay (benchmarks/media_streams.py).
@@ -123,6 +130,7 @@ class MediaStreamsConfig:
     max_streams: int = 200
     log_content: bool = False
     gateway_chunk_ms: int = 40
+    stream_token: str | None = field(default=None, repr=False)
     bot_policy: BotPolicy = field(default_factory=BotPolicy)
 
 
@@ -593,6 +601,11 @@ class _Stream:
                 return
 
 
+def _peer(ws: ServerConnection) -> str:
+    addr = ws.remote_address
+    return f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) and len(addr) >= 2 else "?"
+
+
 def _now() -> float:
     return time.monotonic()
 
@@ -653,6 +666,7 @@ class MediaStreamServer:
             self._handle,
             self.config.host,
             self.config.port,
+            process_request=self._authorize if self.config.stream_token else None,
             max_size=self.config.max_message_bytes,
             # Per-message compression buys nothing on base64 audio and costs CPU per frame.
             compression=None,
@@ -677,6 +691,22 @@ class MediaStreamServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+    def _authorize(self, ws: ServerConnection, request: Request) -> Response | None:
+        """Before the upgrade: the stream token in a path segment or Telnyx's header, or 401."""
+        token = self.config.stream_token
+        assert token is not None
+        expected = token.encode()
+        path = request.path.split("?", 1)[0]
+        offered = [seg.encode() for seg in path.split("/") if seg]
+        header = request.headers.get("x-telnyx-streaming-auth-token")
+        if header is not None:
+            offered.append(header.encode())
+        # compare_digest on every candidate: the time taken does not tell where a match was.
+        if sum(hmac.compare_digest(x, expected) for x in offered[:16]) > 0:
+            return None
+        log.warning("media stream from %s refused: no valid stream token", _peer(ws))
+        return ws.respond(HTTPStatus.UNAUTHORIZED, "a valid stream token is required\n")
 
     def _dialect_for(self, path: str) -> DialectName:
         tail = path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import signal
 import sys
+from pathlib import Path
 
 from clients.cli import add_connection_arguments, connection_from_args
 
@@ -20,6 +21,25 @@ def _host_port(value: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
     return host, int(port)
+
+
+def _read_stream_token(path: Path | None) -> str | None:
+    """The one token in ``path`` (URL-safe: it travels as a path segment), or None."""
+    if path is None:
+        return None
+    try:
+        words = path.read_text(encoding="utf-8").split()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--stream-token-file {path}: cannot read it ({exc})") from None
+    if len(words) != 1:
+        raise ValueError(f"--stream-token-file {path}: must hold exactly one token")
+    token = words[0]
+    if len(token) < 16 or not all(c.isascii() and (c.isalnum() or c in "-_.~") for c in token):
+        raise ValueError(
+            f"--stream-token-file {path}: the token must be 16 or more URL-safe characters "
+            "(letters, digits, - _ . ~)"
+        )
+    return token
 
 
 def add_media_streams_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,6 +95,13 @@ def add_media_streams_arguments(parser: argparse.ArgumentParser) -> None:
         "(default 40: half the CPU of 20, 20 ms later)",
     )
     parser.add_argument(
+        "--stream-token-file",
+        type=Path,
+        metavar="FILE",
+        help="require this file's token in the WebSocket URL path (wss://host/TOKEN/twilio) "
+        "or Telnyx's x-telnyx-streaming-auth-token header; others get HTTP 401",
+    )
+    parser.add_argument(
         "--log-content",
         action="store_true",
         help="debugging: log DTMF digits (personal data; off by default)",
@@ -98,6 +125,7 @@ async def run_media_streams(args: argparse.Namespace) -> int:
             raise ValueError(
                 f"--gateway-chunk-ms must be 20..200 in steps of 20, got {args.gateway_chunk_ms}"
             )
+        stream_token = _read_stream_token(args.stream_token_file)
         if args.max_streams < 1 or args.max_message_bytes < 1024:
             raise ValueError("--max-streams must be >= 1 and --max-message-bytes >= 1024")
     except (ValueError, OSError) as exc:
@@ -117,6 +145,7 @@ async def run_media_streams(args: argparse.Namespace) -> int:
         max_message_bytes=args.max_message_bytes,
         log_content=args.log_content,
         gateway_chunk_ms=args.gateway_chunk_ms,
+        stream_token=stream_token,
     )
     server = MediaStreamServer(config, bot)
     stop = asyncio.Event()
