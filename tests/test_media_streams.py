@@ -270,6 +270,8 @@ async def test_wrong_stream_id_second_start_and_bad_fields_close_with_a_reason()
         cases: list[tuple[Any, int, str]] = []
         for make, code, words in (
             (lambda p: {**_media(p), "streamSid": "MZother"}, 1008, "not this one"),
+            # Quoted in the close reason, bounded to a control frame's 123 bytes of UTF-8.
+            (lambda p: {**_media(p), "streamSid": "é" * 500}, 1008, "for stream"),
             (lambda p: None, 1008, "second start"),
             (lambda p: {"event": "media", "sequenceNumber": "99", "media": 5}, 1007, "object"),
             (lambda p: {"event": "dtmf", "sequenceNumber": "99", "dtmf": {}}, 1007, "digit"),
@@ -287,7 +289,7 @@ async def test_wrong_stream_id_second_start_and_bad_fields_close_with_a_reason()
         for (got, reason), code, words in cases:
             assert got == code and words in reason, (got, reason, words)
         # Every one of those gateway calls was ended, not left to time out.
-        assert all(r.close_code in (1007, 1008) for r in list(adapter.records)[-4:])
+        assert all(r.close_code in (1007, 1008) for r in list(adapter.records)[-5:])
 
 
 async def test_oversized_frame_is_refused_with_1009() -> None:

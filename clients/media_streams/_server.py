@@ -373,8 +373,10 @@ class _Stream:
             log.warning(
                 "stream %s: closing with %d: %s", self.record.stream_id or "-", code, reason
             )
+        # A close reason must fit a control frame: at most 123 bytes of UTF-8.
+        short = reason.encode()[:120].decode(errors="ignore")
         with contextlib.suppress(Exception):
-            await self.ws.close(code, reason[:120])
+            await self.ws.close(code, short)
 
     def _info(self, start: Start) -> CallInfo:
         headers: dict[str, str] = {}
