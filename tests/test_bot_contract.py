@@ -34,6 +34,7 @@ from clients.voxgate_client import (
     Call,
     CallConfig,
     CallInfo,
+    Dtmf,
     LinkOutcome,
     MarkReached,
     PlaybackFinished,
@@ -150,6 +151,8 @@ async def test_a_served_bot_greets_hears_events_and_hangs_up() -> None:
     async def bot(call: VoiceCall) -> None:
         seen.append(call.info)
         seen.append(call.session)
+        assert isinstance(call, ServedCall)
+        await call.dtmf("7")  # into the call; the gateway echoes it back as an event
         await call.mark("m1")
         sid = await call.speak("hello")
         async for ev in call:
@@ -175,6 +178,7 @@ async def test_a_served_bot_greets_hears_events_and_hangs_up() -> None:
     events = seen[2:]
     assert isinstance(events[0], SessionStarted)  # iteration starts with it, as on converse()
     assert any(isinstance(e, MarkReached) and e.name == "m1" for e in events)
+    assert any(isinstance(e, Dtmf) and e.digit == "7" for e in events)
     assert not any(isinstance(e, AudioOut) for e in events)  # only the bridge plays audio
     # The bridge saw everything, the audio included, and the reply played to its end.
     assert len(tee.finished()) == 1 and tee.audio_ids() == set(tee.finished())

@@ -231,10 +231,20 @@ class ServedCall:
         """Finish the caller's current utterance now."""
         await self._request(pb.ConverseRequest(flush=pb.Flush()))
 
+    async def dtmf(self, digit: str, duration_ms: int = 0) -> None:
+        """Send a keypad digit into the call (as :meth:`Call.dtmf`)."""
+        await self._request(pb.ConverseRequest(dtmf=pb.Dtmf(digit=digit, duration_ms=duration_ms)))
+
     async def hangup(self) -> None:
         """End the call; events keep arriving until the bridge ends the stream."""
         await self._request(pb.ConverseRequest(hangup=pb.Hangup()))
         self._half_closed = True
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Nothing to close: the bridge owns the call (the handler returning ends its part)."""
 
     async def transfer(self, target_uri: str) -> TransferResult:
         """Hand the call to ``target_uri`` (SIP REFER at the SIP bridge).
