@@ -473,3 +473,28 @@ async def test_with_a_stream_token_only_streams_that_carry_it_get_in(
     assert telnyx_record.dialect == "telnyx" and telnyx_record.end == "socket closed before start"
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "no valid stream token" in logged and token not in logged and token[:-1] not in logged
+
+
+async def test_a_bot_served_over_grpc_answers_a_stream() -> None:
+    from clients.voxgate_client import serve_bot
+
+    bot = Recorder()
+    async with await serve_bot(bot) as served, stack(served.address) as adapter:
+        async with ReplayClient(url(adapter)) as peer:
+            await peer.begin()
+            listening = asyncio.create_task(peer.send_silence(10_000))
+            await until(
+                lambda: any(m.name == "voxgate-mark:after-greeting" for m in peer.returned),
+                "the served bot's greeting and mark came back",
+            )
+            listening.cancel()
+            await asyncio.wait([listening])
+            await peer.send_dtmf("9")  # the bot tries to transfer
+            await until(lambda: bot.transfer_error is not None, "the transfer was answered")
+            await peer.send_stop()
+            assert (await peer.wait_closed())[0] == 1000
+        await asyncio.wait_for(bot.ended.wait(), 10)
+    assert len(peer.outbound("media")) == 60 and peer.violations == []
+    assert bot.info.channel == "media_stream" and not bot.info.transfer_supported
+    err = bot.transfer_error
+    assert err is not None and err.code.name == "UNIMPLEMENTED"
