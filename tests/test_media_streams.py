@@ -302,20 +302,21 @@ async def test_oversized_frame_is_refused_with_1009() -> None:
     assert code == 1009
 
 
-async def test_out_of_order_and_repeated_messages_are_dropped_and_counted() -> None:
+@pytest.mark.parametrize("dialect", ["twilio", "telnyx"])
+async def test_out_of_order_and_repeated_messages_are_dropped_and_counted(dialect: str) -> None:
     bot = Recorder(greeting="", mark=False)
-    async with stack(bot) as adapter, ReplayClient(url(adapter)) as peer:
+    path = f"/{dialect}"
+    async with stack(bot) as adapter, ReplayClient(url(adapter, path), dialect) as peer:  # type: ignore[arg-type]
         await peer.begin()
         m1, m2, m3, m4 = (_media(peer) for _ in range(4))
         for msg in (m1, m3, m2, m4, m4):  # a swap, then a repeat
             await peer.send_raw(msg)
         await peer.send_dtmf("1")
-        dup = {
-            "event": "dtmf",
-            "sequenceNumber": "2",  # an old number: a replayed message
-            "streamSid": peer.stream_id,
-            "dtmf": {"digit": "2"},
-        }
+        seq_key, sid_key = ("sequenceNumber", "streamSid")
+        if dialect == "telnyx":
+            seq_key, sid_key = ("sequence_number", "stream_id")
+        # An old number: a replayed message.
+        dup = {"event": "dtmf", seq_key: "2", sid_key: peer.stream_id, "dtmf": {"digit": "2"}}
         await peer.send_raw(dup)
         await peer.send_dtmf("3")
         await until(lambda: len(bot.of(Dtmf)) >= 2, "the in-order digits arrived")
