@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from clients.media_streams import MediaStreamsConfig, MediaStreamServer
+from clients.media_streams import DialectName, MediaStreamsConfig, MediaStreamServer
 from clients.media_streams.testing import ReplayClient
 from clients.voxgate_client import (
     Dtmf,
@@ -303,10 +303,12 @@ async def test_oversized_frame_is_refused_with_1009() -> None:
 
 
 @pytest.mark.parametrize("dialect", ["twilio", "telnyx"])
-async def test_out_of_order_and_repeated_messages_are_dropped_and_counted(dialect: str) -> None:
+async def test_out_of_order_and_repeated_messages_are_dropped_and_counted(
+    dialect: DialectName,
+) -> None:
     bot = Recorder(greeting="", mark=False)
     path = f"/{dialect}"
-    async with stack(bot) as adapter, ReplayClient(url(adapter, path), dialect) as peer:  # type: ignore[arg-type]
+    async with stack(bot) as adapter, ReplayClient(url(adapter, path), dialect) as peer:
         await peer.begin()
         m1, m2, m3, m4 = (_media(peer) for _ in range(4))
         for msg in (m1, m3, m2, m4, m4):  # a swap, then a repeat
