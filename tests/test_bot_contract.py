@@ -430,3 +430,42 @@ async def test_a_phone_call_to_a_bot_that_is_down_hears_the_fallback_then_gets_b
     assert len(peer.received) >= 25  # the 0.6 s fallback, as 20 ms RTP packets
     [line] = bot_warnings(caplog)
     assert " down: " in line
+
+
+@pytest.mark.timeout(30)
+async def test_serve_bot_refuses_a_malformed_call_and_calls_over_its_limit() -> None:
+    """A bridge that breaks the contract gets a precise status, for that call alone."""
+    release = asyncio.Event()
+
+    async def waits(call: VoiceCall) -> None:
+        async for _ in call:
+            await release.wait()
+
+    started = pb.BotEvent(converse=pb.ConverseResponse(started=pb.SessionStarted()))
+    async with await serve_bot(waits, max_calls=1) as server:
+        channel = grpc.aio.insecure_channel(server.address)
+        handle = channel.stream_stream(
+            "/voxgate.v1.VoxgateBot/HandleCall",
+            request_serializer=pb.BotEvent.SerializeToString,
+            response_deserializer=pb.BotAction.FromString,
+        )
+        bad = handle()
+        await bad.write(started)  # CallInfo must come first
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await bad.read()
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "starts with BotEvent.call" in (info.value.details() or "")
+        good = handle()
+        await good.write(pb.BotEvent(call=pb.CallInfo(call_id="a")))
+        await good.write(started)
+        assert (await good.read()).WhichOneof("action") == "answer"
+        over = handle()
+        await over.write(pb.BotEvent(call=pb.CallInfo(call_id="b")))
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await over.read()
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        release.set()
+        await good.done_writing()
+        assert await good.read() is grpc.aio.EOF
+        assert await good.code() == grpc.StatusCode.OK
+        await channel.close()

@@ -345,19 +345,17 @@ async def serve_bot(
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED, f"the bot is at max_calls={max_calls}"
             )
+        order = "a bot call starts with BotEvent.call, then the converse `started` event"
         first = await context.read()
+        if first is grpc.aio.EOF or first.WhichOneof("event") != "call":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, order)
         second = await context.read()
         if (
-            first is grpc.aio.EOF
-            or second is grpc.aio.EOF
-            or first.WhichOneof("event") != "call"
+            second is grpc.aio.EOF
             or second.WhichOneof("event") != "converse"
             or second.converse.WhichOneof("event") != "started"
         ):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "a bot call starts with BotEvent.call, then the converse `started` event",
-            )
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, order)
         started = event_from_proto(second.converse)
         assert isinstance(started, SessionStarted)
         write_lock = asyncio.Lock()
