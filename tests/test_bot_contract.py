@@ -442,7 +442,7 @@ async def test_serve_bot_refuses_a_malformed_call_and_calls_over_its_limit() -> 
             await release.wait()
 
     started = pb.BotEvent(converse=pb.ConverseResponse(started=pb.SessionStarted()))
-    async with await serve_bot(waits, max_calls=1) as server:
+    async with await serve_bot(waits, max_calls=1, start_timeout_s=0.5) as server:
         channel = grpc.aio.insecure_channel(server.address)
         handle = channel.stream_stream(
             "/voxgate.v1.VoxgateBot/HandleCall",
@@ -455,6 +455,11 @@ async def test_serve_bot_refuses_a_malformed_call_and_calls_over_its_limit() -> 
             await bad.read()
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "starts with BotEvent.call" in (info.value.details() or "")
+        silent = handle()
+        await silent.write(pb.BotEvent(call=pb.CallInfo(call_id="s")))  # and then nothing
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await silent.read()
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         good = handle()
         await good.write(pb.BotEvent(call=pb.CallInfo(call_id="a")))
         await good.write(started)

@@ -320,6 +320,7 @@ async def serve_bot(
     port: int = 0,
     credentials: grpc.ServerCredentials | None = None,
     max_calls: int = 1000,
+    start_timeout_s: float = 10.0,
 ) -> BotServer:
     """Serve ``handler`` as a ``voxgate.v1.VoxgateBot`` on ``host:port`` (0 picks a port).
 
@@ -333,6 +334,8 @@ async def serve_bot(
         port: the port (0: a free one, see :attr:`BotServer.port`).
         credentials: TLS for the bot's port (None: plaintext, e.g. behind a mesh).
         max_calls: concurrent calls; more are refused with RESOURCE_EXHAUSTED.
+        start_timeout_s: a call whose first two messages (CallInfo, ``started``) have not come
+            within this is ended with DEADLINE_EXCEEDED, so a broken bridge holds nothing.
     """
     bot = BotServer.__new__(BotServer)
     active = 0
@@ -346,10 +349,20 @@ async def serve_bot(
                 grpc.StatusCode.RESOURCE_EXHAUSTED, f"the bot is at max_calls={max_calls}"
             )
         order = "a bot call starts with BotEvent.call, then the converse `started` event"
-        first = await context.read()
+
+        async def first_read() -> Any:
+            try:
+                return await asyncio.wait_for(context.read(), start_timeout_s)
+            except TimeoutError:
+                await context.abort(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"the call did not start within {start_timeout_s:g} s ({order})",
+                )
+
+        first = await first_read()
         if first is grpc.aio.EOF or first.WhichOneof("event") != "call":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, order)
-        second = await context.read()
+        second = await first_read()
         if (
             second is grpc.aio.EOF
             or second.WhichOneof("event") != "converse"
