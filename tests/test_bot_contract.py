@@ -474,3 +474,18 @@ async def test_serve_bot_refuses_a_malformed_call_and_calls_over_its_limit() -> 
         assert await good.read() is grpc.aio.EOF
         assert await good.code() == grpc.StatusCode.OK
         await channel.close()
+
+
+async def test_a_bot_that_returns_leaves_the_call_and_the_bridge_hangs_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def says_one_thing(call: VoiceCall) -> None:
+        await call.speak("bye")  # and returns: its part of the call is over
+
+    async with gateway() as client, await serve_bot(says_one_thing) as server:
+        outcome, tee = await link_call(client, server.address)
+    assert outcome == LinkOutcome("bot left")
+    assert not bot_warnings(caplog)  # leaving is not a fault
+    # Leaving is a hang-up, as on Converse: what is still queued is not played (a bot that wants
+    # its goodbye heard waits for its PlaybackFinished first, as greet_and_leave does).
+    assert not tee.finished()
