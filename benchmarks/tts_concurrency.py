@@ -39,13 +39,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -56,6 +57,7 @@ if __package__ in (None, ""):
 
 from benchmarks._stats import median, percentile  # noqa: E402
 from engines.tts import SpeakOptions, TtsConfig, VitsStreamer, WindowPlan  # noqa: E402
+from engines.tts._scheduler import SynthPolicy  # noqa: E402
 from engines.tts._session import make_session  # noqa: E402
 from engines.tts._voice import resolve_voice  # noqa: E402
 from gateway.events import SpeakIn  # noqa: E402
@@ -241,6 +243,11 @@ class Bench:
     async def start(self) -> None:
         workers = self.args.workers or self.cores
         self.synths["deadline"] = TtsSynthesizer(self.streamer, workers, GatewayMetrics())
+        if self.args.previous:
+            prev = TtsSynthesizer(self.streamer, workers, GatewayMetrics())
+            assert prev.scheduler is not None
+            prev.scheduler.policy = previous_policy(prev.scheduler.policy)
+            self.synths["deadline-prev"] = prev
         if self.args.batch > 1:
             self.synths[f"deadline-b{self.args.batch}"] = TtsSynthesizer(
                 self.streamer, workers, GatewayMetrics(), max_batch_size=self.args.batch
@@ -281,6 +288,22 @@ class Bench:
             streams = await run_synthesizer(self.synths[method], texts, stagger)
         other = cpu.stop()
         return Probe(method, kind, n, [s.summary(self.rate) for s in streams], other)
+
+
+def previous_policy(policy: SynthPolicy) -> SynthPolicy:
+    """``policy`` without the rules added for many replies at once (the policy as it was).
+
+    No compute-share floor on window sizes, a reply far ahead may take a second worker, the
+    first-audio lane takes replies that have not started only, and a reply starting while
+    every worker is busy gets the same small first window as one starting on an idle device.
+    """
+    return replace(
+        policy,
+        share_ratio=math.inf,
+        parallel_slack_s=math.inf,
+        urgent_slack_s=0.0,
+        busy_first_window_frames=policy.first_window_frames,
+    )
 
 
 def rotate(items: Sequence[T], k: int) -> list[T]:
@@ -489,6 +512,11 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--min-streams", type=int, default=5, help="replies per table row")
     parser.add_argument("--no-bisect", action="store_true")
     parser.add_argument("--no-piper", action="store_true")
+    parser.add_argument(
+        "--previous",
+        action="store_true",
+        help="also run the deadline scheduler with the policy before the many-replies rules",
+    )
     parser.add_argument("--rtf", action="store_true")
     parser.add_argument("--batch-gain", action="store_true")
     parser.add_argument(

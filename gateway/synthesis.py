@@ -107,6 +107,7 @@ class _Reply:
     out: asyncio.Queue[TtsChunk | _Done | BaseException] = field(default_factory=asyncio.Queue)
     origin: float | None = None  # loop time at which sample 0 plays (first chunk ready)
     first_eta: float = 0.0  # before that: when the first window is expected to be ready
+    first_frames: int = 0  # the first window's size, once chosen
     inflight: int = 0  # steps running on workers
     front_running: bool = False
     cancelled: bool = False
@@ -140,7 +141,18 @@ class _Reply:
             kind="front" if job.needs_front_end else "window",
             position=job.position,
             unit_frames=job.unit_frames,
+            running=self.inflight,
         )
+
+    def upcoming(self, guard_s: float, hop: int) -> float | None:
+        """For a reply that cannot start a step now: when its next step will be due."""
+        if self.cancelled or self.job.planned_all:
+            return None
+        if self.front_running and self.origin is None and self.job.samples_planned == 0:
+            # Its first front end and window are running: the second window is due when
+            # the first window's audio has played.
+            return self.first_eta + self.first_frames * hop / self.rate - guard_s
+        return self.item(guard_s).deadline
 
     @property
     def finished(self) -> bool:
@@ -160,6 +172,8 @@ class SynthesisScheduler:
         max_inflight: steps of one reply that may run at once (its windows are independent
             once its sentence's front end has run; two lets a reply's second window start
             beside its first).
+        inline_open_chars: texts up to this long are validated and normalised on the event
+            loop (well under a millisecond); longer ones on a thread.
         clock: the event loop's clock unless a test passes its own.
     """
 
@@ -172,6 +186,7 @@ class SynthesisScheduler:
         *,
         guard_s: float = 0.025,
         max_inflight: int = 2,
+        inline_open_chars: int = 1000,
         clock: Callable[[], float] | None = None,
     ) -> None:
         self.streamer = streamer
@@ -181,6 +196,7 @@ class SynthesisScheduler:
         self._metrics = metrics
         self._guard_s = guard_s
         self._max_inflight = max_inflight
+        self._inline_open_chars = inline_open_chars
         self._clock = clock
         # One thread more than the workers: the first-audio lane (see next_work's urgent_only).
         # While every worker runs a window, a new reply's first steps still start at once and
@@ -226,13 +242,20 @@ class SynthesisScheduler:
         wake = self._ensure_started()
         loop = asyncio.get_running_loop()
         arrival = self._now()
-        job = await loop.run_in_executor(None, self.streamer.open, text, options)
+        if len(text) <= self._inline_open_chars:
+            # Text normalisation of a short reply takes well under a millisecond: done here,
+            # it saves two thread hops before first audio (they cost milliseconds each on a
+            # busy machine).
+            job = self.streamer.open(text, options)
+        else:
+            job = await loop.run_in_executor(None, self.streamer.open, text, options)
         reply = _Reply(next(self._ids), job, arrival, self.streamer.sample_rate_hz)
         if stats is not None:
             reply.stats = stats
         reply.stats.reply_id = reply.key
         self._active[reply.key] = reply
-        self._queue_changed()
+        # Dispatch now, in this task: the reply's first step starts before this returns.
+        self._pump()
         wake.set()
         try:
             while True:
@@ -269,33 +292,53 @@ class SynthesisScheduler:
 
     async def _dispatch_loop(self) -> None:
         assert self._wake is not None
-        loop = asyncio.get_running_loop()
         while True:
             self._wake.clear()
-            wait: float | None = None
-            while self._idle > 0 or self._urgent_idle:
-                ready = [r for r in self._active.values() if r.eligible(self._max_inflight)]
-                if not ready:
-                    break
-                now = self._now()
-                urgent = self._idle == 0
-                decision = next_work(
-                    [r.item(self._guard_s) for r in ready],
-                    now,
-                    self.policy,
-                    self.cost,
-                    idle_workers=self._idle,
-                    urgent_only=urgent,
-                )
-                if isinstance(decision, WaitUntil):
-                    if not urgent:
-                        wait = decision.time
-                    break
-                self._start(decision, loop, urgent, now)
-            self._queue_changed()
+            wait = self._pump()
             timeout = None if wait is None else max(0.0, wait - self._now())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _pump(self) -> float | None:
+        """Start what the policy picks while a worker (or the first-audio lane) is free.
+
+        Runs on the loop, from the dispatcher task and directly where a reply arrives or a
+        step ends (no task switch between a free worker and its next step). Returns when the
+        policy wants to be asked again (``None``: when something changes).
+        """
+        if self._closed:
+            return None
+        loop = asyncio.get_running_loop()
+        wait: float | None = None
+        while self._idle > 0 or self._urgent_idle:
+            ready: list[_Reply] = []
+            waiting: list[_Reply] = []
+            for r in self._active.values():
+                (ready if r.eligible(self._max_inflight) else waiting).append(r)
+            if not ready:
+                break
+            now = self._now()
+            hop = self.streamer.hop_length
+            upcoming = [d for r in waiting if (d := r.upcoming(self._guard_s, hop)) is not None]
+            urgent = self._idle == 0
+            decision = next_work(
+                [r.item(self._guard_s) for r in ready],
+                now,
+                self.policy,
+                self.cost,
+                idle_workers=self._idle,
+                urgent_only=urgent,
+                active=len(self._active),
+                workers=self.workers,
+                upcoming=upcoming,
+            )
+            if isinstance(decision, WaitUntil):
+                if not urgent:
+                    wait = decision.time
+                break
+            self._start(decision, loop, urgent, now)
+        self._queue_changed()
+        return wait
 
     def _start(
         self, decision: Dispatch, loop: asyncio.AbstractEventLoop, urgent: bool, now: float
@@ -309,6 +352,11 @@ class SynthesisScheduler:
             if w.kind == "front":
                 reply.front_running = True
                 plans.append(None)
+                if reply.origin is None and reply.job.samples_planned == 0:
+                    ctx = self.policy.context_frames
+                    first = w.frames or self.policy.first_window_frames
+                    reply.first_frames = first
+                    reply.first_eta = now + self.cost.front_s + self.cost.window_s(first + ctx)
                 continue
             if reply.origin is None and reply.job.samples_planned == 0:
                 ctx = self.policy.context_frames
@@ -318,7 +366,8 @@ class SynthesisScheduler:
             self._urgent_idle = False
         else:
             self._idle -= 1
-        fut = loop.run_in_executor(self._pool, self._run, replies, plans, loop)
+        first = decision.work[0].frames or self.policy.first_window_frames
+        fut = loop.run_in_executor(self._pool, self._run, replies, plans, loop, first)
         front = plans[0] is None
         fut.add_done_callback(lambda f: self._finished(f, replies, urgent, front))
 
@@ -327,12 +376,14 @@ class SynthesisScheduler:
         replies: list[_Reply],
         plans: list[WindowPlan | None],
         loop: asyncio.AbstractEventLoop,
+        first: int,
     ) -> _RunResult:
         """On a worker thread: one reply's front end, or one (batched) decoder call.
 
-        A reply's first front end goes straight on to its first window in the same run (one
-        hop less before first audio); the reply is handed back to the dispatcher as soon as
-        that window is planned, so its second window can start beside the first.
+        A reply's first front end goes straight on to its first window (of ``first`` frames,
+        as the policy chose) in the same run (one hop less before first audio); the reply is
+        handed back to the dispatcher as soon as that window is planned, so its second window
+        can start beside the first.
         """
         front_s = 0.0
         if plans[0] is None:
@@ -347,8 +398,8 @@ class SynthesisScheduler:
             fuse = reply.origin is None and not chunks and job.samples_planned == 0
             if not fuse or job.unit_frames == 0:
                 return [chunks], 0.0, 0, front_s
-            plan = job.plan(self.policy.first_window_frames)
-            loop.call_soon_threadsafe(self._front_done, reply)
+            plan = job.plan(first)
+            loop.call_soon_threadsafe(self._front_done, reply, first)
             items = [(job, plan)]
         else:
             items = [(r.job, p) for r, p in zip(replies, plans, strict=True) if p is not None]
@@ -363,18 +414,26 @@ class SynthesisScheduler:
             result = [exc for _ in replies]
         return result, time.perf_counter() - t0, frames, front_s
 
-    def _front_done(self, reply: _Reply) -> None:
+    def _front_done(self, reply: _Reply, first: int) -> None:
         """On the loop: a first front end is done and its first window is decoding."""
         reply.front_running = False
         ctx = self.policy.context_frames
-        reply.first_eta = self._now() + self.cost.window_s(self.policy.first_window_frames + ctx)
+        reply.first_eta = self._now() + self.cost.window_s(first + ctx)
+        self._pump()  # its second window may start beside the first at once
         if self._wake is not None:
             self._wake.set()
 
     def _finished(
         self, fut: asyncio.Future[_RunResult], replies: list[_Reply], urgent: bool, front: bool
     ) -> None:
-        """On the loop: learn the cost, deliver chunks in order, finish complete replies."""
+        """On the loop: settle the run, then give the free worker its next step at once."""
+        self._settle(fut, replies, urgent, front)
+        self._pump()
+
+    def _settle(
+        self, fut: asyncio.Future[_RunResult], replies: list[_Reply], urgent: bool, front: bool
+    ) -> None:
+        """Learn the cost, deliver chunks in order, finish complete replies."""
         if urgent:
             self._urgent_idle = True
         else:

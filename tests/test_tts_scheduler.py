@@ -55,10 +55,16 @@ def dispatch(decision: Dispatch | WaitUntil) -> tuple[Work, ...]:
 # -- the policy ----------------------------------------------------------------------------
 
 
-def test_first_audio_goes_ahead_of_every_deadline() -> None:
-    queue = [window(1, 10.0), window(2, 10.01), SynthItem(3, 9.0, None, "front")]
+def test_first_audio_goes_ahead_of_every_deadline_that_can_wait_for_it() -> None:
+    queue = [window(1, 10.5), window(2, 10.51), SynthItem(3, 9.0, None, "front")]
     (work,) = dispatch(next_work(queue, 10.0, POLICY, COST))
     assert (work.key, work.kind) == (3, "front")
+    # A started reply that would starve behind the new reply's first step goes first (a gap
+    # in speech is worse than first audio one window later)...
+    due = [window(1, 10.03), SynthItem(3, 9.0, None, "front")]
+    assert dispatch(next_work(due, 10.0, POLICY, COST))[0].key == 1
+    # ...unless another free worker takes it at once.
+    assert dispatch(next_work(due, 10.0, POLICY, COST, idle_workers=2))[0].key == 3
 
 
 def test_replies_not_started_go_oldest_first_then_earliest_deadline() -> None:
@@ -141,11 +147,87 @@ def test_the_tail_of_a_unit_is_never_left_as_a_sliver() -> None:
 
 
 def test_the_first_audio_lane_takes_only_replies_that_have_not_started() -> None:
-    started = [window(1, 10.0), window(2, 10.1)]
+    started = [window(1, 10.0 + POLICY.urgent_slack_s), window(2, 10.5)]
     assert next_work(started, 10.0, POLICY, COST, urgent_only=True) == WaitUntil(None)
     fresh = [*started, SynthItem(3, 9.5, None, "window", unit_frames=50)]
     (work,) = dispatch(next_work(fresh, 10.0, POLICY, COST, urgent_only=True))
-    assert (work.key, work.frames) == (3, POLICY.first_window_frames)
+    assert (work.key, work.frames) == (3, POLICY.busy_first_window_frames)
+
+
+def test_the_first_audio_lane_also_takes_a_reply_about_to_starve_with_nothing_running() -> None:
+    lane = SynthPolicy(urgent_slack_s=0.15)
+    about_to_starve = window(1, 10.05)
+    (work,) = dispatch(next_work([about_to_starve], 10.0, lane, COST, urgent_only=True))
+    assert (work.key, work.kind) == (1, "window")
+    assert work.frames >= lane.min_window_frames
+    # Not while a step of it runs (that step is its audio), nor with slack to wait.
+    running = SynthItem(1, 0.0, 10.05, "window", unit_frames=400, running=1)
+    assert next_work([running], 10.0, lane, COST, urgent_only=True) == WaitUntil(None)
+    assert next_work([window(1, 10.2)], 10.0, lane, COST, urgent_only=True) == WaitUntil(None)
+    # A reply that has not started still goes first.
+    fresh = SynthItem(2, 9.9, None, "front")
+    (first,) = dispatch(next_work([about_to_starve, fresh], 10.0, lane, COST, urgent_only=True))
+    assert first.key == 2
+
+
+def test_a_reply_far_ahead_leaves_the_second_worker_free() -> None:
+    """A decoder call cannot be interrupted: a reply with lead to spare runs one at a time."""
+    policy = SynthPolicy(parallel_slack_s=0.5)
+    ahead = SynthItem(1, 0.0, 12.0, "window", unit_frames=400, running=1)
+    assert next_work([ahead], 10.0, policy, COST, idle_workers=2) == WaitUntil(11.5)
+    behind = SynthItem(1, 0.0, 10.3, "window", unit_frames=400, running=1)
+    assert dispatch(next_work([behind], 10.0, policy, COST, idle_workers=2))[0].key == 1
+    # With nothing running, a reply far ahead still uses an idle worker (work-conserving).
+    assert dispatch(next_work([window(1, 12.0)], 10.0, policy, COST))[0].key == 1
+
+
+def test_a_reply_starting_while_every_worker_is_busy_gets_a_longer_first_window() -> None:
+    policy = SynthPolicy(busy_first_window_frames=16)
+    fresh = SynthItem(1, 0.0, None, "front")
+    # Every worker busy (the first-audio lane), or one free worker of two: the second window
+    # cannot start beside the first, so the first buys more lead.
+    (lane,) = dispatch(next_work([fresh], 0.0, policy, COST, urgent_only=True, workers=2))
+    (one_free,) = dispatch(next_work([fresh], 0.0, policy, COST, idle_workers=1, workers=2))
+    (two_free,) = dispatch(next_work([fresh], 0.0, policy, COST, idle_workers=2, workers=2))
+    assert lane.frames == one_free.frames == 16
+    assert two_free.frames == policy.first_window_frames
+    # A device with one worker (a GPU) never has a second free one: small first windows.
+    (gpu,) = dispatch(next_work([fresh], 0.0, policy, COST, idle_workers=1, workers=1))
+    assert gpu.frames == policy.first_window_frames
+    # A later sentence's front end carries no first-window size.
+    later = SynthItem(2, 0.0, 10.0, "front")
+    assert dispatch(next_work([later], 10.0, policy, COST))[0].frames == 0
+
+
+def test_windows_grow_as_replies_pile_up_so_their_sum_fits_the_workers() -> None:
+    policy = SynthPolicy(share_ratio=0.8)
+    starving = window(1, 9.9)
+    alone = dispatch(next_work([starving], 10.0, policy, COST, active=1, workers=2))[0].frames
+    crowd = dispatch(next_work([starving], 10.0, policy, COST, active=8, workers=2))[0].frames
+    assert alone == policy.min_window_frames < crowd
+    ctx = 2 * policy.context_frames
+    # Eight replies at this window size need at most 0.8 of the two workers.
+    assert 8 * COST.window_s(crowd + ctx) <= 0.8 * 2 * crowd * policy.frame_s
+
+
+def test_a_reply_building_its_lead_gets_a_window_in_time_below_the_crowd_floor() -> None:
+    policy = SynthPolicy(share_ratio=0.8)
+    ctx = 2 * policy.context_frames
+    late = dispatch(next_work([window(1, 9.9)], 10.0, policy, COST, active=8, workers=2))
+    building = dispatch(next_work([window(1, 10.07)], 10.0, policy, COST, active=8, workers=2))
+    assert COST.window_s(late[0].frames + ctx) > 0.07  # the floor would make it late...
+    assert COST.window_s(building[0].frames + ctx) <= 0.07  # ...so it gets one in time
+    assert building[0].frames >= policy.min_window_frames
+
+
+def test_a_window_leaves_room_for_a_reply_whose_first_step_is_running() -> None:
+    ahead = window(1, 13.0)
+    free = dispatch(next_work([ahead], 10.0, POLICY, COST))[0].frames
+    (held,) = dispatch(next_work([ahead], 10.0, POLICY, COST, upcoming=[10.1]))
+    ctx = 2 * POLICY.context_frames
+    assert held.frames < free
+    smallest = COST.window_s(POLICY.min_window_frames + ctx)
+    assert COST.window_s(held.frames + ctx) <= max(0.1 - smallest, smallest)
 
 
 def test_front_ends_run_alone_and_unbatched_devices_get_one_window() -> None:

@@ -7,12 +7,17 @@ deadline*: the moment its first sample must be ready or the player runs dry. The
 answers, from a snapshot of those steps and the time, "what runs next on a free worker":
 
 * replies that have not started (no audio yet) go ahead of everything, oldest first: first
-  audio is what a caller waits for, and it costs one small window;
+  audio is what a caller waits for, and it costs one small window (a larger one when every
+  worker is busy, so that the reply has lead before its second window can run);
 * the rest run earliest deadline first (optionally, a reply further ahead than
-  ``max_lead_s`` waits: work for audio due in minutes is wasted if the caller barges in);
+  ``max_lead_s`` waits: work for audio due in minutes is wasted if the caller barges in); a
+  reply with a step running gets a second worker only while its slack is short, so a worker
+  stays free for a reply that arrives meanwhile (decoder calls cannot be interrupted);
 * the window size comes from the slack: a reply about to starve gets a small window (out
   sooner), one far ahead a large one (less context decoded per second of speech), bounded so
-  that no window occupies a worker past the deadline of the next most urgent reply;
+  that no window occupies a worker past the deadline of the next most urgent reply, and
+  never so small that the replies speaking together would need more than the workers (as
+  replies pile up, windows grow towards the one-shot's cost);
 * where a device gains from it (``max_batch_size`` > 1, set by measurement per device),
   windows of several replies with the same input length run as one decoder call.
 
@@ -22,6 +27,7 @@ the policy (to know which windows can share a batch) and the engine (to slice th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -80,6 +86,7 @@ class SynthItem:
         kind: ``front`` (a sentence's front end, or a cached sentence) or ``window``.
         position: frames of the current sentence already decoded (windows only).
         unit_frames: frames of the current sentence (windows only).
+        running: steps of this reply running on workers now.
     """
 
     key: int
@@ -88,6 +95,7 @@ class SynthItem:
     kind: Literal["front", "window"]
     position: int = 0
     unit_frames: int = 0
+    running: int = 0
 
     @property
     def started(self) -> bool:
@@ -168,6 +176,29 @@ class SynthPolicy:
         batch_horizon_s: windows due within this of the most urgent join its batch.
         sustain_ratio: the smallest window chosen is one whose estimated decode takes at
             most this fraction of its audio (larger on a slow or loaded device).
+        share_ratio: with ``active`` replies speaking on ``workers``, the smallest window is
+            also one at which all of them together need at most this fraction of the workers
+            (windows grow towards one-shot cost as replies pile up: less context decoded
+            twice).
+        parallel_slack_s: a reply with a step running gets a second one at once only while
+            its slack is below this, leaving a worker free for a reply that arrives meanwhile
+            (a decoder call cannot be interrupted). Off by default: with the measured costs
+            (``benchmarks/tts_schedule_sim.py``) the lead that the second worker builds is
+            worth more than the free worker.
+        urgent_slack_s: the first-audio lane also takes a started reply with nothing running
+            whose slack is below this (every worker is busy and it would starve waiting).
+        busy_first_window_frames: a reply's first window when it starts on the first-audio
+            lane (every worker busy): its second window cannot start beside the first, so the
+            first buys more lead.
+        slack_use: a window's estimated decode may take at most this fraction of its
+            reply's slack (estimates are averages; a call that runs beside more threads than
+            cores runs slower than its average).
+        starving_first: a started reply that would starve if a new reply's first step ran
+            first goes first (with one worker free; the first-audio lane still takes the new
+            reply).
+        soft_floor: a reply that a window at the floor would make late, and a smaller one
+            would not, gets the smaller one (a reply building its lead; the floor is for
+            replies already behind).
         frame_s: seconds of audio per latent frame (hop / rate of the voice).
         ladder: the window sizes to choose from.
     """
@@ -181,6 +212,13 @@ class SynthPolicy:
     max_lead_s: float = float("inf")
     batch_horizon_s: float = 0.5
     sustain_ratio: float = 0.7
+    share_ratio: float = 0.8
+    parallel_slack_s: float = float("inf")
+    urgent_slack_s: float = 0.15
+    busy_first_window_frames: int = 16
+    slack_use: float = 1.0
+    starving_first: bool = True
+    soft_floor: bool = True
     frame_s: float = 256 / 22050
     ladder: tuple[int, ...] = field(default=WINDOW_LADDER)
 
@@ -223,12 +261,23 @@ def _urgency(item: SynthItem) -> tuple[int, float]:
 
 
 def _window_frames(
-    item: SynthItem, now: float, policy: SynthPolicy, cost: CostModel, blocking_s: float
+    item: SynthItem,
+    now: float,
+    policy: SynthPolicy,
+    cost: CostModel,
+    blocking_s: float,
+    *,
+    first: int,
+    share: float,
 ) -> int:
-    """Frames for ``item``'s next window, from its slack and what the others can wait."""
+    """Frames for ``item``'s next window, from its slack and what the others can wait.
+
+    ``first`` is the size of a first window; ``share`` the fraction of one worker each
+    speaking reply may use (``share_ratio * workers / active``).
+    """
     left = item.unit_frames - item.position
     if item.deadline is None:
-        return min(left, policy.first_window_frames)
+        return min(left, first)
     ctx = 2 * policy.context_frames
     # The largest window that is ready before this reply's player runs dry, holds no other
     # reply past its deadline, and stays under the time limit: far ahead, a big window that
@@ -237,18 +286,32 @@ def _window_frames(
     # device at its current speed: a reply that is late anyway needs throughput, and small
     # windows (mostly context) on a slow or loaded machine would make every reply later.
     sizes = [w for w in policy.ladder if policy.min_window_frames <= w <= policy.max_window_frames]
+    ratio = min(policy.sustain_ratio, share)
     floor = next(
-        (w for w in sizes if cost.window_s(w + ctx) <= policy.sustain_ratio * w * policy.frame_s),
+        (w for w in sizes if cost.window_s(w + ctx) <= ratio * w * policy.frame_s),
         sizes[-1],
     )
-    budget = min(item.deadline - now, blocking_s, policy.max_window_s)
+    own = (item.deadline - now) * policy.slack_use
+    budget = min(own, blocking_s, policy.max_window_s)
     frames = floor
     for size in sizes:
         if size > floor and cost.window_s(size + ctx) <= budget:
             frames = size
+    if policy.soft_floor and cost.window_s(floor + ctx) > own:
+        # A reply still building its lead (a window at the floor would make it late, a
+        # smaller one would not) gets the largest window that is in time; one already late
+        # gets the floor, for throughput.
+        fitting = [w for w in sizes if w < floor and cost.window_s(w + ctx) <= own]
+        if fitting:
+            frames = fitting[-1]
     if left - frames < policy.min_window_frames // 2:
         return left  # a sliver after this window would cost a whole context decode
     return max(1, min(left, frames))
+
+
+def _step_s(item: SynthItem, cost: CostModel, smallest: float) -> float:
+    """The least time ``item``'s next step can take."""
+    return cost.front_s if item.kind == "front" else smallest
 
 
 def next_work(
@@ -259,6 +322,9 @@ def next_work(
     *,
     idle_workers: int = 1,
     urgent_only: bool = False,
+    active: int = 0,
+    workers: int = 1,
+    upcoming: Sequence[float] = (),
 ) -> Dispatch | WaitUntil:
     """What a free worker runs next: see the module docstring for the rules.
 
@@ -267,51 +333,99 @@ def next_work(
     ``idle_workers`` counts the free workers, this one included: replies that another free
     worker can take at once are not held up by this dispatch, so they do not shorten it.
     ``urgent_only`` asks for first-audio work alone (the driver's extra lane, which runs even
-    while every regular worker is busy, so a new reply never waits behind a long window).
+    while every regular worker is busy, so a new reply never waits behind a long window), and
+    for a started reply about to starve with nothing running (``urgent_slack_s``).
+    ``active`` counts the replies speaking (started or not, waiting or running) and
+    ``workers`` the regular workers; with them the smallest window grows as replies pile up
+    (``share_ratio``). ``upcoming`` holds the deadlines of replies not in ``queue`` whose
+    next step becomes ready soon (a reply whose first step is running): a window started now
+    must not hold them past those deadlines either.
     """
+    share = policy.share_ratio * max(1, workers) / max(1, active)
+    # A reply's first window: small when its second window can start beside it on another
+    # free worker; larger (more lead) when it starts alone with every worker busy.
+    first = (
+        policy.first_window_frames
+        if not urgent_only and idle_workers >= min(2, workers)
+        else policy.busy_first_window_frames
+    )
+    # A reply far enough ahead with a step running waits for it (parallel_slack_s).
+    wake = math.inf
+    free = []
+    for item in queue:
+        if (
+            item.running
+            and item.deadline is not None
+            and item.deadline - now > policy.parallel_slack_s
+        ):
+            wake = min(wake, item.deadline - policy.parallel_slack_s)
+            continue
+        free.append(item)
+    queue = free
     if urgent_only:
         fresh = [item for item in queue if item.deadline is None]
         if not fresh:
-            return WaitUntil(None)
+            starving = [
+                item
+                for item in queue
+                if item.deadline is not None
+                and not item.running
+                and item.deadline - now < policy.urgent_slack_s
+            ]
+            if not starving:
+                return WaitUntil(None)  # the regular dispatch keeps the timers
+            head = min(starving, key=_urgency)
+            if head.kind == "front":
+                return Dispatch((Work(head.key, "front"),))
+            frames = _window_frames(head, now, policy, cost, math.inf, first=first, share=share)
+            return Dispatch((Work(head.key, "window", frames),))
         head = min(fresh, key=_urgency)
         if head.kind == "front":
-            return Dispatch((Work(head.key, "front"),))
-        return Dispatch(
-            (
-                Work(
-                    head.key,
-                    "window",
-                    min(head.unit_frames - head.position, policy.first_window_frames),
-                ),
-            )
-        )
+            return Dispatch((Work(head.key, "front", first),))
+        return Dispatch((Work(head.key, "window", min(head.unit_frames - head.position, first)),))
     ready = [
         item for item in queue if item.deadline is None or item.deadline - now <= policy.max_lead_s
     ]
     if not ready:
-        later = [item.deadline for item in queue if item.deadline is not None]
-        return WaitUntil(min(later) - policy.max_lead_s if later else None)
+        later = [item.deadline - policy.max_lead_s for item in queue if item.deadline is not None]
+        when = min([*later, wake])
+        return WaitUntil(when if math.isfinite(when) else None)
     ready.sort(key=_urgency)
     head = ready[0]
+    smallest = cost.window_s(policy.min_window_frames + 2 * policy.context_frames)
+    if head.deadline is None and policy.starving_first:
+        # First audio waits for a started reply that would starve behind it: a late first
+        # chunk is latency, a late later chunk is a gap in speech.
+        fresh_s = cost.window_s(first + policy.context_frames)
+        if head.kind == "front":
+            fresh_s += cost.front_s
+        starving = [
+            o
+            for o in ready
+            if o.deadline is not None and o.deadline - now - fresh_s < _step_s(o, cost, smallest)
+        ]
+        if starving and idle_workers <= 1:
+            head = min(starving, key=_urgency)
+            ready.remove(head)
+            ready.insert(0, head)
     if head.kind == "front":
-        return Dispatch((Work(head.key, "front"),))
+        return Dispatch((Work(head.key, "front", first if head.deadline is None else 0),))
     rest = ready[1:]
-    # Replies beyond what the other free workers take at once wait for this one's window.
+    # Replies beyond what the other free workers take at once wait for this one's window,
+    # and so do replies whose next step is about to become ready (``upcoming``).
     held = rest[max(0, idle_workers - 1) :]
     blocking_s = min(
-        (
-            (o.deadline - now if o.deadline is not None else 0.0)
-            - (
-                cost.front_s
-                if o.kind == "front"
-                else cost.window_s(policy.min_window_frames + 2 * policy.context_frames)
-            )
-            for o in held
-            if o.deadline is not None
-        ),
+        [
+            *(
+                o.deadline - now - _step_s(o, cost, smallest)
+                for o in held
+                if o.deadline is not None
+            ),
+            *(d - now - smallest for d in upcoming),
+        ],
         default=float("inf"),
     )
-    frames = _window_frames(head, now, policy, cost, blocking_s)
+    frames = _window_frames(head, now, policy, cost, blocking_s, first=first, share=share)
     if policy.max_batch_size <= 1:
         return Dispatch((Work(head.key, "window", frames),))
     # Batch: windows of the same size class, padded with real context to one input length.
@@ -330,7 +444,7 @@ def next_work(
             continue
         left = other.unit_frames - other.position
         if other.deadline is None:
-            take = min(left, policy.first_window_frames)
+            take = min(left, first)
             if _class_of(take, policy.ladder) != size:
                 continue
         else:
