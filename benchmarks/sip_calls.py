@@ -13,7 +13,8 @@ Jitter is what the bridge's sender measured on its own packets (logged per call 
 the worst and 99th-percentile deviation of the interval between consecutive packets from 20 ms,
 and the worst lateness against the absolute 20 ms schedule. Setup is what the caller saw: INVITE
 sent to 200 received (SIPp's response time, every call), median and p95. CPU is the bridge
-process's user+system time per call per second of call (Kamailio's own CPU is not counted).
+process's user+system time per call per second of call; proxy CPU is the same for Kamailio's
+processes (its main process and the workers it forks).
 
     python -m benchmarks.sip_calls --calls 1 10 25 --paths direct proxy
 """
@@ -51,6 +52,17 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and its children (Kamailio forks its workers)."""
+    total = cpu_s(pid)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def p95(values: list[float]) -> float:
     """The 95th percentile (nearest rank; the maximum below 20 samples)."""
     ordered = sorted(values)
@@ -70,13 +82,15 @@ def setup_times_ms(work: Path) -> list[float]:
 
 
 @contextlib.asynccontextmanager
-async def target(path: str, bridge: tuple[str, int], work: Path) -> AsyncIterator[tuple[str, int]]:
-    """Where SIPp calls: the bridge itself, or a Kamailio started in front of it."""
+async def target(
+    path: str, bridge: tuple[str, int], work: Path
+) -> AsyncIterator[tuple[tuple[str, int], int | None]]:
+    """Where SIPp calls (the bridge, or a Kamailio started in front of it), and Kamailio's pid."""
     if path == "direct":
-        yield bridge
+        yield bridge, None
         return
     async with running_kamailio([bridge], work / "kamailio") as kam:
-        yield kam.address
+        yield kam.address, kam.process.pid
 
 
 async def one_run(n: int, call_ms: int, work: Path, path: str = "direct") -> dict[str, float]:
@@ -93,14 +107,16 @@ async def one_run(n: int, call_ms: int, work: Path, path: str = "direct") -> dic
         line = await asyncio.wait_for(proc.stdout.readline(), 30)
         assert b"sip listening" in line, line
         setup_times_ms(work)  # nothing left from an earlier run
-        async with target(path, ("127.0.0.1", port), work) as dest:
+        async with target(path, ("127.0.0.1", port), work) as (dest, proxy_pid):
             cpu0 = cpu_s(proc.pid)
+            proxy0 = tree_cpu_s(proxy_pid) if proxy_pid else 0.0
             res = await run_sipp(
                 SCENARIO, dest, cwd=work, calls=n, rate=50, duration_ms=call_ms,
                 timeout_s=60, extra=["-trace_rtt", "-rtt_freq", "1"],
             )  # fmt: skip
             await asyncio.sleep(0.5)
             cpu1 = cpu_s(proc.pid)
+            proxy1 = tree_cpu_s(proxy_pid) if proxy_pid else 0.0
         proc.terminate()
         _, err = await asyncio.wait_for(proc.communicate(), 30)
     if res.returncode != 0:
@@ -119,6 +135,7 @@ async def one_run(n: int, call_ms: int, work: Path, path: str = "direct") -> dic
         "p99_dev_ms": max(float(s[4]) for s in stats),
         "max_late_ms": max(float(s[2]) for s in stats),
         "cpu_pct_per_call": 100 * (cpu1 - cpu0) / n / (call_ms / 1000),
+        "proxy_cpu_pct_per_call": 100 * (proxy1 - proxy0) / n / (call_ms / 1000),
     }
 
 
@@ -136,7 +153,8 @@ async def main(argv: list[str] | None = None) -> dict[tuple[str, int], dict[str,
         (work / "bot.yaml").write_text(f"greeting: {'x' * 50}\n")  # 5 s of tone
         print(
             f"{'path':>6} {'calls':>5} {'pkts/call':>9} {'max dev ms':>10} {'p99 dev ms':>10} "
-            f"{'max late ms':>11} {'setup p50 ms':>12} {'setup p95 ms':>12} {'CPU %/call':>10}"
+            f"{'max late ms':>11} {'setup p50 ms':>12} {'setup p95 ms':>12} {'CPU %/call':>10} "
+            f"{'proxy CPU %/call':>16}"
         )
         for n in args.calls:
             runs: dict[str, list[dict[str, float]]] = {p: [] for p in args.paths}
@@ -147,11 +165,13 @@ async def main(argv: list[str] | None = None) -> dict[tuple[str, int], dict[str,
                 # The median of the repeats for every column.
                 row = {k: statistics.median(r[k] for r in runs[path]) for k in runs[path][0]}
                 table[path, n] = row
+                proxy_cpu = row["proxy_cpu_pct_per_call"]
+                proxy_col = f"{proxy_cpu:>16.2f}" if path == "proxy" else f"{'-':>16}"
                 print(
                     f"{path:>6} {n:>5} {row['packets']:>9.0f} {row['max_dev_ms']:>10.1f} "
                     f"{row['p99_dev_ms']:>10.1f} {row['max_late_ms']:>11.1f} "
                     f"{row['setup_p50_ms']:>12.1f} {row['setup_p95_ms']:>12.1f} "
-                    f"{row['cpu_pct_per_call']:>10.2f}",
+                    f"{row['cpu_pct_per_call']:>10.2f} {proxy_col}",
                     flush=True,
                 )
     return table
