@@ -96,6 +96,7 @@ class CallResult:
     speech_begins: int = 0
     caller_text: str = ""
     onset_sent_at: float | None = None
+    begin_at: float | None = None  # the caller's SPEECH_BEGIN arrived
     events: list[str] = field(default_factory=list)
 
     @property
@@ -103,6 +104,13 @@ class CallResult:
         if self.interrupted_at is None or self.onset_sent_at is None:
             return float("inf")
         return 1000.0 * (self.interrupted_at - self.onset_sent_at)
+
+    @property
+    def begin_latency_ms(self) -> float:
+        """Caller's first word leaving the client to its SPEECH_BEGIN arriving."""
+        if self.begin_at is None or self.onset_sent_at is None:
+            return float("inf")
+        return 1000.0 * (self.begin_at - self.onset_sent_at)
 
 
 async def run_call(
@@ -146,6 +154,12 @@ async def run_call(
                 done.set()
             elif kind == "speech" and msg.speech.type == pb.SpeechEvent.SPEECH_BEGIN:
                 res.speech_begins += 1
+                if (
+                    res.begin_at is None
+                    and res.onset_sent_at is not None
+                    and msg.speech.offset_ms >= 1000 * CALLER_AT_S - 100
+                ):
+                    res.begin_at = now
 
     reader = asyncio.create_task(read())
     started = asyncio.create_task(first_audio.wait())
@@ -219,6 +233,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     ):
         stub = pb_grpc.VoiceGatewayStub(ch)
         print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
+        if args.only == "after_words":
+            levels = []  # no echo grid: the after_words latencies only
         print("echo only: false barge-ins (calls interrupted / calls), SPEECH_BEGIN events")
         print(f"{'level':>6} {'delay':>6} | {'today':>14} | {'now':>14}")
         for level in levels:
@@ -244,6 +260,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"{level:>4}dB {delay:>4}ms | {cells[0]:>14} | {cells[1]:>14}")
 
         lat: dict[str, list[float]] = {}
+        begin_lat: dict[str, list[float]] = {}
         texts: list[str] = []
         cases: list[tuple[str, dict[str, Any]]] = [
             ("immediate, today (no echo, guard off)", {"guard": False}),
@@ -253,6 +270,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             (f"immediate, now (echo {lv} dB, 120 ms)", {"guard": True, "level_db": lv})
             for lv in levels
         ]
+        if args.only == "after_words":
+            cases = [
+                ("immediate, now (no echo)", {"guard": True}),
+                ("after_words, now (no echo)", {"guard": True, "policy": pb.BARGE_IN_AFTER_WORDS}),
+            ]
         cases += [
             (
                 "after_words, now (echo -20 dB, 120 ms)",
@@ -265,12 +287,17 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 for label, kw in cases:  # interleaved: every case sees the same machine load
                     r = await run_call(stub, caller=clip, reply=reply, **kw)
                     lat.setdefault(label, []).append(r.latency_ms)
+                    begin_lat.setdefault(label, []).append(r.begin_latency_ms)
                     if r.caller_text:
                         texts.append(f"{name}: {r.caller_text!r}")
         print("\ntrue barge-in: caller's first word -> interrupted, ms (median / p95)")
         for label, values in lat.items():
-            print(f"  {label:<42} {fmt_ms(values)}   n={len(values)}")
+            print(
+                f"  {label:<42} {fmt_ms(values)}   n={len(values)}   "
+                f"(to SPEECH_BEGIN: {fmt_ms(begin_lat[label])})"
+            )
             out["latency"][label] = values
+            out.setdefault("begin_latency", {})[label] = begin_lat[label]
         for t in texts[:6]:
             print(f"    after_words heard {t}")
 
@@ -297,6 +324,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=2, help="calls per cell")
     ap.add_argument("--tiny", action="store_true", help="one cell of each kind (for the test)")
+    ap.add_argument(
+        "--only",
+        choices=("all", "after_words"),
+        default="all",
+        help="after_words: only the true barge-in latencies under after_words (and immediate)",
+    )
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args(argv)
     out = asyncio.run(main_async(args))

@@ -16,8 +16,10 @@ per variant:
 * **WER through the gateway** per noise and SNR (corpus WER over the clips, the gateway's
   default decoding).
 
-Two more silero rows measure the boundary heuristics: without the plosive tail (kept only if it
-pays) and without the onset backtrack. They run the VAD-only parts (no WER).
+Three more silero rows measure the boundary heuristics: without the plosive tail (kept only if
+it pays), without the onset backtrack and without the end refinement. They run the VAD-only
+parts (no WER). Below the boundary table, every utterance outside the goal is listed (file,
+encoding, which utterance, signed errors: negative = early), so a regression says where.
 
 Usage: python -m benchmarks.ear [--clips 8] [--seconds 30] [--snrs 20,10,5] [--tiny]
 """
@@ -57,6 +59,7 @@ VARIANTS: dict[str, VadConfig] = {
     "silero": VadConfig(model="silero"),
     "silero, no plosive tail": VadConfig(model="silero", plosive_tail=False),
     "silero, no onset backtrack": VadConfig(model="silero", onset_backtrack="off"),
+    "silero, no end refinement": VadConfig(model="silero", end_refine="off"),
 }
 #: Variants that also run the WER grid (the others only the VAD measurements).
 WER_VARIANTS = ("webrtc", "silero")
@@ -243,6 +246,23 @@ def boundary_table(
     }
 
 
+def outliers(
+    calls: Sequence[tuple[str, str, list[dict[str, float]], CallResult]],
+) -> list[str]:
+    """Utterances whose begin or end lies outside the goal, with signed errors (ms)."""
+    out: list[str] = []
+    for name, enc, truth, r in calls:
+        segs = list(zip(r.begins_ms, r.ends_ms, strict=False))
+        if len(segs) != len(truth):
+            out.append(f"{name} {enc}: {len(segs)} segments for {len(truth)} utterances")
+            continue
+        for i, (t, (b, e)) in enumerate(zip(truth, segs, strict=True)):
+            db, de = b - 1000 * t["speech_start_s"], e - 1000 * t["speech_end_s"]
+            if abs(db) > GOAL_BEGIN_MS or abs(de) > GOAL_END_MS:
+                out.append(f"{name} {enc} utterance {i}: begin {db:+.0f} ms, end {de:+.0f} ms")
+    return out
+
+
 def report(res: dict[str, Any]) -> str:
     lines: list[str] = []
     variants: list[str] = res["variants"]
@@ -280,6 +300,10 @@ def report(res: dict[str, Any]) -> str:
                 f"{t['begins_over']:.0f} / {t['ends_over']:.0f} of {n_utts} | "
                 f"{t['missed']:.0f} | {t['extra']:.0f} | {t['unpaired']:.0f} |"
             )
+    lines.append("\nUtterances outside the goal (signed error, negative = early):\n")
+    for v in variants:
+        for o in outliers(res["calls"].get(v, [])) or ["none"]:
+            lines.append(f"* {v}: {o}")
     lines.append("\n### Clips through the gateway (μ-law 8 kHz): missed clips and corpus WER\n")
     wv: list[str] = res["wer_variants"]
     lines.append(

@@ -10,8 +10,11 @@ frames seen, not yet enough) → ``SPEAKING`` → ``STOPPING`` (silence seen, ha
 The voice model sits behind :class:`VoiceDetector` (``vad.model``): Silero by default (a small
 network that tells speech from hum, hiss, clicks and tones), webrtcvad as the cheap option.
 Energy refines the model's boundaries: the start moves back over the loud frames just before
-Silero's first voiced frame, and a loud unvoiced frame just after speech (a final plosive)
-extends its end. In-band DTMF tones never get here: :mod:`gateway.dtmf` silences them first.
+Silero's first voiced frame, a loud unvoiced frame just after speech (a final plosive) extends
+its end, and voiced frames at the end that hold nothing but line noise (Silero's lag) are
+taken off the reported end. While Silero primes on the first 256 ms of a call its frames are
+held, not judged silent, and stepped once it can judge them. In-band DTMF tones never get
+here: :mod:`gateway.dtmf` silences them first.
 
 Each :class:`Utterance` carries its audio (pre-roll and a little trailing silence included, which
 Whisper transcribes better than a hard cut) and its :class:`~engines.base.UtteranceStats`, which
@@ -24,7 +27,7 @@ import enum
 import math
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -40,6 +43,7 @@ __all__ = [
     "SegmenterState",
     "SpeechBegin",
     "SpeechEnd",
+    "LateVoiceDetector",
     "Utterance",
     "VoiceDetector",
     "WebRtcVoiceDetector",
@@ -52,6 +56,20 @@ class VoiceDetector(Protocol):
 
     def voice_confidence(self, frame: npt.NDArray[np.int16]) -> float:
         """How likely the frame holds speech."""
+        ...
+
+
+@runtime_checkable
+class LateVoiceDetector(VoiceDetector, Protocol):
+    """A voice model that may answer NaN ("not judged yet") and judge those frames later.
+
+    Silero primes its state on the call's first 256 ms before it judges any of them; a frame
+    it has not judged is neither speech nor silence, so the segmenter holds it until
+    :meth:`late_confidence` can answer for it.
+    """
+
+    def late_confidence(self, end_sample: int) -> float:
+        """The confidence for the frame that ended at ``end_sample`` (16 kHz, call start 0)."""
         ...
 
 
@@ -147,17 +165,33 @@ class Segmenter:
     START_GAP_MS = 120
     #: Trailing silence kept on an utterance's audio (if the hangover provides it), in ms.
     TRAILING_PAD_MS = 200
+    #: Every energy test reads two levels per frame against their own noise floors: the
+    #: *tilted* one (first difference, +6 dB/octave), where fricatives and plosive bursts
+    #: stand out of low-frequency line noise, and the *plain* one, where vowels, nasals and
+    #: low-frequency word endings do. A frame "stands above the floor" when either does.
+    #:
     #: webrtcvad misses final plosives and soft word endings ("interes-t"): an unvoiced frame this
     #: many dB above the call's noise floor, within TAIL_MS of the last voiced frame, still counts
-    #: as the end of speech.
+    #: as the end of speech (on Silero too: "go forward ten meters" ends 300 ms early without
+    #: the plain level, where its last 300 ms are, on ``calls/``).
     TAIL_DB = 8.0
     TAIL_MS = 300
     #: Silero answers per 32 ms window and needs part of a word before it is sure, so its first
     #: voiced frame comes 40-120 ms after the energy onset. Once it has confirmed speech, the
     #: start moves back over the frames just before it that stand this many dB above the noise
     #: floor, at most ONSET_MS: the model decides *whether* it is speech, energy says *where*.
+    #: ("In the valley" begins 81 ms late on the tilted level alone: its vowel is all plain.)
     ONSET_DB = 6.0
     ONSET_MS = 100
+    #: The same at the end: Silero's probability stays up for a window or more after the last
+    #: word, so its last voiced frame can lie 100-200 ms past it. Once the hangover has
+    #: declared the end, the end moves back over the voiced frames at its end where neither
+    #: level stands END_DB above its floor (nothing but line noise), at most END_MS. Only the
+    #: reported end moves: the audio, its voiced flags and the hangover are the model's
+    #: (Whisper keeps its context and the final comes no later). Measured on ``calls/`` by
+    #: benchmarks/ear.py: 3-5 dB give the same worst ends; 2 dB leaves one 176 ms late.
+    END_DB = 4.0
+    END_MS = 160
 
     def __init__(self, config: VadConfig, detector: VoiceDetector | None = None) -> None:
         self.config = config
@@ -174,6 +208,13 @@ class Segmenter:
             else 0
         )
         self._recent_db: deque[float] = deque(maxlen=self._onset_frames + 1)
+        self._recent_pdb: deque[float] = deque(maxlen=self._onset_frames + 1)
+        end = config.end_refine
+        self._end_back_frames = (
+            self.END_MS // config.frame_ms
+            if end == "on" or (end == "auto" and config.model == "silero")
+            else 0
+        )
         self.frame_len = ASR_SAMPLE_RATE_HZ * config.frame_ms // 1000
         fm = config.frame_ms
         self._start_frames = max(1, math.ceil(config.start_speech_ms / fm))
@@ -185,8 +226,14 @@ class Segmenter:
         self._pad_frames = self.TRAILING_PAD_MS // fm
         self._tail_frames = self.TAIL_MS // fm
         self._noise_db: float | None = None  # running noise floor of the call (unvoiced frames)
+        self._noise_pdb: float | None = None  # the same on the plain level
+        self._end_floors: tuple[float | None, float | None] = (None, None)
         self._last_energetic = -1  # index in _frames of the last unvoiced-but-loud tail frame
         self._last_sample = 0.0  # for the first difference across push() boundaries
+        # Frames the voice model has not judged yet (NaN), with their energy: the start of a
+        # call while Silero primes. They are stepped once it can judge them (_replay_held).
+        self._held: list[tuple[FloatArray, float, float]] = []
+        self._late = self._detector if isinstance(self._detector, LateVoiceDetector) else None
 
         self.state = SegmenterState.QUIET
         self._pending = _EMPTY  # samples not yet forming a whole frame
@@ -200,6 +247,8 @@ class Segmenter:
         # Current candidate/utterance: frames since the first voiced frame, their voiced flags.
         self._frames: list[FloatArray] = []
         self._voiced: list[bool] = []
+        self._dbs: list[float] = []  # each frame's plain level, dB
+        self._tdbs: list[float] = []  # and its tilted level (first difference), dB
         self._lead: list[FloatArray] = []  # pre-roll frames captured at STARTING
         self._start_frame = 0
         self._voiced_count = 0
@@ -211,8 +260,8 @@ class Segmenter:
 
     @property
     def offset_ms(self) -> int:
-        """Call time consumed so far, in ms (whole frames only)."""
-        return self._frame_index * self.config.frame_ms
+        """Call time consumed so far, in ms (whole frames only; frames still held count)."""
+        return (self._frame_index + len(self._held)) * self.config.frame_ms
 
     @property
     def utterance_index(self) -> int:
@@ -239,20 +288,57 @@ class Segmenter:
         self._last_sample = float(flat[-1])
         power = np.mean(np.square(diff, dtype=np.float64), axis=1)
         frame_db = 10.0 * np.log10(np.maximum(power, 1e-12))
+        # The plain level too: a voiced word ending ("ten meter-s" fading, a nasal) is mostly
+        # low-frequency, which the tilt hides; the end refinement reads this one.
+        plain = np.mean(np.square(frames, dtype=np.float64), axis=1)
+        frame_pdb = 10.0 * np.log10(np.maximum(plain, 1e-12))
         events: list[SegmenterEvent] = []
         for i in range(n_frames):
-            # Hysteresis: a voiced run ends below silence_threshold, starts at speech_threshold.
             conf = self._detector.voice_confidence(pcm[i])
-            voiced = conf >= (self._off if self._was_voiced else self._on)
-            self._was_voiced = voiced
-            self._recent_db.append(float(frame_db[i]))
-            self._step(frames[i], voiced, float(frame_db[i]), events)
-            self._frame_index += 1
+            if math.isnan(conf):
+                self._held.append((frames[i], float(frame_db[i]), float(frame_pdb[i])))
+                continue
+            if self._held:
+                self._replay_held(events)
+            self._judge(frames[i], conf, float(frame_db[i]), float(frame_pdb[i]), events)
         return events
+
+    def _judge(
+        self,
+        frame: FloatArray,
+        conf: float,
+        db: float,
+        pdb: float,
+        events: list[SegmenterEvent],
+    ) -> None:
+        # Hysteresis: a voiced run ends below silence_threshold, starts at speech_threshold.
+        voiced = conf >= (self._off if self._was_voiced else self._on)
+        self._was_voiced = voiced
+        self._recent_db.append(db)
+        self._recent_pdb.append(pdb)
+        self._step(frame, voiced, db, pdb, events)
+        self._frame_index += 1
+
+    def _replay_held(self, events: list[SegmenterEvent], *, final: bool = False) -> None:
+        """Step the frames the model had not judged, now that it can (or, at ``final``, as silence).
+
+        Nothing happened while they were held (the machine stays QUIET and learns no noise
+        floor from them), so stepping them now gives the same states and offsets as judging
+        them on arrival would, only later: a caller who speaks from the first sample of the
+        call gets the start and the pre-roll of that speech instead of a noise floor measured
+        on it.
+        """
+        held, self._held = self._held, []
+        for frame, db, pdb in held:
+            end = (self._frame_index + 1) * self.frame_len
+            conf = 0.0 if final or self._late is None else self._late.late_confidence(end)
+            self._judge(frame, conf, db, pdb, events)
 
     def flush(self) -> list[SegmenterEvent]:
         """End of the call's audio: finalise an utterance in progress, drop a partial frame."""
         events: list[SegmenterEvent] = []
+        if self._held:
+            self._replay_held(events, final=True)
         if self.state in (SegmenterState.SPEAKING, SegmenterState.STOPPING):
             self._finalise(events, forced=False)
         self._reset_to_quiet(keep_tail=False)
@@ -269,32 +355,47 @@ class Segmenter:
     # -- the state machine -----------------------------------------------------------------------
 
     def _step(
-        self, frame: FloatArray, voiced: bool, db: float, events: list[SegmenterEvent]
+        self,
+        frame: FloatArray,
+        voiced: bool,
+        db: float,
+        pdb: float,
+        events: list[SegmenterEvent],
     ) -> None:
         st = self.state
         if not voiced and st is not SegmenterState.SPEAKING:
             # An EMA that tracks down fast and up slowly: a floor, not an average.
-            if self._noise_db is None:
-                self._noise_db = db
+            if self._noise_db is None or self._noise_pdb is None:
+                self._noise_db, self._noise_pdb = db, pdb
             else:
                 alpha = 0.3 if db < self._noise_db else 0.05
                 self._noise_db += alpha * (db - self._noise_db)
+                alpha = 0.3 if pdb < self._noise_pdb else 0.05
+                self._noise_pdb += alpha * (pdb - self._noise_pdb)
         if st is SegmenterState.QUIET:
             if voiced:
                 self.state = SegmenterState.STARTING
                 lead = list(self._pre_roll)
                 back = self._onset_back(len(lead))
                 rest = lead[: len(lead) - back]
+                # max(0, ...): within the first pre_roll_ms of a call the ring holds fewer
+                # frames, and a negative start kept only the last few of them (speech at
+                # 0.28 s of a call got 20 ms of lead-in and lost its first word).
                 self._lead = (
-                    rest[len(rest) - self._pre_roll_frames :] if self._pre_roll_frames else []
+                    rest[max(0, len(rest) - self._pre_roll_frames) :]
+                    if self._pre_roll_frames
+                    else []
                 )
                 self._pre_roll.clear()
                 self._start_frame = self._frame_index - back
                 self._frames = [*lead[len(lead) - back :], frame]
                 self._voiced = [False] * back + [True]
+                self._dbs = list(self._recent_pdb)[-(back + 1) :]
+                self._tdbs = list(self._recent_db)[-(back + 1) :]
                 self._voiced_count = 1
                 self._unvoiced_run = 0
                 self._last_voiced = back
+                self._end_floors = (self._noise_db, self._noise_pdb)
                 self._last_energetic = -1
                 self._maybe_begin(events)
             else:
@@ -303,6 +404,8 @@ class Segmenter:
 
         self._frames.append(frame)
         self._voiced.append(voiced)
+        self._dbs.append(pdb)
+        self._tdbs.append(db)
         if voiced:
             self._voiced_count += 1
             self._unvoiced_run = 0
@@ -322,9 +425,14 @@ class Segmenter:
 
         if voiced:
             self._last_voiced = len(self._frames) - 1
+            # The floors the end refinement reads: those of the moment the last word was
+            # heard, so that the hangover's frames (which go on teaching the floor) cannot
+            # move an end the settled preview already reported.
+            self._end_floors = (self._noise_db, self._noise_pdb)
         elif (
             self._noise_db is not None
-            and db >= self._noise_db + self._tail_db
+            and self._noise_pdb is not None
+            and (db >= self._noise_db + self._tail_db or pdb >= self._noise_pdb + self._tail_db)
             and len(self._frames) - 1 - self._last_voiced <= self._tail_frames
         ):
             self._last_energetic = len(self._frames) - 1
@@ -343,13 +451,37 @@ class Segmenter:
         if not self._onset_frames or self._noise_db is None:
             return 0
         floor = self._noise_db + self.ONSET_DB
-        dbs = list(self._recent_db)[:-1]  # the frames before the current one, oldest first
+        pfloor = (self._noise_pdb or 0.0) + self.ONSET_DB
+        # The frames before the current one, oldest first, on both levels: a fricative onset
+        # shows on the tilted one, a vowel onset ("In the valley") on the plain one first.
+        dbs = list(zip(self._recent_db, self._recent_pdb, strict=True))[:-1]
         back = 0
-        for db in reversed(dbs[-min(available, self._onset_frames) :] if available else []):
-            if db < floor:
+        for db, pdb in reversed(dbs[-min(available, self._onset_frames) :] if available else []):
+            if db < floor and pdb < pfloor:
                 break
             back += 1
         return back
+
+    def _end_back(self) -> int:
+        """The last voiced frame, moved back over the quiet voiced frames at its end.
+
+        Silero keeps its probability up for a window or more after the last word; those
+        frames are voiced but stand no higher than the noise floor. The end moves to the last
+        frame within END_MS that does stand above it (END_MS back if the loud frames all lie
+        before that); where no frame of the utterance does, the energy has nothing to say and
+        the model's end stays. The frames it looks at are already known, never waited for, so
+        the settled preview (:attr:`settled_after_ms`) has this end too.
+        """
+        last = self._last_voiced
+        tilted, plain = self._end_floors
+        if not self._end_back_frames or tilted is None or plain is None:
+            return last
+        floor, tfloor = plain + self.END_DB, tilted + self.END_DB
+        lo = max(0, last - self._end_back_frames, self._voiced.index(True))
+        for i in range(last, lo - 1, -1):
+            if self._dbs[i] >= floor or self._tdbs[i] >= tfloor:
+                return i
+        return lo if any(db >= floor for db in self._dbs[:lo]) else last
 
     def _maybe_begin(self, events: list[SegmenterEvent]) -> None:
         if self._voiced_count >= self._start_frames:
@@ -372,6 +504,7 @@ class Segmenter:
             if forced
             else min(len(self._frames), last_voiced + 1 + self._pad_frames)
         )
+        last_speech = max(self._end_back(), self._last_energetic)
         frames = self._frames[:keep]
         voiced = self._voiced[:keep]
         lead = self._lead
@@ -384,7 +517,7 @@ class Segmenter:
             start_ms=start_ms,
             end_ms=start_ms + len(flags) * fm,
             speech_start_ms=self._start_frame * fm,
-            speech_end_ms=(self._start_frame + (keep if forced else last_voiced + 1)) * fm,
+            speech_end_ms=(self._start_frame + (keep if forced else last_speech + 1)) * fm,
             stats=self._stats(audio, flags, forced),
             dropped=sum(voiced) < self._min_speech_frames,
         )
@@ -430,6 +563,8 @@ class Segmenter:
                 self._pre_roll.append(f)
         self._frames = []
         self._voiced = []
+        self._dbs = []
+        self._tdbs = []
         self._lead = []
         self._voiced_count = 0
         self._unvoiced_run = 0

@@ -192,9 +192,10 @@ def _call_events(path: Path, mode: str, model: str = "silero") -> list[object]:
 
 
 #: Worst boundary error allowed against the calls' ground truth, (begin, end) in s. webrtc's is
-#: the v0.1 figure; silero's is what benchmarks/ear.py measures (begin 81 ms, end 304 ms on a
-#: μ-law call whose truth is its excerpt edge minus 0.15 s), with one 20 ms frame of margin.
-TOLERANCE_S = {"webrtc": (0.25, 0.25), "silero": (0.10, 0.325)}
+#: the v0.1 figure; silero's is the issue's goal (<= 70 ms begin, <= 170 ms end), which the
+#: boundary refinements meet on every utterance of both encodings (benchmarks/ear.py measures
+#: 38 / 164 ms worst on mu-law, 25 / 146 ms on linear 16 kHz).
+TOLERANCE_S = {"webrtc": (0.25, 0.25), "silero": (0.07, 0.17)}
 
 
 @pytest.mark.parametrize("model", ["silero", "webrtc"])
@@ -338,3 +339,65 @@ def test_the_start_moves_back_over_the_loud_frames_before_the_first_voiced_one(
     assert (
         utt.start_ms <= utt.speech_start_ms and len(utt.audio) == (utt.end_ms - utt.start_ms) * 16
     )
+
+
+class LateDetector:
+    """A fake voice model that, like primed Silero, judges the first ``held`` frames late."""
+
+    def __init__(self, confidences: list[float], held: int) -> None:
+        self._conf = confidences
+        self._held = held
+        self._n = 0
+
+    def voice_confidence(self, frame: npt.NDArray[np.int16]) -> float:
+        self._n += 1
+        return float("nan") if self._n <= self._held else self._conf[self._n - 1]
+
+    def late_confidence(self, end_sample: int) -> float:
+        assert end_sample % FRAME == 0 and end_sample // FRAME <= self._n - 1
+        return self._conf[end_sample // FRAME - 1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    spec=st.text(alphabet=".x", min_size=5, max_size=80),
+    held=st.integers(0, 20),
+    step=st.sampled_from([160, 320, 1000, 4000]),
+)
+def test_frames_judged_late_give_the_events_of_frames_judged_at_once(
+    spec: str, held: int, step: int
+) -> None:
+    """Held frames are stepped once the model judges them: same states, offsets and audio."""
+    rng = np.random.default_rng(len(spec))
+    audio = pattern(spec) + (rng.standard_normal(len(spec) * FRAME) * 1e-3).astype(np.float32)
+    confs = [0.9 if c == "x" else 0.1 for c in spec]
+    cfg = VadConfig(frame_ms=20, start_speech_ms=60, end_silence_ms=100, pre_roll_ms=40)
+
+    def run(detector: object) -> list[object]:
+        s = Segmenter(cfg, detector)  # type: ignore[arg-type]
+        out: list[object] = []
+        for i in range(0, len(audio), step):
+            out += s.push(audio[i : i + step])
+        return out + s.flush()
+
+    at_once = run(ConfidenceDetector(confs))
+    late = run(LateDetector(confs, min(held, len(spec) - 1)))
+    assert [_key(e) for e in late] == [_key(e) for e in at_once]
+
+
+def test_speech_from_the_first_sample_is_not_taken_for_the_noise_floor() -> None:
+    """While Silero primes, a frame is "not judged yet", not silence: no floor is learnt from it,
+    so the speech at 0 s keeps its start, and its end still refines against the real floor."""
+    rng = np.random.default_rng(3)
+    audio = (rng.standard_normal(60 * FRAME) * 1e-4).astype(np.float32)
+    audio[: 20 * FRAME] += (rng.standard_normal(20 * FRAME) * 0.05).astype(np.float32)
+    confs = [0.9] * 20 + [0.1] * 40
+    cfg = VadConfig(frame_ms=20, start_speech_ms=60, end_silence_ms=300, pre_roll_ms=300)
+    s = Segmenter(cfg, LateDetector(confs, 13))  # 256 ms of priming = 13 frames of 20 ms
+    assert s.push(audio[: 13 * FRAME]) == [] and s.offset_ms == 260
+    assert s.state is SegmenterState.QUIET
+    events = s.push(audio[13 * FRAME :])
+    begin = next(e for e in events if isinstance(e, SpeechBegin))
+    utt = next(e for e in events if isinstance(e, Utterance))
+    assert begin.offset_ms == 0 and utt.start_ms == 0 and utt.speech_end_ms == 400
+    assert utt.stats.leading_silence_ms == 0

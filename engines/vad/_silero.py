@@ -16,6 +16,7 @@ stream-minute; batching would save at most ~0.17 s of it, so windows are run as 
 
 from __future__ import annotations
 
+import math
 import threading
 from importlib import resources
 from pathlib import Path
@@ -138,7 +139,10 @@ class SileroStream:
     SPEECH_BEGIN. So the first ``prime_windows`` windows (256 ms) are run once to settle the
     state, and then again from it, which brings that hum to 0.14 at most and raises real speech
     at the start of a call (a word at 0 s: 0.32 -> 0.57). The cost: the first 256 ms of a call
-    are judged when they are complete (frames before that read 0.0).
+    are judged when they are complete. Until then :meth:`voice_confidence` answers NaN ("not
+    judged yet", not "silence": a caller who speaks from the first sample must not be taken
+    for the line's noise floor), and :meth:`late_confidence` answers for those frames once the
+    windows that hold them have run.
     """
 
     def __init__(self, model: SileroVad, prime_windows: int = 8) -> None:
@@ -152,6 +156,9 @@ class SileroStream:
         #: Probabilities of the windows the latest push completed, oldest first.
         self.last_probabilities = np.zeros(0, dtype=np.float32)
         self.windows = 0
+        # Probabilities of the windows the priming push ran (window 0 first), for the frames
+        # that had to wait for them (late_confidence).
+        self._early = np.zeros(0, dtype=np.float32)
 
     def push(self, samples: npt.NDArray[np.float32]) -> float:
         """Add samples; run every window they complete (in one model run); return the latest."""
@@ -170,6 +177,8 @@ class SileroStream:
             return self.probability
         windows = buf[: n * SILERO_WINDOW].reshape(n, SILERO_WINDOW)
         probs, self._h, self._c = self._model.run(self._rows(windows), self._h, self._c)
+        if self.windows == 0:
+            self._early = probs
         self._context = windows[-1, -SILERO_CONTEXT:].copy()
         self._pending = np.array(buf[n * SILERO_WINDOW :], dtype=np.float32, copy=True)
         self.probability = float(probs[-1])
@@ -188,5 +197,20 @@ class SileroStream:
         return rows
 
     def voice_confidence(self, frame: npt.NDArray[np.int16]) -> float:
-        """The ``VoiceDetector`` seam: one int16 frame in, the latest window's probability."""
-        return self.push(frame.astype(np.float32) * np.float32(1.0 / 32768.0))
+        """The ``VoiceDetector`` seam: one int16 frame in, the latest window's probability.
+
+        NaN while the call's first windows are still priming: those frames are judged later,
+        by :meth:`late_confidence`, once the windows that hold them have run.
+        """
+        p = self.push(frame.astype(np.float32) * np.float32(1.0 / 32768.0))
+        return math.nan if self.windows == 0 else p
+
+    def late_confidence(self, end_sample: int) -> float:
+        """The probability of the window that holds sample ``end_sample - 1`` of the call.
+
+        For the frames :meth:`voice_confidence` answered NaN: the windows of the priming
+        stretch have run by the time a frame gets a number, and each earlier frame reads the
+        window its last sample fell in (the model's answer with the frame fully heard).
+        """
+        w = max(0, end_sample - 1) // SILERO_WINDOW
+        return float(self._early[w]) if w < len(self._early) else self.probability
