@@ -4,6 +4,7 @@ Run (alone on the machine: other benchmarks would share its cores)::
 
     .venv/bin/python -m benchmarks.tts_concurrency --rtf --batch-gain
     .venv/bin/python -m benchmarks.tts_concurrency --ns 1,2,4,8 --repeats 2 --no-bisect
+    .venv/bin/python -m benchmarks.tts_concurrency --previous --kinds 4 --ns 1,4,8 --max-n 16
     .venv/bin/python -m benchmarks.tts_concurrency --tiny        # seconds; what the test runs
 
 For N concurrent replies (N = 1, 2, 4, 8, 12, 16; starts ``--stagger-ms`` apart, as calls
@@ -24,7 +25,11 @@ Methods, all in this one process and in rotating order per probe (the machine is
   cores) threads) advancing each reply's fixed-schedule generator, on a voice with the
   earlier 28 frames of context (the gateway as it was);
 - ``piper``: piper's own ``PiperVoice.synthesize`` per reply, in a thread per call (what a
-  gateway without a streamer would do).
+  gateway without a streamer would do);
+- ``deadline-prev`` (``--previous``): the deadline scheduler with the policy as it was before
+  the rules for many replies at once (see :func:`previous_policy`).
+
+``--kinds 1``, ``--kinds 4`` run one reply length only.
 
 Then, unless ``--no-bisect``, the largest N with **zero** late chunks over ``--repeats``
 probes of the four-sentence text, per method, by doubling then bisection (the methods'
@@ -523,8 +528,11 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--tiny", action="store_true", help="N=1,2, one sentence, one probe, search to 2"
     )
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument(
+        "--kinds", default="1,4", help="reply lengths to run: 1 (one sentence), 4, or both"
+    )
     args = parser.parse_args(argv)
-    args.kinds = KINDS
+    args.kinds = tuple(k for k in KINDS if k.split()[0] in args.kinds.split(","))
     if args.tiny:
         args.ns, args.repeats, args.max_n, args.kinds = (1, 2), 1, 2, KINDS[:1]
         args.min_streams = 1
