@@ -1,6 +1,7 @@
 """Echo canceller or echo gate? WebRTC's AEC3 against the gateway's echo guard, offline.
 
 Run:  .venv/bin/python -m benchmarks.echo_canceller [--tiny]
+      .venv/bin/python -m benchmarks.echo_canceller --correlations   (the quiet-caller limit)
 
 The measurement behind gateway/echo.py's design. No server: the bundled Piper voice speaks a
 reply, which is sent as μ-law 8 kHz, comes back from the line at each level × delay of the
@@ -162,5 +163,55 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     return out
 
 
+def block_correlations(line: Line, level_db: float, caller: np.ndarray | None) -> list[float]:
+    """|rho| of each block the guard's window matched (echo alone, or a caller over it).
+
+    Why a residual test cannot tell a quiet caller from the echo (docs/barge-in.md): the echo's
+    own block correlation, through G.711 both ways, spreads as low as a caller's over it.
+    With a caller, only the blocks of the first second after they start are kept.
+    """
+    wire = line.inbound(level_db, 120, caller)
+    seen: list[tuple[float, float]] = []
+    guard = EchoGuard()
+    explained = guard._explained
+
+    def spy(x: Any, ref: Any, k: int, rho: float, gain: float) -> bool:
+        n = guard._block // 2
+        blk, r = x[-n:], ref[k + len(x) - n : k + len(x)]
+        e = float(np.dot(blk, blk)) * float(np.dot(r, r))
+        if rho >= guard._threshold and e > 0:
+            seen.append((guard._t_end, abs(float(np.dot(blk, r))) / float(np.sqrt(e))))
+        return explained(x, ref, k, rho, gain)
+
+    guard._explained = spy  # type: ignore[method-assign]
+    dec, played = InputDecoder(WireEncoding.MULAW, 8000), 0
+    for i in range(0, len(wire), 160):
+        now = (i + 160) / 8000
+        while played < len(line.ref16) and played / 16000 <= now:
+            guard.played(line.ref16[played : played + 320], played / 16000 + LEAD_S)
+            played += 320
+        guard.process(dec.decode(wire[i : i + 160]), now)
+    t0 = CALLER_AT_MS / 1000
+    return [r for t, r in seen if caller is None or t0 <= t <= t0 + 1.0]
+
+
+def correlations_main() -> None:
+    """Print the block-correlation percentiles behind the quiet-caller limit."""
+    line = Line(REPLY)
+    for level in LEVELS_DB:
+        echo = np.asarray(block_correlations(line, level, None))
+        print(
+            f"echo alone {level} dB: |rho| p1 {np.percentile(echo, 1):.2f} "
+            f"p5 {np.percentile(echo, 5):.2f} median {np.median(echo):.2f} (n={len(echo)})"
+        )
+        for name in CALLERS:
+            over = block_correlations(line, level, load_caller(name))
+            med = f"{np.median(over):.2f}" if over else "-"
+            print(f"  caller {name} over it: median |rho| {med} (n={len(over)})")
+
+
 if __name__ == "__main__":
-    main()
+    if "--correlations" in sys.argv:
+        correlations_main()
+    else:
+        main()

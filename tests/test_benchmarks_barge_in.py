@@ -41,3 +41,15 @@ def test_echo_canceller_benchmark_tiny_mode(capsys: pytest.CaptureFixture[str]) 
     assert out["echo guard"]["false_begins"] == 0
     assert out["echo guard"]["onset_delay_ms"] < float("inf")
     assert "later @-10 dB" in capsys.readouterr().out
+
+
+def test_echo_correlation_mode_measures_the_echo_alone() -> None:
+    """The figures behind the quiet-caller limit: echo alone correlates highly, not always."""
+    import numpy as np  # noqa: PLC0415
+
+    from benchmarks import echo_canceller  # noqa: PLC0415
+
+    line = echo_canceller.Line(barge_in.SHORT_REPLY)
+    rho = echo_canceller.block_correlations(line, -20, None)
+    assert len(rho) > 20 and float(np.median(rho)) > 0.9
+    assert all(0.0 <= r <= 1.0 + 1e-9 for r in rho)
