@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, Self
 import grpc
 
 from ._client import Call, open_channel
-from ._config import BargeInName, barge_in_number
+from ._config import BargeInName, speak_request
 from ._contract import (
     BotHandler,
     CallInfo,
@@ -204,17 +204,15 @@ class ServedCall:
         """Queue a reply (as :meth:`Call.speak`); returns its speak_id."""
         sid = speak_id or uuid.uuid4().hex[:12]
         await self._request(
-            pb.ConverseRequest(
-                speak=pb.Speak(
-                    text=text,
-                    speak_id=sid,
-                    voice=voice or "",
-                    rate=rate or 0.0,
-                    speaker_id=speaker_id,
-                    uninterruptible=uninterruptible,
-                    barge_in=barge_in_number(barge_in),
-                    barge_in_min_words=barge_in_min_words,
-                )
+            speak_request(
+                text,
+                sid,
+                voice,
+                rate,
+                speaker_id=speaker_id,
+                uninterruptible=uninterruptible,
+                barge_in=barge_in,
+                barge_in_min_words=barge_in_min_words,
             )
         )
         return sid

@@ -31,7 +31,7 @@ from typing import Any, Literal, Self
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ._config import BargeInName, CallConfig, EncodingName, barge_in_number, encoding_number
+from ._config import BargeInName, CallConfig, EncodingName, encoding_number, speak_request
 from ._contract import CallInfo, TransferError, TransferResult, not_supported
 from ._errors import CallEndedError, VoxgateError, quota_from_trailers
 from ._events import (
@@ -289,17 +289,15 @@ class Call:
         """
         sid = speak_id or _new_id()
         await self._write(
-            pb.ConverseRequest(
-                speak=pb.Speak(
-                    text=text,
-                    speak_id=sid,
-                    voice=voice or "",
-                    rate=rate or 0.0,
-                    speaker_id=speaker_id,
-                    uninterruptible=uninterruptible,
-                    barge_in=barge_in_number(barge_in),
-                    barge_in_min_words=barge_in_min_words,
-                )
+            speak_request(
+                text,
+                sid,
+                voice,
+                rate,
+                speaker_id=speaker_id,
+                uninterruptible=uninterruptible,
+                barge_in=barge_in,
+                barge_in_min_words=barge_in_min_words,
             )
         )
         return sid

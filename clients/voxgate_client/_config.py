@@ -14,6 +14,7 @@ __all__ = [
     "VadOptions",
     "barge_in_number",
     "encoding_number",
+    "speak_request",
 ]
 
 EncodingName = Literal["linear16", "mulaw", "alaw"]
@@ -37,6 +38,36 @@ def barge_in_number(name: BargeInName | None) -> pb.BargeIn:
         raise ValueError(
             f"barge_in={name!r} is not one of 'immediate', 'after_words', 'never'"
         ) from None
+
+
+def speak_request(  # noqa: PLR0913  # the arguments of Call.speak, one to one
+    text: str,
+    speak_id: str,
+    voice: str | None,
+    rate: float | None,
+    *,
+    speaker_id: int,
+    uninterruptible: bool,
+    barge_in: BargeInName | None,
+    barge_in_min_words: int,
+) -> pb.ConverseRequest:
+    """The ``speak`` control for ``Call.speak`` and ``ServedCall.speak`` alike.
+
+    One builder for both, so a handler's reply means the same on a direct call and on a call a
+    bridge handed to a served bot.
+    """
+    return pb.ConverseRequest(
+        speak=pb.Speak(
+            text=text,
+            speak_id=speak_id,
+            voice=voice or "",
+            rate=rate or 0.0,
+            speaker_id=speaker_id,
+            uninterruptible=uninterruptible,
+            barge_in=barge_in_number(barge_in),
+            barge_in_min_words=barge_in_min_words,
+        )
+    )
 
 
 _ENCODING: dict[str, pb.Encoding] = {"linear16": pb.LINEAR16, "mulaw": pb.MULAW, "alaw": pb.ALAW}
