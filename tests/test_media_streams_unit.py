@@ -279,3 +279,38 @@ def test_the_stream_token_file_must_hold_one_url_safe_token(tmp_path: Path) -> N
         assert text not in str(err.value)  # the token itself is never echoed
     with pytest.raises(ValueError, match="cannot read"):
         _read_stream_token(tmp_path / "missing")
+
+
+# -- the bad-bot policy flags ------------------------------------------------------------------
+
+
+def _media_args(*argv: str) -> object:
+    import argparse
+
+    from clients.media_streams.cli import add_media_streams_arguments
+
+    parser = argparse.ArgumentParser()
+    add_media_streams_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_media_streams_takes_the_same_bad_bot_flags_as_the_sip_bridge() -> None:
+    from clients.bot import bot_policy_from_args
+
+    args = _media_args("--bot-answer-timeout", "2.5", "--bot-fallback", "One moment please.")
+    policy = bot_policy_from_args(args)  # type: ignore[arg-type]
+    assert (policy.answer_timeout_s, policy.fallback_speech, policy.then) == (
+        2.5,
+        "One moment please.",
+        "hangup",
+    )
+
+
+async def test_media_streams_refuses_a_fallback_transfer_before_it_listens(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from clients.media_streams.cli import run_media_streams
+
+    args = _media_args("--listen", "127.0.0.1:1", "--bot-fallback-transfer", "sip:desk@example.org")
+    assert await run_media_streams(args) == 2  # type: ignore[arg-type]
+    assert "a media stream cannot transfer a call" in capsys.readouterr().err

@@ -9,6 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
+from clients.bot import add_bot_policy_arguments, bot_policy_from_args
 from clients.cli import add_connection_arguments, connection_from_args
 
 from ._dialect import DIALECTS
@@ -64,6 +65,7 @@ def add_media_streams_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="none|echo|FILE.yaml|grpc://HOST:PORT",
         help="who answers each call: a built-in bot, a rules file or a bot service (default echo)",
     )
+    add_bot_policy_arguments(parser)
     parser.add_argument(
         "--dialect",
         choices=DIALECTS,
@@ -119,6 +121,9 @@ async def run_media_streams(args: argparse.Namespace) -> int:
         if bot is None:  # only for an empty value, which the default rules out
             raise ValueError("--bot must name a bot")
         tls, token = connection_from_args(args, prefix="gateway-")
+        bot_policy = bot_policy_from_args(args)
+        if bot_policy.then == "transfer":
+            raise ValueError("--bot-fallback-transfer: a media stream cannot transfer a call")
         if not 0 <= args.lead_ms <= 2000:
             raise ValueError(f"--lead-ms must be 0..2000, got {args.lead_ms}")
         if not (20 <= args.gateway_chunk_ms <= 200 and args.gateway_chunk_ms % 20 == 0):
@@ -146,6 +151,7 @@ async def run_media_streams(args: argparse.Namespace) -> int:
         log_content=args.log_content,
         gateway_chunk_ms=args.gateway_chunk_ms,
         stream_token=stream_token,
+        bot_policy=bot_policy,
     )
     server = MediaStreamServer(config, bot)
     stop = asyncio.Event()
