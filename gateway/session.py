@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -596,18 +597,28 @@ class CallSession:
         ``barge_in_interim_ms`` from the caller's SPEECH_BEGIN on.
         """
         assert self._transcriber is not None
+        loop = asyncio.get_running_loop()
         last_len = 0
+        started = -math.inf  # when the last interim attempt (or the fast cadence) started
         while True:
             fast = self._listening_for_words()
             interval_ms = (
                 self.config.barge_in_interim_ms if fast else self.config.interim_interval_ms
             )
             self._interim_wake.clear()
+            wait_s = interval_ms / 1000.0
+            if fast:
+                # NOTE: over an after_words reply the decode counts toward the interval, so the
+                # period is max(interval, decode) rather than interval + decode: the words that
+                # may interrupt are heard one decode sooner.
+                wait_s = max(0.0, started + wait_s - loop.time())
             try:
-                await asyncio.wait_for(self._interim_wake.wait(), interval_ms / 1000.0)
+                await asyncio.wait_for(self._interim_wake.wait(), wait_s)
+                started = loop.time()
                 continue  # speech began over an after_words reply: restart at the fast interval
             except TimeoutError:
                 pass
+            started = loop.time()
             fast = self._listening_for_words()
             wanted = self.config.interim_results and self._quality.interim_results
             if not (wanted or fast):

@@ -222,6 +222,28 @@ def test_after_words_interrupts_on_the_first_interim_with_words() -> None:
 
 
 @pytest.mark.component
+def test_after_words_interims_follow_each_other_at_the_interval_not_interval_plus_decode() -> None:
+    # The first interim holds only a backchannel; the second has the words. Each decode takes
+    # 400 ms (longer than the 250 ms interval), so the second starts the moment the first ends.
+    interims = 0
+
+    def texts(r: Any) -> str:
+        nonlocal interims
+        if r.is_final:
+            return "x"
+        interims += 1
+        return "mm-hmm" if interims == 1 else "wait, stop"
+
+    call = Call(FakeTranscriber(texts, delay_s=0.4), {**after_words(), "barge_in_interim_ms": 250})
+    talk_over_reply(call, REPLY, speech_ms=2000)
+    t_begin, _ = call.begin()
+    ((t_int, intr),) = call.of(InterruptedOut)
+    assert intr.caller_text == "wait, stop"
+    # 250 ms to the first interim, then two back-to-back 400 ms decodes (not 250 + 400 + 250 + 400).
+    assert t_int == pytest.approx(t_begin + 0.25 + 0.4 + 0.4, abs=1e-9)
+
+
+@pytest.mark.component
 def test_after_words_ignores_backchannels() -> None:
     texts = lambda r: "Mm-hmm, yeah." if not r.is_final else "Okay."  # noqa: E731
     call = Call(FakeTranscriber(texts, delay_s=0.1), after_words())
