@@ -358,10 +358,15 @@ class _Stream:
             return
         self._final_mark = f"{REPLY_END}final"
         self._push(_FINISH)
-        queued = len(self._out) * 0.02 + self._pacer.queued_s(_now())
         with contextlib.suppress(TimeoutError, ConnectionClosed):
-            async with asyncio.timeout(min(self.config.drain_timeout_s, queued + 2.0)):
-                await self._final_played.wait()
+            async with asyncio.timeout(self.config.drain_timeout_s):
+                # The sender paces media at the provider's playout, so once it has sent the
+                # final mark, what is left to play is the pacer's lead; the provider's echo of
+                # the mark is then due within that (a deadline taken before the sender got
+                # there, from a snapshot of its queue, ran out under load).
+                await asyncio.wait([sender])
+                async with asyncio.timeout(self._pacer.queued_s(_now()) + 2.0):
+                    await self._final_played.wait()
         await self._close(CLOSE_NORMAL, "call ended")
 
     async def _close(self, code: int, reason: str) -> None:
@@ -489,7 +494,12 @@ class _Stream:
         if self._inbound:
             assert self.call is not None
             data, self._inbound = bytes(self._inbound), bytearray()
-            await self.call.send_audio(data)
+            # NOTE: once the gateway call is over (the bot hung up), the caller's audio has
+            # nowhere to go, but the reader must go on: the provider's echo of the final mark
+            # (the last reply played) and its `stop` still arrive here. The link's end, not a
+            # failed send, decides how the stream closes.
+            with contextlib.suppress(CallEndedError):
+                await self.call.send_audio(data)
 
     def _mark_echo(self, name: str) -> None:
         sent = self._marks_out.pop(name, None)
