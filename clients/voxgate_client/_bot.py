@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, Self
 
 import grpc
 
-from ._client import Call, open_channel
+from ._client import Call, new_id, open_channel
 from ._config import BargeInName, speak_request
 from ._contract import (
     BotHandler,
@@ -202,7 +202,7 @@ class ServedCall:
         barge_in_min_words: int = 0,
     ) -> str:
         """Queue a reply (as :meth:`Call.speak`); returns its speak_id."""
-        sid = speak_id or uuid.uuid4().hex[:12]
+        sid = speak_id or new_id()
         await self._request(
             speak_request(
                 text,
@@ -252,7 +252,7 @@ class ServedCall:
                 bridge) or the peer refused (its code and SIP status).
             CallEndedError: the call ended first.
         """
-        tid = uuid.uuid4().hex[:12]
+        tid = new_id()
         if not self._info.transfer_supported:
             raise TransferError(not_supported(self._info.channel, tid))
         fut: asyncio.Future[TransferResult] = asyncio.get_running_loop().create_future()

@@ -287,7 +287,7 @@ class Call:
         ``"after_words"`` so that "mm-hmm" does not cut it); ``barge_in_min_words`` the
         words ``after_words`` needs.
         """
-        sid = speak_id or _new_id()
+        sid = speak_id or new_id()
         await self._write(
             speak_request(
                 text,
@@ -594,5 +594,5 @@ class VoxgateClient:
             raise VoxgateError.from_rpc_error(exc) from None
 
 
-def _new_id() -> str:
+def new_id() -> str:
     return uuid.uuid4().hex[:12]
