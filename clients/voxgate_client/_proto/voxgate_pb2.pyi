@@ -377,20 +377,22 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "family", "languages", "device", "compute_type", "is_default")
+    __slots__ = ("name", "family", "languages", "device", "compute_type", "is_default", "loaded")
     NAME_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     LANGUAGES_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_TYPE_FIELD_NUMBER: _ClassVar[int]
     IS_DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    LOADED_FIELD_NUMBER: _ClassVar[int]
     name: str
     family: str
     languages: _containers.RepeatedScalarFieldContainer[str]
     device: str
     compute_type: str
     is_default: bool
-    def __init__(self, name: _Optional[str] = ..., family: _Optional[str] = ..., languages: _Optional[_Iterable[str]] = ..., device: _Optional[str] = ..., compute_type: _Optional[str] = ..., is_default: bool = ...) -> None: ...
+    loaded: bool
+    def __init__(self, name: _Optional[str] = ..., family: _Optional[str] = ..., languages: _Optional[_Iterable[str]] = ..., device: _Optional[str] = ..., compute_type: _Optional[str] = ..., is_default: bool = ..., loaded: bool = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models",)

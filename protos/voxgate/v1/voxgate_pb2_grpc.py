@@ -89,7 +89,8 @@ class VoiceGatewayServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListModels(self, request, context):
-        """What recognition models this server has loaded.
+        """What recognition models this server serves: the default first, then named models (loaded or
+        loaded on first use).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
