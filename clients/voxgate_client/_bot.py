@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, Self
 
 import grpc
 
-from ._client import Call, new_id, open_channel
-from ._config import BargeInName, speak_request
+from ._client import Call, open_channel
+from ._config import CallControls, new_id
 from ._contract import (
     BotHandler,
     CallInfo,
@@ -99,7 +99,7 @@ class _End:
 _END = _End()
 
 
-class ServedCall:
+class ServedCall(CallControls):
     """The call a handler gets from :func:`serve_bot` (or a :class:`BotLink` in-process).
 
     The same API as :class:`Call`: iterate for events, ``speak``/``clear``/``mark``/``flush``/
@@ -189,49 +189,8 @@ class ServedCall:
     async def _request(self, request: pb.ConverseRequest) -> None:
         await self._send(pb.BotAction(request=request))
 
-    async def speak(
-        self,
-        text: str,
-        speak_id: str | None = None,
-        voice: str | None = None,
-        rate: float | None = None,
-        *,
-        speaker_id: int = 0,
-        uninterruptible: bool = False,
-        barge_in: BargeInName | None = None,
-        barge_in_min_words: int = 0,
-    ) -> str:
-        """Queue a reply (as :meth:`Call.speak`); returns its speak_id."""
-        sid = speak_id or new_id()
-        await self._request(
-            speak_request(
-                text,
-                sid,
-                voice,
-                rate,
-                speaker_id=speaker_id,
-                uninterruptible=uninterruptible,
-                barge_in=barge_in,
-                barge_in_min_words=barge_in_min_words,
-            )
-        )
-        return sid
-
-    async def clear(self) -> None:
-        """Drop queued and playing replies."""
-        await self._request(pb.ConverseRequest(clear=pb.Clear()))
-
-    async def mark(self, name: str) -> None:
-        """Ask for :class:`MarkReached` once everything queued before it has played."""
-        await self._request(pb.ConverseRequest(mark=pb.Mark(name=name)))
-
-    async def flush(self) -> None:
-        """Finish the caller's current utterance now."""
-        await self._request(pb.ConverseRequest(flush=pb.Flush()))
-
-    async def dtmf(self, digit: str, duration_ms: int = 0) -> None:
-        """Send a keypad digit into the call (as :meth:`Call.dtmf`)."""
-        await self._request(pb.ConverseRequest(dtmf=pb.Dtmf(digit=digit, duration_ms=duration_ms)))
+    async def _control(self, request: pb.ConverseRequest) -> None:
+        await self._request(request)
 
     async def hangup(self) -> None:
         """End the call; events keep arriving until the bridge ends the stream."""

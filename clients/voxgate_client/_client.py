@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import uuid
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -31,7 +30,7 @@ from typing import Any, Literal, Self
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ._config import BargeInName, CallConfig, EncodingName, encoding_number, speak_request
+from ._config import CallConfig, CallControls, EncodingName, encoding_number
 from ._contract import CallInfo, TransferError, TransferResult, not_supported
 from ._errors import CallEndedError, VoxgateError, quota_from_trailers
 from ._events import (
@@ -73,7 +72,7 @@ class _End:
 _END = _End()
 
 
-class Call:
+class Call(CallControls):
     """One ``Converse`` or ``StreamingRecognize`` call.
 
     Created by :meth:`VoxgateClient.converse` / :meth:`VoxgateClient.recognize`, which have
@@ -267,56 +266,8 @@ class Call:
         """
         await self._write(pb.ConverseRequest(audio=pb.AudioChunk(data=data)))
 
-    async def speak(
-        self,
-        text: str,
-        speak_id: str | None = None,
-        voice: str | None = None,
-        rate: float | None = None,
-        *,
-        speaker_id: int = 0,
-        uninterruptible: bool = False,
-        barge_in: BargeInName | None = None,
-        barge_in_min_words: int = 0,
-    ) -> str:
-        """Queue a reply; returns its speak_id (generated here when not given).
-
-        The id is generated client-side so the caller can match AudioOut, PlaybackFinished and
-        PlaybackInterrupted to this reply without waiting for the server. ``barge_in``
-        overrides the call's policy for this reply (``"never"`` for an announcement,
-        ``"after_words"`` so that "mm-hmm" does not cut it); ``barge_in_min_words`` the
-        words ``after_words`` needs.
-        """
-        sid = speak_id or new_id()
-        await self._write(
-            speak_request(
-                text,
-                sid,
-                voice,
-                rate,
-                speaker_id=speaker_id,
-                uninterruptible=uninterruptible,
-                barge_in=barge_in,
-                barge_in_min_words=barge_in_min_words,
-            )
-        )
-        return sid
-
-    async def clear(self) -> None:
-        """Drop queued and playing replies."""
-        await self._write(pb.ConverseRequest(clear=pb.Clear()))
-
-    async def mark(self, name: str) -> None:
-        """Ask for :class:`MarkReached` once everything queued before it has been played."""
-        await self._write(pb.ConverseRequest(mark=pb.Mark(name=name)))
-
-    async def flush(self) -> None:
-        """Finish the current utterance now, as if the caller had stopped speaking."""
-        await self._write(pb.ConverseRequest(flush=pb.Flush()))
-
-    async def dtmf(self, digit: str, duration_ms: int = 0) -> None:
-        """Pass a keypad digit (0-9, *, #, A-D) to the bot."""
-        await self._write(pb.ConverseRequest(dtmf=pb.Dtmf(digit=digit, duration_ms=duration_ms)))
+    async def _control(self, request: pb.ConverseRequest) -> None:
+        await self._write(request)
 
     async def hangup(self) -> None:
         """End the call: the server transcribes the pending utterance, then closes the stream.
@@ -592,7 +543,3 @@ class VoxgateClient:
             return await method(request, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise VoxgateError.from_rpc_error(exc) from None
-
-
-def new_id() -> str:
-    return uuid.uuid4().hex[:12]

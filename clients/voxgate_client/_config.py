@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -10,10 +11,12 @@ from ._proto import voxgate_pb2 as pb
 __all__ = [
     "BargeInName",
     "CallConfig",
+    "CallControls",
     "EncodingName",
     "VadOptions",
     "barge_in_number",
     "encoding_number",
+    "new_id",
     "speak_request",
 ]
 
@@ -68,6 +71,78 @@ def speak_request(  # noqa: PLR0913  # the arguments of Call.speak, one to one
             barge_in_min_words=barge_in_min_words,
         )
     )
+
+
+def new_id() -> str:
+    """A short random id for a reply or a transfer, made where the request is sent.
+
+    Made client-side so that the sender can match the events of a reply (AudioOut,
+    PlaybackFinished, PlaybackInterrupted) to it without waiting for the server.
+    """
+    return uuid.uuid4().hex[:12]
+
+
+class CallControls:
+    """The in-call controls ``Call`` and ``ServedCall`` share, spelled once.
+
+    Both send the same ``ConverseRequest`` controls; they differ only in how a request travels
+    (straight onto the gRPC stream, or as a ``BotAction`` to the bridge that holds the gateway
+    call), which each supplies as :meth:`_control`. ``hangup`` and ``transfer`` stay in the
+    classes: what they do beyond sending the request is not the same.
+    """
+
+    async def _control(self, request: pb.ConverseRequest) -> None:
+        """Send one control on this call."""
+        raise NotImplementedError
+
+    async def speak(
+        self,
+        text: str,
+        speak_id: str | None = None,
+        voice: str | None = None,
+        rate: float | None = None,
+        *,
+        speaker_id: int = 0,
+        uninterruptible: bool = False,
+        barge_in: BargeInName | None = None,
+        barge_in_min_words: int = 0,
+    ) -> str:
+        """Queue a reply; returns its speak_id (generated here when not given).
+
+        ``barge_in`` overrides the call's policy for this reply (``"never"`` for an
+        announcement, ``"after_words"`` so that "mm-hmm" does not cut it);
+        ``barge_in_min_words`` the words ``after_words`` needs.
+        """
+        sid = speak_id or new_id()
+        await self._control(
+            speak_request(
+                text,
+                sid,
+                voice,
+                rate,
+                speaker_id=speaker_id,
+                uninterruptible=uninterruptible,
+                barge_in=barge_in,
+                barge_in_min_words=barge_in_min_words,
+            )
+        )
+        return sid
+
+    async def clear(self) -> None:
+        """Drop queued and playing replies."""
+        await self._control(pb.ConverseRequest(clear=pb.Clear()))
+
+    async def mark(self, name: str) -> None:
+        """Ask for ``MarkReached`` once everything queued before it has been played."""
+        await self._control(pb.ConverseRequest(mark=pb.Mark(name=name)))
+
+    async def flush(self) -> None:
+        """Finish the current utterance now, as if the caller had stopped speaking."""
+        await self._control(pb.ConverseRequest(flush=pb.Flush()))
+
+    async def dtmf(self, digit: str, duration_ms: int = 0) -> None:
+        """Pass a keypad digit (0-9, *, #, A-D) into the call."""
+        await self._control(pb.ConverseRequest(dtmf=pb.Dtmf(digit=digit, duration_ms=duration_ms)))
 
 
 _ENCODING: dict[str, pb.Encoding] = {"linear16": pb.LINEAR16, "mulaw": pb.MULAW, "alaw": pb.ALAW}
