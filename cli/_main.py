@@ -80,6 +80,8 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
     asr: dict[str, Any] = {}
     if getattr(args, "model", None):
         asr["model"] = args.model
+    if getattr(args, "models_dir", None):
+        asr["models_dir"] = str(args.models_dir)
     if getattr(args, "device", None):
         asr["device"] = args.device
     if asr:
@@ -124,6 +126,12 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
         help="engines to load: asr,tts (default), asr, tts or none (VAD only)",
     )
     p.add_argument("--model", help="Whisper model: 'base' (bundled) or a model directory")
+    p.add_argument(
+        "--models-dir",
+        type=Path,
+        help="directory of named models (one subdirectory each, e.g. from voxgate adapt) that "
+        "calls pick with config.model; loaded on first use, rescanned on SIGHUP",
+    )
     p.add_argument("--device", help="cpu or cuda")
     p.add_argument("--voice", help="Piper voice: 'joe' (bundled) or a .onnx path")
     p.add_argument("--log-format", choices=["text", "json"])

@@ -66,13 +66,15 @@ class Synthesizer(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ModelDescription:
-    """A loaded recognition model, as ListModels reports it."""
+    """A recognition model, as ListModels reports it."""
 
     name: str
     family: str
     languages: tuple[str, ...] = ()
     device: str = "cpu"
     compute_type: str = ""
+    #: False for a named model that is offered but not in memory yet (its first call loads it).
+    loaded: bool = True
 
 
 @dataclass(frozen=True, slots=True)

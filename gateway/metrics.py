@@ -65,6 +65,33 @@ class GatewayMetrics:
             buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0),
             registry=r,
         )
+        self.asr_model_requests = Counter(
+            "voxgate_asr_model_requests_total",
+            "Recognition requests by model (the default's name or a named model's), kind "
+            "(final, interim) and outcome (ok, failed, refused).",
+            ["model", "kind", "outcome"],
+            registry=r,
+        )
+        self.asr_model_latency = Histogram(
+            "voxgate_asr_model_latency_seconds",
+            "Queue wait plus decode of one recognition request, by model and kind.",
+            ["model", "kind"],
+            buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0),
+            registry=r,
+        )
+        self.asr_model_loaded = Gauge(
+            "voxgate_asr_model_loaded",
+            "1 for each model in memory, 0 for a named model offered but not loaded yet (or "
+            "no longer offered); the sum is the number of loaded models.",
+            ["model"],
+            registry=r,
+        )
+        self.asr_model_loads = Counter(
+            "voxgate_asr_model_loads_total",
+            "Loads of named models (first use, asr.load_on_start), by model and outcome.",
+            ["model", "outcome"],
+            registry=r,
+        )
         self.asr_speculative = Counter(
             "voxgate_asr_speculative_finals_total",
             "Final decodes started before the hangover ended, by outcome (used, discarded, "

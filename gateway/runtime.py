@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Literal
 
 from engines.asr import BUNDLED_MODELS, ModelFilesError, WhisperEngine, resolve_model_dir
@@ -50,6 +51,7 @@ from gateway.config import GatewayConfig
 from gateway.errors import CallError, ErrorKind
 from gateway.events import SpeakIn
 from gateway.metrics import GatewayMetrics
+from gateway.models import LoadedModel, ModelEntry, ModelRegistry, model_name_of
 from gateway.synthesis import ReplyStats, SynthesisScheduler, policy_for
 
 __all__ = [
@@ -57,6 +59,7 @@ __all__ = [
     "BatchMetrics",
     "EngineHubImpl",
     "EngineLoadError",
+    "ModelRouter",
     "TtsSynthesizer",
     "build_hub",
 ]
@@ -253,12 +256,15 @@ class AsrTranscriber:
         context_encoder: Callable[[str, Sequence[str]], tuple[int, ...]],
         metrics: GatewayMetrics,
         deadline_s: float = 1.0,
+        *,
+        default_model: str = "",
     ) -> None:
         self.batcher = batcher
         self._metrics = metrics
         self._encode_context = context_encoder
         self._deadline_s = deadline_s
         self._interim_slots = asyncio.Semaphore(max(1, workers - 1))
+        self._default_model = default_model
 
     async def transcribe(self, request: AsrRequest) -> AsrResult:
         """Queue one utterance; finals are due ``deadline_s`` after they are queued."""
@@ -281,20 +287,103 @@ class AsrTranscriber:
 
     async def _submit(self, request: AsrRequest) -> AsrResult:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + (self._deadline_s if request.is_final else 4 * self._deadline_s)
+        began = loop.time()
+        deadline = began + (self._deadline_s if request.is_final else 4 * self._deadline_s)
+        # Counted by model name (a replaced model's generations share it).
+        model = model_name_of(request.options.model) or self._default_model
+        kind = "final" if request.is_final else "interim"
         try:
             fut = self.batcher.submit(
                 request, key=request.batch_key, is_final=request.is_final, deadline=deadline
             )
         except QueueFullError as exc:
+            self._metrics.asr_model_requests.labels(model, kind, "refused").inc()
             raise CallError.exhausted(str(exc), quota="batcher.max_queue_size") from None
         try:
             result = await fut
         except BatchTimeoutError as exc:
+            self._metrics.asr_model_requests.labels(model, kind, "failed").inc()
             raise CallError(ErrorKind.DEADLINE_EXCEEDED, str(exc)) from None
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self._metrics.asr_model_requests.labels(model, kind, "failed").inc()
+            raise
+        self._metrics.asr_model_requests.labels(model, kind, "ok").inc()
+        self._metrics.asr_model_latency.labels(model, kind).observe(loop.time() - began)
         if request.is_final:  # interim re-decodes are not utterances
             self._metrics.utterances.labels(result.dropped_reason or "text").inc()
         return result
+
+
+class ModelRouter:
+    """One batcher worker's engine for every model: each batch goes to its model's engine.
+
+    Several models share the process through ONE batcher and its workers, not a batcher per
+    model: the model is part of the batch key (``AsrOptions.model``), so a batch never mixes
+    models, and the batcher's rules are the same for every model (dispatch at once to an idle
+    worker, finals first, earliest deadline first, and a running batch of one model is no
+    longer than any other batch). A lone request for a named model therefore waits behind
+    another model's batch exactly as it would behind another call's batch of the same model,
+    and the CPU is never split into per-model worker pools that would sit idle while another
+    model's queue grows (on 2 cores, 2 workers x 1 thread for everything, as for one model).
+
+    Each worker has its own engine object per model (``engine.sibling()``: the same
+    CTranslate2 weights, this worker's caches and counters), made the first time the worker
+    gets a batch of that model and forgotten once the model leaves memory.
+
+    Args:
+        worker: the worker's index (for messages).
+        default: this worker's engine of the default model.
+        registry: where a routing key's model is found; None routes everything to ``default``.
+    """
+
+    def __init__(
+        self, worker: int, default: AsrEngine, registry: ModelRegistry | None = None
+    ) -> None:
+        self.worker = worker
+        self.name = default.name
+        self._default = default
+        self._registry = registry
+        self._engines: dict[str, AsrEngine] = {}
+
+    def engine_for(self, key: str) -> AsrEngine:
+        """This worker's engine for routing key ``key`` ("" = the default model)."""
+        registry = self._registry
+        if registry is not None and self._engines:
+            # Let go of models that left memory (a few dict lookups per batch), so that this
+            # worker's engine object does not keep their weights alive.
+            for gone in [k for k in self._engines if registry.model(k) is None]:
+                del self._engines[gone]
+        if not key:
+            return self._default
+        engine = self._engines.get(key)
+        if engine is None:
+            model = registry.model(key) if registry is not None else None
+            if model is None:  # every call holding it has ended; its request was cancelled
+                raise RuntimeError(f"model {model_name_of(key)!r} is no longer loaded")
+            engine = model.engine.sibling()
+            self._engines[key] = engine
+        return engine
+
+    def infer_batch(self, items: Sequence[AsrRequest]) -> list[AsrResult]:
+        """Decode ``items`` (one model, as the batch key guarantees) on that model's engine."""
+        return self.engine_for(items[0].options.model).infer_batch(items)
+
+    @property
+    def continuous(self) -> bool:
+        """Whether the default model's engine joins utterances at decode steps."""
+        return bool(getattr(self._default, "continuous", False))
+
+    def run_continuous(
+        self,
+        first: Sequence[AsrRequest],
+        pull: Callable[[int], list[AsrRequest]],
+        emit: Callable[[AsrRequest, AsrResult], None],
+    ) -> None:
+        """A running batch of ``first``'s model; ``pull`` hands over the same key only."""
+        engine = self.engine_for(first[0].options.model)
+        engine.run_continuous(first, pull, emit)  # type: ignore[attr-defined]
 
 
 class EngineHubImpl:
@@ -311,6 +400,10 @@ class EngineHubImpl:
         self._asr_plan_used: BatchPlan | None = None
         self._streamer: TtsEngine | None = None
         self._metrics = GatewayMetrics()  # replaced by the server's in start()
+        #: The default model and the named ones of ``asr.models_dir`` (None without ASR).
+        self.models: ModelRegistry | None = None
+        self._asr_cfg_used = config.asr
+        self._gauged: set[str] = set()
 
     async def start(self, metrics: GatewayMetrics) -> None:
         """Check the model files, load and warm both engines in parallel, start the batcher.
@@ -333,6 +426,7 @@ class EngineHubImpl:
             await self.aclose()
             raise EngineLoadError(f"cannot load the engines: {exc}") from exc
         if self._asr_engines:
+            await self._start_models()
             await self._start_batcher()
 
     def _check_files(self, names: frozenset[str]) -> None:
@@ -410,6 +504,7 @@ class EngineHubImpl:
                     "intra_threads": max(1, cores // plan.workers),
                 }
             )
+        self._asr_cfg_used = cfg
         engine = WhisperEngine.load(cfg)
         engine.warmup()
         # One engine object per worker over the one CTranslate2 model (see WhisperEngine.sibling).
@@ -433,12 +528,84 @@ class EngineHubImpl:
             )
         ]
 
+    def _load_named(self, entry: ModelEntry) -> LoadedModel:
+        """Load a named model with the default model's settings (threads, device, policy).
+
+        The same CTranslate2 thread split as the default: the batcher's workers take turns
+        over every model, so each model's replica needs as many CTranslate2 workers.
+        """
+        cfg = self._asr_cfg_used.model_copy(update={"model": str(entry.path)})
+        engine = WhisperEngine.load(cfg)
+        try:
+            engine.warmup()
+        except BaseException:
+            engine.close()
+            raise
+        return LoadedModel(
+            name=entry.name,
+            description=ModelDescription(
+                name=entry.name,
+                family="whisper",
+                languages=engine.languages,
+                device=cfg.device,
+                compute_type=str(getattr(engine, "compute_type", "")),
+            ),
+            engine=engine,
+        )
+
+    def _models_changed(self) -> None:
+        registry = self.models
+        if registry is None:
+            return
+        self.info.models = registry.descriptions()
+        gauge = self._metrics.asr_model_loaded
+        for desc in self.info.models:
+            gauge.labels(desc.name).set(1 if desc.loaded else 0)
+        offered = {d.name for d in self.info.models}
+        for name in self._gauged - offered:
+            gauge.labels(name).set(0)
+        self._gauged |= offered
+
+    async def _start_models(self) -> None:
+        """The model registry: scan ``asr.models_dir`` and load ``asr.load_on_start``.
+
+        Raises:
+            EngineLoadError: a ``load_on_start`` model is not offered or fails to load.
+        """
+        cfg = self.config.asr
+        default = self._asr_engines[0]
+        self.models = ModelRegistry(
+            LoadedModel(name=default.name, description=self.info.models[0], engine=default),
+            _models_root(cfg.models_dir),
+            self._load_named,
+            on_change=self._models_changed,
+            on_load=self._count_load,
+        )
+        await self.models.rescan()
+        self._models_changed()
+        try:
+            await self.models.load_names(cfg.load_on_start)
+        except CallError as exc:
+            await self.aclose()
+            raise EngineLoadError(f"asr.load_on_start: {exc.message}") from None
+
+    def _count_load(self, name: str, outcome: str) -> None:
+        self._metrics.asr_model_loads.labels(name, outcome).inc()
+
+    async def rescan_models(self) -> None:
+        """Read ``asr.models_dir`` again (SIGHUP): new models offered, removed ones retired."""
+        if self.models is not None and self.models.root is not None:
+            await self.models.rescan()
+
     async def _start_batcher(self) -> None:
         bcfg = self.config.batcher
         plan = self._asr_plan_used
         assert plan is not None and len(self._asr_engines) == plan.workers
         workers, batch = plan.workers, plan.max_batch_size
-        engines: list[BatchEngine[AsrRequest, AsrResult]] = list(self._asr_engines)
+        registry = self.models
+        engines: list[BatchEngine[AsrRequest, AsrResult]] = [
+            ModelRouter(i, engine, registry) for i, engine in enumerate(self._asr_engines)
+        ]
         policy = BatchPolicy(
             max_batch_size=batch, max_wait_ms=bcfg.max_wait_ms, max_queue_size=bcfg.max_queue_size
         )
@@ -449,8 +616,8 @@ class EngineHubImpl:
             observer=BatchMetrics(self._metrics),
             name="asr",
             batch_timeout_s=bcfg.batch_timeout_s or None,
-            # A hung worker gets a fresh engine object over the same model on a fresh thread.
-            replace=lambda _worker: first.sibling(),
+            # A hung worker gets fresh engine objects over the same models on a fresh thread.
+            replace=lambda worker: ModelRouter(worker, first.sibling(), registry),
             # The config allows it only with the decode loop on (GatewayConfig checks).
             join_running=bcfg.join_running,
         )
@@ -458,7 +625,11 @@ class EngineHubImpl:
         await batcher.start()
         self._batcher = batcher
         self.transcriber = AsrTranscriber(
-            batcher, workers, self._asr_engines[0].encode_context, self._metrics
+            batcher,
+            workers,
+            self._asr_engines[0].encode_context,
+            self._metrics,
+            default_model=first.name,
         )
         log.info(
             "asr batcher: %d worker(s), max batch %d%s",
@@ -473,10 +644,17 @@ class EngineHubImpl:
             await self._batcher.aclose()
         if self._tts is not None:
             await self._tts.aclose()
+        if self.models is not None:
+            await self.models.aclose()
         for engine in self._asr_engines[:1]:
             await asyncio.to_thread(engine.close)
         if self._streamer is not None:
             await asyncio.to_thread(self._streamer.close)
+
+
+def _models_root(models_dir: str | None) -> Path | None:
+    """``asr.models_dir`` as a path (``~`` expanded), None when it is not set."""
+    return Path(models_dir).expanduser() if models_dir else None
 
 
 def build_hub(config: GatewayConfig) -> EngineHubImpl | None:

@@ -38,10 +38,16 @@ from gateway.base import EngineHub
 from gateway.config import GatewayConfig
 from gateway.degrade import DegradePolicy
 from gateway.metrics import GatewayMetrics
+from gateway.models import ModelRegistry
 from gateway.security import GatewaySecurity
 from gateway.service import SERVICE_NAME, VoiceGatewayServicer, add_to_server
 
-__all__ = ["SERVICE_NAME", "GatewayServer", "serve"]
+__all__ = ["MODEL_HEALTH_PREFIX", "SERVICE_NAME", "GatewayServer", "serve"]
+
+#: Health service name of each recognition model: ``voxgate.v1.model/<name>``. SERVING while
+#: calls naming the model are served (in memory, or loaded on first use); NOT_SERVING after its
+#: load failed, once a rescan no longer finds it, and during shutdown.
+MODEL_HEALTH_PREFIX = "voxgate.v1.model/"
 
 log = logging.getLogger("voxgate.server")
 
@@ -78,6 +84,8 @@ class GatewayServer:
         self._monitor: asyncio.Task[None] | None = None
         #: Whether health reports the service NOT_SERVING because the replica is full.
         self.full = False
+        self._model_health: dict[str, bool] = {}
+        self._background: set[asyncio.Task[None]] = set()
 
     @property
     def target(self) -> str:
@@ -102,6 +110,7 @@ class GatewayServer:
             synthesizer=self.hub.synthesizer if self.hub else None,
             info=self.hub.info if self.hub else None,
             metrics=self.metrics,
+            models=self.models,
         )
         server = grpc.aio.server(
             interceptors=security.interceptors(),
@@ -151,6 +160,9 @@ class GatewayServer:
             log.info("metrics on http://%s:%d/metrics", srv.metrics_host, self.metrics_port)
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if self.models is not None:
+            self.models.listeners.append(self.on_models_changed)
+        await self._sync_model_health()
         self._monitor = asyncio.create_task(self._monitor_load(), name="load-monitor")
         log.info("serving %s on %s", SERVICE_NAME, self.target)
 
@@ -242,6 +254,60 @@ class GatewayServer:
         """Re-read the tokens (SIGHUP); calls in progress are not touched."""
         return self.security.reload() if self.security is not None else False
 
+    @property
+    def models(self) -> ModelRegistry | None:
+        """The hub's recognition models (default and ``asr.models_dir``), if it has any."""
+        models = getattr(self.hub, "models", None)
+        return models if isinstance(models, ModelRegistry) else None
+
+    async def rescan_models(self) -> None:
+        """Read ``asr.models_dir`` again (SIGHUP), without a restart.
+
+        A model added there is offered at once, a removed one no longer (calls using it keep
+        it); no call is touched.
+        """
+        models = self.models
+        if models is None or models.root is None or self._server is None:
+            return
+        result = await models.rescan()
+        log.info(
+            "models rescanned: %d named model(s) offered%s",
+            len(result.entries),
+            f", {len(result.refused)} refused (see the warnings)" if result.refused else "",
+        )
+        await self._sync_model_health()
+
+    def reload(self) -> None:
+        """SIGHUP: the tokens, then the models directory (in a task: it reads files)."""
+        self.reload_security()
+        if self.models is not None and self.models.root is not None:
+            task = asyncio.create_task(self.rescan_models(), name="models-rescan")
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _sync_model_health(self) -> None:
+        """Per-model health (:data:`MODEL_HEALTH_PREFIX`) from the registry's current view."""
+        models = self.models
+        if models is None or self._server is None:
+            return
+        # A model no longer offered stays listed by health, as NOT_SERVING (grpc's health
+        # servicer cannot forget a name, and a watcher must hear that it went).
+        now = {name: False for name in self._model_health} | models.health()
+        serving = health_pb2.HealthCheckResponse.SERVING
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        for name, ok in now.items():
+            if self._model_health.get(name) != ok:
+                await self._health.set(MODEL_HEALTH_PREFIX + name, serving if ok else not_serving)
+        self._model_health = now
+
+    def on_models_changed(self) -> None:
+        """A load finished or failed: bring per-model health up to date (from the loop)."""
+        if self._server is None:
+            return
+        task = asyncio.create_task(self._sync_model_health(), name="models-health")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     def abort(self) -> None:
         """Cut a graceful :meth:`stop` short: skip the rest of the drain and flush."""
         self._abort.set()
@@ -292,9 +358,10 @@ async def serve(config: GatewayConfig, hub: EngineHub | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, on_signal)
-    # SIGHUP re-reads the token list (the usual daemon convention), not a shutdown.
+    # SIGHUP re-reads the token list and rescans asr.models_dir (the usual daemon convention),
+    # not a shutdown.
     with contextlib.suppress(NotImplementedError, AttributeError):
-        loop.add_signal_handler(signal.SIGHUP, server.reload_security)
+        loop.add_signal_handler(signal.SIGHUP, server.reload)
     await server.start()
     print(f"listening on {server.target}", flush=True)
     await stop.wait()

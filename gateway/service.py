@@ -48,6 +48,7 @@ from gateway.events import (
     TranscriptOut,
 )
 from gateway.metrics import GatewayMetrics
+from gateway.models import ModelLease, ModelRegistry
 from gateway.session import CallConfig, CallSession, SynthesisCap, write_stalled
 from pcmcodec import SUPPORTED_RATES_HZ, WireEncoding
 from voxgate.v1 import voxgate_pb2 as pb
@@ -204,6 +205,8 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         synthesizer: shared voice, or None for a server without TTS.
         info: models and voices to list.
         metrics: where to count (the server's registry); a private one when omitted.
+        models: the default and named recognition models (``asr.models_dir``); when given,
+            ListModels and ``config.model`` go by it instead of ``info.models``.
     """
 
     def __init__(
@@ -213,8 +216,11 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         synthesizer: Synthesizer | None = None,
         info: EngineInfo | None = None,
         metrics: GatewayMetrics | None = None,
+        *,
+        models: ModelRegistry | None = None,
     ) -> None:
         self.config = config
+        self.models = models
         self.metrics = metrics if metrics is not None else GatewayMetrics()
         self.transcriber = transcriber
         self.synthesizer = synthesizer
@@ -300,9 +306,10 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
     async def ListModels(  # noqa: N802
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListModelsResponse:
-        """Loaded recognition models."""
+        """The default recognition model first, then the named ones (loaded or loadable)."""
         if isinstance(request, _Undecodable):
             await _abort(context, request.error())
+        models = self.models.descriptions() if self.models is not None else self.info.models
         return pb.ListModelsResponse(
             models=[
                 pb.ModelInfo(
@@ -312,8 +319,9 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
                     device=m.device,
                     compute_type=m.compute_type,
                     is_default=i == 0,
+                    loaded=m.loaded,
                 )
-                for i, m in enumerate(self.info.models)
+                for i, m in enumerate(models)
             ]
         )
 
@@ -442,7 +450,25 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             raise CallError.invalid(
                 f"the first ConverseRequest must carry `config`; got `{kind or 'nothing'}`"
             )
-        call_cfg = self._call_config(first.config, mode)
+        # A named model loads on its first call (that call waits; others go on); the lease keeps
+        # it in memory until this call ends, even if a rescan stops offering it meanwhile.
+        lease = await self._acquire_model(first.config.model)
+        try:
+            return await self._run_session(context, mode, session_id, first, lease)
+        finally:
+            if lease is not None:
+                lease.release()
+
+    async def _run_session(
+        self,
+        context: grpc.aio.ServicerContext,
+        mode: Literal["converse", "recognize"],
+        session_id: str,
+        first: pb.ConverseRequest,
+        lease: ModelLease | None,
+    ) -> bool:
+        limits = self.config.limits
+        call_cfg = self._call_config(first.config, mode, lease)
         session = CallSession(
             call_cfg,
             self.config.limits,
@@ -458,7 +484,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         started = pb.SessionStarted(
             session_id=session_id,
             effective_config=_effective_config(first.config, call_cfg),
-            model=self.info.models[0].name if self.info.models else "",
+            model=self._model_name(lease),
             voice=self.info.voices[0].name if self.info.voices else "",
             server_version=_version(),
         )
@@ -489,7 +515,10 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         return eof
 
     def _call_config(
-        self, cfg: pb.SessionConfig, mode: Literal["converse", "recognize"]
+        self,
+        cfg: pb.SessionConfig,
+        mode: Literal["converse", "recognize"],
+        lease: ModelLease | None = None,
     ) -> CallConfig:
         in_enc = _encoding(cfg.input_audio.encoding, "config.input_audio.encoding")
         in_rate = _rate(cfg.input_audio.sample_rate_hertz, "config.input_audio.sample_rate_hertz")
@@ -520,9 +549,10 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
                 f"config.call_id has {len(cfg.call_id)} characters, over "
                 f"max_id_chars={limits.max_id_chars}"
             )
-        language = self._language(cfg.language)
-        self._model(cfg.model)
-        context_tokens = self._context_tokens(dec)
+        language = self._language(cfg.language, lease)
+        if lease is None:
+            self._model(cfg.model)
+        context_tokens = self._context_tokens(dec, lease)
         asr_options = AsrOptions(
             language=language,
             task="translate" if dec.translate else "transcribe",
@@ -534,6 +564,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             hotwords=tuple(dec.hotwords),
             silence_aware=not dec.disable_silence_policy,
             context_tokens=context_tokens,
+            model=lease.key if lease is not None else "",
         )
         if cfg.interim_interval_ms and not 200 <= cfg.interim_interval_ms <= 10_000:
             raise CallError.invalid(
@@ -594,19 +625,34 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             backchannels=tuple(req.backchannels) or defaults.backchannels,
         )
 
-    def _language(self, requested: str) -> str | None:
+    def _language(self, requested: str, lease: ModelLease | None = None) -> str | None:
         """``config.language`` as a Whisper code ("en-US" -> "en"); None detects per utterance."""
         language = requested.split("-", maxsplit=1)[0].lower() or None
-        if language is None or not self.info.models:
+        model = lease.description if lease is not None else None
+        if model is None and self.info.models:
+            model = self.info.models[0]
+        if language is None or model is None:
             return language
-        known = self.info.models[0].languages
+        known = model.languages
         if known and language not in known:
             raise CallError.invalid(
                 f"config.language={echo(requested)} is not a language of model "
-                f"{self.info.models[0].name!r}; use one of {', '.join(known)} (see ListModels), "
+                f"{model.name!r}; use one of {', '.join(known)} (see ListModels), "
                 "or leave it empty to detect"
             )
         return language
+
+    async def _acquire_model(self, requested: str) -> ModelLease | None:
+        """The call's model from the registry (loading it if need be); None without one."""
+        if self.models is None:
+            return None
+        return await self.models.acquire(requested)
+
+    def _model_name(self, lease: ModelLease | None) -> str:
+        """What SessionStarted.model says: the call's model, else the default."""
+        if lease is not None:
+            return lease.description.name
+        return self.info.models[0].name if self.info.models else ""
 
     def _model(self, requested: str) -> None:
         """Refuse a ``config.model`` that is not loaded (it used to be ignored silently)."""
@@ -617,7 +663,9 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             have = f"ListModels has {', '.join(names)}" if names else "none is loaded"
             raise CallError.invalid(f"config.model={echo(requested)} is not loaded; {have}")
 
-    def _context_tokens(self, dec: pb.DecodingOptions) -> tuple[int, ...] | None:
+    def _context_tokens(
+        self, dec: pb.DecodingOptions, lease: ModelLease | None = None
+    ) -> tuple[int, ...] | None:
         """Bound the call's prompt and hotwords, then tokenise them once for the whole call."""
         limits = self.config.limits
         if len(dec.hotwords) > limits.max_hotwords:
@@ -633,7 +681,10 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             )
         if self.transcriber is None:
             return None
-        tokens = self.transcriber.encode_context(dec.initial_prompt, tuple(dec.hotwords))
+        if lease is not None and lease.key:  # a named model: its own tokenizer
+            tokens = lease.encode_context(dec.initial_prompt, tuple(dec.hotwords))
+        else:
+            tokens = self.transcriber.encode_context(dec.initial_prompt, tuple(dec.hotwords))
         if len(tokens) > limits.max_prompt_tokens:
             raise CallError.invalid(
                 f"config.decoding.initial_prompt and hotwords make {len(tokens)} Whisper tokens, "

