@@ -1,6 +1,13 @@
 """Time to first audio: the VITS streamer vs Piper's own per-sentence streaming vs one-shot.
 
 Run:  .venv/bin/python benchmarks/tts_first_audio.py [--repeats 7] [--threads 1]
+      .venv/bin/python -m benchmarks.tts_first_audio --paths [--repeats 15]
+
+``--paths``: one reply at a time, the same voice, interleaved: the streamer called directly
+(what the table below measures) against the gateway's synthesis path
+(``gateway.runtime.TtsSynthesizer``) with the deadline scheduler, with the FIFO pool, and with
+the deadline scheduler on a voice that cuts the first sentence after ``--first-unit-words``
+words (``TtsConfig.first_unit_words``); each reply is played to its end before the next starts.
 
 For 1- and 4-sentence replies and 1 and 4 concurrent speakers (threads started together), each
 method synthesises the reply and we record, per stream:
@@ -65,20 +72,7 @@ def measure(source: Source, text: str, rate: int) -> Run:
     arrivals: list[tuple[float, int]] = []
     for n in source(text):
         arrivals.append((time.perf_counter() - start, n))
-    first = arrivals[0][0]
-    late, starve, played, clock = 0, 0.0, 0, first
-    for t, n in arrivals:
-        due = first + played / rate
-        # The player needs this chunk at `due` (or later if it already starved).
-        need = max(due, clock)
-        if t > need + 1e-4:
-            late += 1
-            starve += t - need
-            clock = t + n / rate
-        else:
-            clock = need + n / rate
-        played += n
-    return Run(first, arrivals[-1][0], played / rate, late, 1000 * starve)
+    return _played(arrivals, rate)
 
 
 def run_concurrent(source: Source, text: str, rate: int, speakers: int) -> list[Run]:
@@ -104,12 +98,115 @@ def p95(xs: list[float]) -> float:
     return percentile(xs, 95)
 
 
-def main() -> None:
+async def _paths(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Single-reply first audio: the streamer directly vs the gateway's synthesis paths."""
+    import asyncio  # noqa: PLC0415
+    import os  # noqa: PLC0415
+
+    from gateway.events import SpeakIn  # noqa: PLC0415
+    from gateway.metrics import GatewayMetrics  # noqa: PLC0415
+    from gateway.runtime import TtsSynthesizer  # noqa: PLC0415
+
+    streamer = VitsStreamer.load(TtsConfig(onnx_threads=args.threads, cache_bytes=0))
+    streamer.warmup()
+    cut = VitsStreamer.load(
+        TtsConfig(onnx_threads=args.threads, cache_bytes=0, first_unit_words=args.first_unit_words)
+    )
+    cut.warmup()
+    rate = streamer.sample_rate_hz
+    cores = os.cpu_count() or 1
+    synths = {
+        "deadline": TtsSynthesizer(streamer, cores, GatewayMetrics()),
+        "fifo": TtsSynthesizer(streamer, min(4, cores), GatewayMetrics(), scheduling="fifo"),
+        f"deadline, cut {args.first_unit_words}": TtsSynthesizer(cut, cores, GatewayMetrics()),
+    }
+
+    async def through(synth: TtsSynthesizer, text: str) -> Run:
+        start = time.perf_counter()
+        arrivals = []
+        async for piece in synth.stream(SpeakIn(text=text, speak_id="r")):
+            arrivals.append((time.perf_counter() - start, len(piece.samples)))
+        return _played(arrivals, rate)
+
+    def direct(text: str) -> Run:
+        def chunks(t: str) -> Iterator[int]:
+            for chunk in streamer.stream(t, SpeakOptions()):
+                yield len(chunk.samples)
+
+        return measure(chunks, text, rate)
+
+    methods = ["streamer", *synths]
+    raw: dict[str, dict[str, float]] = {}
+    print(
+        f"one reply at a time, {args.repeats} repeats, interleaved; load average "
+        f"{os.getloadavg()[0]:.2f}"
+    )
+    print(f"{'reply':<12} {'method':<18}{'first med':>10}{'first p95':>10}{'late':>6}")
+    for label, text in TEXTS.items():
+        runs: dict[str, list[Run]] = {m: [] for m in methods}
+        for r in range(args.repeats + 1):  # the first round warms every path
+            for m in methods[r % len(methods) :] + methods[: r % len(methods)]:
+                await asyncio.sleep(0.1)
+                run = (
+                    await asyncio.to_thread(direct, text)
+                    if m == "streamer"
+                    else await through(synths[m], text)
+                )
+                if r:
+                    runs[m].append(run)
+        for m in methods:
+            first = [1000 * x.first_s for x in runs[m]]
+            row = {
+                "first_med_ms": median(first),
+                "first_p95_ms": p95(first),
+                "late": sum(x.late_chunks for x in runs[m]) / len(runs[m]),
+            }
+            raw[f"{label}/{m}"] = row
+            print(
+                f"{label:<12} {m:<18}{row['first_med_ms']:>10.1f}{row['first_p95_ms']:>10.1f}"
+                f"{row['late']:>6.2f}",
+                flush=True,
+            )
+    for synth in synths.values():
+        await synth.aclose()
+    streamer.close()
+    cut.close()
+    return raw
+
+
+def _played(arrivals: list[tuple[float, int]], rate: int) -> Run:
+    """The player model of :func:`measure` over already timed arrivals."""
+    first = arrivals[0][0]
+    late, starve, played, clock = 0, 0.0, 0, first
+    for t, n in arrivals:
+        need = max(first + played / rate, clock)
+        if t > need + 1e-4:
+            late += 1
+            starve += t - need
+            clock = t + n / rate
+        else:
+            clock = need + n / rate
+        played += n
+    return Run(first, arrivals[-1][0], played / rate, late, 1000 * starve)
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads per session")
     parser.add_argument("--json", action="store_true", help="also print raw results as JSON")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--paths", action="store_true", help="one reply: streamer vs the gateway's paths"
+    )
+    parser.add_argument("--first-unit-words", type=int, default=3)
+    args = parser.parse_args(argv)
+    if args.paths:
+        import asyncio  # noqa: PLC0415
+
+        result = asyncio.run(_paths(args))
+        if args.json:
+            print(json.dumps(result, indent=1))
+        return
 
     streamer = VitsStreamer.load(TtsConfig(onnx_threads=args.threads, cache_bytes=0))
     streamer.warmup()

@@ -85,3 +85,19 @@ def test_the_policy_keeps_eight_replies_fed_where_the_previous_one_fell_behind()
     first = [s["first_ms"] for s in now.streams]
     first_before = [s["first_ms"] for s in before.streams]
     assert max(first) <= 1.25 * max(first_before)
+
+
+@pytest.mark.model
+def test_first_unit_benchmark_tiny_run_reports_every_method(tmp_path: Path) -> None:
+    from benchmarks import tts_first_unit
+
+    out = tmp_path / "cut.json"
+    assert tts_first_unit.main(["--tiny", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert set(rows) == {"3/whole", "3/naive", "3/lookahead 2"}
+    assert rows["3/whole"]["mel_db"] == 0.0 and rows["3/whole"]["shift_ms"] == 0.0
+    for row in rows.values():
+        assert row["front_ms"] > 0 and row["first_med_ms"] >= row["front_ms"]
+    # The plain cut ends its words as a sentence ends (a pause, a lengthened last word);
+    # the measured figures, not a bound on them, are the benchmark's to report.
+    assert rows["3/naive"]["mel_db"] > 0.0

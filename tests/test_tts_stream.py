@@ -77,6 +77,37 @@ def test_larger_later_windows_keep_the_audio_and_the_first_window() -> None:
         engine.close()
 
 
+def test_a_first_unit_cut_after_a_few_words_keeps_the_rest_of_the_sentence(
+    streamer: VitsStreamer,
+) -> None:
+    """``first_unit_words``: the first three words are a unit of their own (their front end
+    reads two more), and the rest of the sentence is the whole sentence's own audio from the
+    cut on; the join sits nearer the whole sentence's word boundary than a plain cut's."""
+    engine = VitsStreamer.load(TtsConfig(cache_bytes=0, first_unit_words=3))
+    try:
+        text = "Is there anything else I can help you with?"
+        chunks = list(engine.stream(text, QUIET))
+        cut = engine.synthesize_oneshot(text, QUIET)
+        audio = np.concatenate([c.samples for c in chunks])
+        assert audio.shape == cut.samples.shape and snr_db(cut.samples, audio) >= 60.0
+        assert [w.text for c in chunks for w in c.words] == written_words(text)
+        assert [(w.text, w.start_ms, w.end_ms) for c in chunks for w in c.words] == [
+            (w.text, w.start_ms, w.end_ms) for w in cut.words
+        ]
+        assert {c.sentence_index for c in chunks} == {0, 1}
+        join = sum(len(c.samples) for c in chunks if c.sentence_index == 0)
+        assert join < len(audio) // 2  # a short first unit: its front end is cheap
+        whole = streamer.synthesize_oneshot(text, QUIET)
+        rate = whole.sample_rate_hz
+        at = round(whole.words[3].start_ms * rate / 1000)  # where "else" starts, uncut
+        assert len(audio) - join == len(whole.samples) - at
+        assert snr_db(whole.samples[at:], audio[join:]) >= 60.0
+        plain = streamer.synthesize_oneshot("Is there anything", QUIET)
+        assert abs(join - at) < abs(len(plain.samples) - at)
+    finally:
+        engine.close()
+
+
 def test_chunks_are_contiguous_and_first_window_is_small(streamer: VitsStreamer) -> None:
     text = " ".join(SENTENCES)
     chunks = list(streamer.stream(text, QUIET))

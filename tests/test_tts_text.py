@@ -182,6 +182,53 @@ def test_first_long_sentence_is_cut_at_its_first_clause() -> None:
     assert units(text, first=0)[0].startswith("Well, let me")
 
 
+def test_first_sentence_without_an_early_clause_is_cut_after_a_few_words() -> None:
+    """The cheap first unit: its front end reads two words past the cut for context, the
+    next unit is the whole sentence again (the cut words as lead), spoken from the cut."""
+    text = "Is there anything else I can help you with? Thanks."
+    out = prepare_text(
+        text, max_chars=1000, max_unit_chars=300, first_unit_max_chars=30, first_unit_words=3
+    )
+    source = [[w.source for w in part] for u in out for part in (u.lead, u.words, u.tail)]
+    assert source == [
+        [],
+        ["Is", "there", "anything"],
+        ["else", "I"],
+        ["Is", "there", "anything"],
+        ["else", "I", "can", "help", "you", "with"],
+        [],
+        [],
+        ["Thanks"],
+        [],
+    ]
+    # Every written word is spoken once, in order; the phonemiser reads the context too.
+    assert [w.source for u in out for w in u.words] == [w.strip("?.") for w in text.split()]
+    assert out[0].text == "Is there anything else I"
+    assert out[1].text == "Is there anything else I can help you with?"
+
+
+@pytest.mark.parametrize(
+    ("text", "words", "expected"),
+    [
+        # The clause split already made the first unit short: no word cut.
+        ("Well, let me check that order for you in our system right now.", 3, ["Well,"]),
+        # Too few words to leave two on each side of the cut.
+        ("Please hold the line now.", 4, ["Please hold the line now."]),
+        # Off.
+        ("Is there anything else I can help you with?", 0, None),
+    ],
+)
+def test_the_word_cut_only_applies_where_it_shortens_a_long_first_unit(
+    text: str, words: int, expected: list[str] | None
+) -> None:
+    out = prepare_text(
+        text, max_chars=1000, max_unit_chars=300, first_unit_max_chars=20, first_unit_words=words
+    )
+    assert all(not u.lead and not u.tail for u in out)
+    if expected is not None:
+        assert [u.text for u in out][: len(expected)] == expected
+
+
 def test_split_units_on_empty_list() -> None:
     assert split_units([], max_unit_chars=100, first_unit_max_chars=10) == []
 

@@ -338,6 +338,8 @@ class VitsStreamer:
             max_chars=self.config.max_chars,
             max_unit_chars=self.config.max_unit_chars,
             first_unit_max_chars=self.config.first_unit_max_chars,
+            first_unit_words=self.config.first_unit_words,
+            lookahead_words=self.config.first_unit_lookahead_words,
         )
         return ReplyJob(self, units, resolved)
 
@@ -419,6 +421,8 @@ class VitsStreamer:
             max_chars=self.config.max_chars,
             max_unit_chars=self.config.max_unit_chars,
             first_unit_max_chars=self.config.first_unit_max_chars,
+            first_unit_words=self.config.first_unit_words,
+            lookahead_words=self.config.first_unit_lookahead_words,
         )
         session = self._whole_session()
         parts: list[FloatArray] = []
@@ -430,18 +434,22 @@ class VitsStreamer:
             feeds = self._inputs(phonemized.phoneme_ids, resolved)
             inputs = {i.name for i in session.get_inputs()}
             audio, durations = session.run(None, {k: v for k, v in feeds.items() if k in inputs})
+            durations = np.asarray(durations).reshape(-1)
+            # A unit cut out of its sentence speaks only its own frames (see TextUnit).
+            first, end = phonemized.spoken_frames(unit, durations)
+            base = first * self._hop
             samples = soft_limit(
-                np.asarray(audio, dtype=np.float32).reshape(-1),
+                np.asarray(audio, dtype=np.float32).reshape(-1)[base : end * self._hop],
                 self._gain,
                 self.config.limiter_threshold,
             )
-            spans = phonemized.word_sample_spans(np.asarray(durations).reshape(-1), self._hop)
-            for word, (start, end) in zip(unit.words, spans, strict=True):
-                stop = min(max(end, 1), len(samples))
+            spans = phonemized.word_sample_spans(durations, self._hop)[len(unit.lead) :]
+            for word, (start, stop_) in zip(unit.words, spans, strict=False):
+                stop = min(max(stop_ - base, 1), len(samples))
                 words.append(
                     WordSpan(
                         word.source,
-                        1000.0 * (offset + start) / rate,
+                        1000.0 * (offset + start - base) / rate,
                         1000.0 * (offset + stop) / rate,
                     )
                 )
@@ -474,8 +482,10 @@ class _Unit:
     start_sample: int  # where the unit starts in the reply
     frame: dict[str, npt.NDArray[Any]]
     whole: dict[str, npt.NDArray[Any]]
-    total: int
-    ends: list[tuple[str, int, int]]
+    total: int  # the frame after the last one the unit speaks
+    ends: list[tuple[str, int, int]]  # spoken words, samples from ``first``
+    first: int = 0  # the first frame the unit speaks (past its lead words)
+    length: int = 0  # latent frames (context words included): windows' context reaches here
     made: dict[int, _Piece] = field(default_factory=dict)  # by window start frame
     done_frames: int = 0
 
@@ -574,7 +584,7 @@ class ReplyJob:
         index = self._next_unit
         unit = self._units[index]
         self._next_unit += 1
-        key = (unit.words, s._name, self._resolved.cache_key)
+        key = (unit, s._name, self._resolved.cache_key)
         cached = s._cache.get(key) if s.config.cache_bytes else None
         start_sample = self._planned_samples
         if cached is not None:
@@ -588,15 +598,17 @@ class ReplyJob:
             return chunks
         phonemized = phonemize_unit(unit, s._voice)
         frame, whole, durations = s._run_front_end(phonemized, self._resolved)
-        total = int(frame[s._split.latent].shape[-1])
-        spans = phonemized.word_sample_spans(durations, s._hop)
+        length = int(frame[s._split.latent].shape[-1])
+        first, total = phonemized.spoken_frames(unit, durations)
+        spans = phonemized.word_sample_spans(durations, s._hop)[len(unit.lead) :]
         # A word ends inside the unit; clamp so rounding never pushes it past the last sample.
+        base, size = first * s._hop, (total - first) * s._hop
         ends = [
-            (w.source, st, min(max(e, 1), total * s._hop))
-            for w, (st, e) in zip(unit.words, spans, strict=True)
+            (w.source, st - base, min(max(e - base, 1), size))
+            for w, (st, e) in zip(unit.words, spans, strict=False)
         ]
-        self._unit = _Unit(index, key, start_sample, frame, whole, total, ends)
-        self._position = 0
+        self._unit = _Unit(index, key, start_sample, frame, whole, total, ends, first, length)
+        self._position = first
         self._size = s.config.first_window_frames
         return []
 
@@ -617,6 +629,7 @@ class ReplyJob:
             s.config.context_frames,
             min_tail=s.config.first_window_frames // 2,
             pad_to=pad_to,
+            length=unit.length,
         )
         self._position = stop
         self._planned_samples += (stop - start) * s._hop
@@ -633,14 +646,14 @@ class ReplyJob:
         samples = soft_limit(audio, s._gain, s.config.limiter_threshold)
         # Chunks may be replayed from the cache to other callers: make them immutable.
         samples.flags.writeable = False
-        lo, hi = plan.start * s._hop, plan.stop * s._hop
+        lo, hi = (plan.start - unit.first) * s._hop, (plan.stop - unit.first) * s._hop
         piece = _Piece(samples, tuple((t, a, e) for t, a, e in unit.ends if lo < e <= hi))
         last = plan.stop >= unit.total and unit.index == len(self._units) - 1
-        offset = unit.start_sample + plan.start * s._hop
+        offset = unit.start_sample + lo
         with self._lock:
             unit.made[plan.start] = piece
             unit.done_frames += plan.stop - plan.start
-            complete = unit.done_frames >= unit.total
+            complete = unit.done_frames >= unit.total - unit.first
         if complete and s.config.cache_bytes:
             # Only complete units are stored: a reply abandoned mid-unit stores nothing.
             made = tuple(unit.made[k] for k in sorted(unit.made))

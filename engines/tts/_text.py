@@ -269,16 +269,31 @@ class TextWord:
 class TextUnit:
     """A sentence or clause: the amount of text the front end runs on at once.
 
+    A unit cut out of a longer sentence (the reply's cheap first unit, see
+    :func:`split_units`) also carries words on either side that the front end reads for
+    context but that this unit does not speak: the front end then shapes the spoken words'
+    durations as inside the sentence, not as its end (no phrase-final lengthening, no pause),
+    and the audio is cut at a word boundary.
+
     Attributes:
-        words: its words in order.
+        words: the words this unit speaks, in order.
+        lead: words before them that the front end reads but a previous unit spoke.
+        tail: words after them that the front end reads but the next unit speaks.
     """
 
     words: tuple[TextWord, ...]
+    lead: tuple[TextWord, ...] = ()
+    tail: tuple[TextWord, ...] = ()
+
+    @property
+    def context_words(self) -> tuple[TextWord, ...]:
+        """Every word the front end reads: ``lead + words + tail``."""
+        return self.lead + self.words + self.tail
 
     @property
     def text(self) -> str:
-        """The spoken text, punctuation included, as handed to the phonemiser."""
-        return " ".join(w.spoken + w.punct for w in self.words)
+        """The text handed to the phonemiser (context words included), punctuation kept."""
+        return " ".join(w.spoken + w.punct for w in self.context_words)
 
 
 def _is_abbreviation(low: str, nxt: str) -> bool:
@@ -393,13 +408,25 @@ def _length(words: list[TextWord]) -> int:
 
 
 def split_units(
-    words: list[TextWord], *, max_unit_chars: int, first_unit_max_chars: int
+    words: list[TextWord],
+    *,
+    max_unit_chars: int,
+    first_unit_max_chars: int,
+    first_unit_words: int = 0,
+    lookahead_words: int = 2,
 ) -> list[TextUnit]:
     """Split words into sentences, cutting long ones at clauses and then at word boundaries.
 
     The first sentence is also cut at its first clause when it is longer than
     ``first_unit_max_chars`` (0 disables): the front end then runs on less text before the
     reply's first audio, at the cost of a clause-level pause the comma already asked for.
+
+    If the first unit is still longer than ``first_unit_max_chars`` and ``first_unit_words``
+    is set, it is cut after that many words with no pause at all: the first unit speaks them,
+    its front end reading ``lookahead_words`` more for context; the next unit is the whole
+    sentence again (its first words as ``lead``), spoken from the cut on. First audio then
+    needs the front end of a few words only, and the rest of the sentence keeps the
+    sentence's own prosody; what the cut costs is measured by ``benchmarks/tts_first_unit.py``.
     """
     sentences: list[list[TextWord]] = [[]]
     for word in words:
@@ -421,11 +448,28 @@ def split_units(
         cut = next((i for i, w in enumerate(first[:-1]) if w.punct in _CLAUSE_END), None)
         if cut is not None:
             units[0:1] = [first[: cut + 1], first[cut + 1 :]]
-    return [TextUnit(tuple(u)) for u in units]
+    out = [TextUnit(tuple(u)) for u in units]
+    if first_unit_words and out and _length(units[0]) > first_unit_max_chars:
+        head = out[0].words
+        k = first_unit_words
+        # Cut only where both sides keep at least two words (a one-word remainder would
+        # cost a whole-sentence front end for a word).
+        if len(head) >= k + 2:
+            out[0:1] = [
+                TextUnit(head[:k], tail=head[k : k + max(1, lookahead_words)]),
+                TextUnit(head[k:], lead=head[:k]),
+            ]
+    return out
 
 
 def prepare_text(
-    text: str, *, max_chars: int, max_unit_chars: int, first_unit_max_chars: int
+    text: str,
+    *,
+    max_chars: int,
+    max_unit_chars: int,
+    first_unit_max_chars: int,
+    first_unit_words: int = 0,
+    lookahead_words: int = 2,
 ) -> list[TextUnit]:
     """Validate, clean, normalise and split a request's text.
 
@@ -444,5 +488,9 @@ def prepare_text(
     if not words:
         raise TtsInputError("text", "has nothing speakable once markup and symbols are removed")
     return split_units(
-        words, max_unit_chars=max_unit_chars, first_unit_max_chars=first_unit_max_chars
+        words,
+        max_unit_chars=max_unit_chars,
+        first_unit_max_chars=first_unit_max_chars,
+        first_unit_words=first_unit_words,
+        lookahead_words=lookahead_words,
     )

@@ -116,12 +116,27 @@ class PhonemizedUnit:
 
     Attributes:
         phoneme_ids: ids for the model (BOS/PAD/EOS included).
-        word_id_spans: per written word, the half-open range of ``phoneme_ids`` indexes its
-            phonemes (and their trailing pads) occupy.
+        word_id_spans: per written word (``TextUnit.context_words``), the half-open range
+            of ``phoneme_ids`` indexes its phonemes (and their trailing pads) occupy.
     """
 
     phoneme_ids: tuple[int, ...]
     word_id_spans: tuple[tuple[int, int], ...]
+
+    def spoken_frames(self, unit: TextUnit, durations: npt.NDArray[Any]) -> tuple[int, int]:
+        """The latent frames ``[first, end)`` that ``unit`` speaks, out of all it reads.
+
+        Cuts are at the start of a word (the pause before it, if any, stays with the words
+        before): a unit with ``lead`` starts at its first spoken word, one with ``tail`` ends
+        where its first tail word starts; a plain unit speaks every frame.
+        """
+        frames = np.concatenate([[0], np.cumsum(np.asarray(durations, dtype=np.int64))])
+        first = int(frames[self.word_id_spans[len(unit.lead)][0]]) if unit.lead else 0
+        if unit.tail:
+            end = int(frames[self.word_id_spans[len(unit.lead) + len(unit.words)][0]])
+        else:
+            end = int(frames[-1])
+        return first, max(first + 1, end)
 
     def word_sample_spans(
         self, durations: npt.NDArray[np.floating[Any]], hop: int
@@ -168,7 +183,8 @@ def phonemize_unit(unit: TextUnit, config: PiperConfig) -> PhonemizedUnit:
         raise TtsError("phoneme id layout differs from piper.phoneme_ids; cannot align words")
 
     groups = _groups(phonemes)
-    counts = [len(w.spoken.split()) for w in unit.words]
+    words = unit.context_words  # spans for the context words too: the caller cuts at them
+    counts = [len(w.spoken.split()) for w in words]
     phoneme_spans: list[tuple[int, int]] = []
     if sum(counts) == len(groups):
         k = 0
@@ -187,7 +203,7 @@ def phonemize_unit(unit: TextUnit, config: PiperConfig) -> PhonemizedUnit:
                         for p in _espeak(config.espeak_voice, w.spoken, config)
                     ),
                 )
-                for w in unit.words
+                for w in words
             ],
             dtype=np.float64,
         )

@@ -144,6 +144,29 @@ class TtsConfig(BaseModel):
         ),
     )
 
+    first_unit_words: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description=(
+            "If the reply's first unit (after the clause split) is still longer than "
+            "first_unit_max_chars, speak its first this-many words as a unit of their own, "
+            "with no pause: their front end reads first_unit_lookahead_words more for context "
+            "and the rest of the sentence is spoken from the sentence's own front end, so "
+            "first audio waits for the front end of a few words only. Changes the audio near "
+            "the cut (measured by benchmarks/tts_first_unit.py); 0 disables."
+        ),
+    )
+    first_unit_lookahead_words: int = Field(
+        default=2,
+        ge=1,
+        le=16,
+        description=(
+            "Words past the cut that the first unit's front end reads (and does not speak), "
+            "so that the last spoken words get mid-sentence durations, not a sentence end's."
+        ),
+    )
+
     @model_validator(mode="after")
     def _check_windows(self) -> Self:
         if self.window_frames < self.first_window_frames:
