@@ -1,0 +1,48 @@
+"""benchmarks/adapt_quality.py in its tiny mode, so that it never rots.
+
+Three held-out sentences in one flite voice (16 kHz and mu-law), two general clips, the bundled
+base model on both sides: the same model must give the same transcripts, so every WER and recall
+pair is equal. Speed is what the benchmark reports, never checked here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from benchmarks.adapt_quality import main
+from engines.asr._model_files import resolve_model_dir
+
+pytestmark = pytest.mark.model
+
+
+def test_tiny_run_scores_both_sides_of_every_set(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if shutil.which("flite") is None:
+        pytest.fail("flite not found: apt-get install -y flite (.ci/run does this)")
+    out = tmp_path / "rows.json"
+    base = resolve_model_dir("base")
+    main(["--tiny", "--model", str(base), "--json", str(out), "--cache", str(tmp_path / "tts")])
+    data = json.loads(out.read_text())
+    rows = {(r["set"], r["model"]): r for r in data["rows"]}
+    sets = ["held-out voices 16k", "held-out voices mulaw", "general 16k"]
+    assert sorted(rows) == sorted((s, m) for s in sets for m in ("base", "adapted"))
+    for s in sets:
+        b, a = rows[(s, "base")], rows[(s, "adapted")]
+        assert b["clips"] == a["clips"] > 0 and b["words"] == a["words"] > 0
+        assert b["wer"] == a["wer"] and a["median_s"] > 0
+    held = rows[("held-out voices 16k", "base")]
+    assert held["clips"] == 3 and held["terms_said"] == 3
+    assert rows[("general 16k", "base")]["wer"] < 0.2
+    assert data["model_bytes"]["base"] == data["model_bytes"]["adapted"] > 100e6
+    text = capsys.readouterr().out
+    assert "held-out voices 16k: term recall" in text and "latency adapted/base" in text
+
+
+def test_exactly_one_model_source_is_required() -> None:
+    with pytest.raises(SystemExit):
+        main(["--tiny"])
