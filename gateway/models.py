@@ -417,9 +417,19 @@ class ModelRegistry:
     async def _run_load(self, entry: ModelEntry) -> LoadedModel:
         assert self._loader is not None
         loader = self._loader
+
+        def checked_load() -> LoadedModel:
+            # The scan verified the sha256 of these very bytes (same inode, size and mtime);
+            # files changed since then are not what was verified.
+            if _fingerprint(entry.path / "model.bin") != entry.fingerprint:
+                raise RuntimeError(
+                    "model.bin changed since the last scan (send SIGHUP to rescan it)"
+                )
+            return loader(entry)
+
         try:
             try:
-                model = await asyncio.to_thread(loader, entry)
+                model = await asyncio.to_thread(checked_load)
             except Exception as exc:
                 why = f"{type(exc).__name__}: {exc}"
                 self._failed[entry.name] = (entry.fingerprint, why)

@@ -309,6 +309,36 @@ async def test_load_names_loads_at_start_and_reports_a_missing_one(tmp_path: Pat
         await registry.load_names(["absent"])
 
 
+async def test_files_changed_after_the_scan_are_not_loaded(tmp_path: Path) -> None:
+    """The scan checked voxgate-model.json's sha256 against the bytes it saw, not these."""
+    payload = b"verified weights"
+    model_dir = make_model(
+        tmp_path, "support", payload, model_bin_sha256=hashlib.sha256(payload).hexdigest()
+    )
+    loader = FakeLoader()
+    registry = ModelRegistry(default_model(), tmp_path, loader)
+    await registry.rescan()
+    (model_dir / "model.bin").write_bytes(b"something else entirely")
+    os.utime(model_dir / "model.bin", ns=(1, 10**18))
+    with pytest.raises(CallError) as err:
+        await registry.acquire("support")
+    assert err.value.kind is ErrorKind.FAILED_PRECONDITION
+    assert "changed since the last scan" in err.value.message
+    assert loader.calls == []
+    await registry.rescan()  # now the sha256 is checked against the new bytes: refused
+    assert registry.names() == ["whisper-base"]
+
+
+def test_load_on_start_needs_a_models_dir() -> None:
+    from pydantic import ValidationError
+
+    from engines.asr.config import WhisperConfig
+
+    with pytest.raises(ValidationError, match="needs models_dir"):
+        WhisperConfig(load_on_start=("support",))
+    assert WhisperConfig(models_dir="/m", load_on_start=("support",)).load_on_start == ("support",)
+
+
 def request(key: str) -> AsrRequest:
     stats = UtteranceStats(1000, 1000, 1.0, 0, 0, -30.0, -30.0, -20.0)
     return AsrRequest(np.zeros(1600, np.float32), stats, AsrOptions(model=key))

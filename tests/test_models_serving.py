@@ -346,6 +346,7 @@ async def test_sighup_rescans_the_models_directory_of_voxgate_serve(
                 "swapped",
             ]
             assert "garden" in (await recognize(stub, audio, "swapped"))[1].lower()
+            assert await health(ch, "swapped") == SERVING
             # A call on "swapped" in progress while the directory goes away keeps its model.
             held = stub.StreamingRecognize(
                 requests([config(model="swapped"), *chunks(audio, 640)], pace_s=0.02)
@@ -357,6 +358,7 @@ async def test_sighup_rescans_the_models_directory_of_voxgate_serve(
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await recognize(stub, b"", "swapped")
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert await health(ch, "swapped") == NOT_SERVING
             texts = []
             while (r := await held.read()) is not grpc.aio.EOF:
                 if r.WhichOneof("event") == "transcript" and r.transcript.is_final:
