@@ -1,4 +1,4 @@
-"""The ``voxgate`` command line: ``serve``, ``call``, ``demo``, ``sip`` and ``media-streams``.
+"""The ``voxgate`` command line: serve, call, demo, sip, media-streams and adapt.
 
 Flags beat ``VOXGATE_*`` environment variables, which beat a ``--config`` YAML file, which beats
 the defaults (see :mod:`gateway.config`).
@@ -192,6 +192,13 @@ def _cmd_media_streams(args: argparse.Namespace) -> int:
     return code
 
 
+def _cmd_adapt(args: argparse.Namespace) -> int:
+    from cli._adapt import run_adapt  # noqa: PLC0415
+
+    setup_logging("WARNING", "text")
+    return run_adapt(args)
+
+
 class _HelpFormatter(argparse.HelpFormatter):
     """The help formatter of ``voxgate --help``: every command on one line.
 
@@ -275,6 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("media-streams", help="answer Twilio/Telnyx media-stream WebSockets")
     add_media_streams_arguments(m)
     m.set_defaults(func=_cmd_media_streams)
+
+    from cli._adapt import add_adapt_arguments  # noqa: PLC0415
+
+    a = sub.add_parser("adapt", help="fine-tune the recogniser on a domain into a named model")
+    add_adapt_arguments(a)
+    a.set_defaults(func=_cmd_adapt)
     return parser
 
 

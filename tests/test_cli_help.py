@@ -14,7 +14,7 @@ from clients.cli import WAIT_FOR_BOT_CHOICES
 
 pytestmark = pytest.mark.unit
 
-COMMANDS = {"serve", "call", "demo", "sip", "media-streams"}
+COMMANDS = {"serve", "call", "demo", "sip", "media-streams", "adapt"}
 
 
 def help_text(*args: str) -> str:

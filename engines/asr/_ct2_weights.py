@@ -24,7 +24,13 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["DecoderWeights", "Linear", "WeightFileError", "load_decoder_weights"]
+__all__ = [
+    "DecoderWeights",
+    "Linear",
+    "WeightFileError",
+    "load_decoder_weights",
+    "read_variables",
+]
 
 F32 = npt.NDArray[np.float32]
 
@@ -106,7 +112,17 @@ class DecoderWeights:
         return int(self.embeddings.shape[0])
 
 
-def _read_variables(path: Path) -> dict[str, npt.NDArray[np.generic]]:
+def read_variables(path: Path) -> dict[str, npt.NDArray[np.generic]]:
+    """Every variable of a CTranslate2 Whisper ``model.bin``, by its spec name, in file order.
+
+    Arrays keep the stored dtype (float16 for the bundled base) and are read-only views of the
+    file's bytes; an alias (``decoder/projection/weight``) is the very array it names. The
+    adaptation pipeline (``adapt.convert``) reads the whole model through this one parser so
+    there is no second reader of the format to drift.
+
+    Raises:
+        WeightFileError: the file is not a CTranslate2 Whisper model of binary version 6.
+    """
     data = path.read_bytes()
     off = 0
 
@@ -189,7 +205,7 @@ def load_decoder_weights(
     Raises:
         WeightFileError: the file is not a CTranslate2 Whisper model.
     """
-    v = _read_variables(Path(model_dir) / "model.bin")
+    v = read_variables(Path(model_dir) / "model.bin")
     int8 = quantize == "int8"
 
     def f32(name: str) -> F32:

@@ -1,0 +1,222 @@
+"""``voxgate adapt`` end to end: data in, a served model out.
+
+The order is chosen so that everything that can be wrong with the input is found before the
+first training step: the model name, the data (every clip and transcript, :mod:`adapt.data`),
+the held-out split, the tokenised transcripts, the settings. Then: score the base on the
+held-out clips, train (:mod:`adapt.train`), merge the adapters into the base in NumPy, write the
+CTranslate2 directory into a hidden partial directory, verify it with the serving engine, score
+it on the same clips, write the report beside it, and rename it into the models directory
+(:mod:`adapt.publish`). The checkpoints live in a work directory (by default the hidden
+``<models_dir>/.<name>.work``, which the server ignores) so that ``--resume`` finds them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from adapt.convert import read_base, write_ct2_dir
+from adapt.progress import Progress
+from adapt.publish import check_name, publish, sha256_file
+from adapt.train import TrainConfig, make_examples, merge, train
+
+__all__ = ["AdaptRequest", "AdaptResult", "run"]
+
+
+@dataclass(frozen=True)
+class AdaptRequest:
+    """Everything ``voxgate adapt`` was asked to do (the CLI's flags)."""
+
+    name: str
+    models_dir: Path
+    data: Path | None = None
+    phrases: Path | None = None
+    terms: Path | None = None
+    general: Path | None = None
+    base_model: str = "base"
+    variants: int = 4
+    held_out: float = 0.2
+    work_dir: Path | None = None
+    resume: bool = False
+    evaluate: bool = True
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    @property
+    def resolved_work_dir(self) -> Path:
+        """Where checkpoints go: ``--work-dir`` or ``<models_dir>/.<name>.work``."""
+        if self.work_dir is not None:
+            return self.work_dir
+        return self.models_dir / f".{self.name}.work"
+
+
+@dataclass
+class AdaptResult:
+    """What a finished run produced."""
+
+    model_dir: Path
+    report: Path | None
+    meta: dict[str, Any]
+    scores: dict[str, Any]
+
+
+def _terms(req: AdaptRequest) -> list[str]:
+    from adapt.data import read_phrases
+
+    return read_phrases(req.terms) if req.terms is not None else []
+
+
+def _scores_dict(s: Any) -> dict[str, Any]:
+    return {"wer": s.wer, "term_recall": s.term_recall, "n_words": s.n_words}
+
+
+def _report_meta(req: AdaptRequest, meta: dict[str, Any]) -> dict[str, object]:
+    """The run's facts as the report's flat table (no transcripts: only counts and settings)."""
+    lora, tr, data = meta["lora"], meta["training"], meta["data"]
+    sha = meta["base_model"]["model_bin_sha256"][:12]
+    windows = ", ".join(f"{int(k) / 100:g} s x{v}" for k, v in tr["windows"].items())
+    return {
+        "name": req.name,
+        "base model": f"{req.base_model} (model.bin sha256 {sha}...)",
+        "adapters": f"LoRA r={lora['rank']} alpha={lora['alpha']} dropout={lora['dropout']} "
+        f"on {lora['targets']}" + (" (QLoRA 4-bit base)" if lora["qlora"] else ""),
+        "encoder windows": f"{lora['windows']} ({windows})",
+        "steps": f"{tr['steps']} (batch {lora['batch_size']}, peak lr {lora['learning_rate']})",
+        "training time": f"{tr['train_seconds']} s on {tr['device']}",
+        "trainable parameters": f"{tr['trainable_parameters']:,} of {tr['total_parameters']:,}",
+        "training data": f"{data['train']['pairs']} clips, {data['train']['audio_s']} s",
+        "held-out data": f"{data['held_out']['pairs']} clips, {data['held_out']['audio_s']} s",
+    }
+
+
+def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
+    """Run the whole pipeline; see the module docstring for the order.
+
+    Raises:
+        adapt.data.AdaptDataError: unusable data (before training).
+        TrainError: unusable settings, a refused checkpoint.
+        PublishError: the name is unusable or taken, or the written model failed to verify.
+        adapt.train.TrainingInterrupted: SIGINT/SIGTERM during training (checkpoint saved).
+    """
+    from adapt import data as d
+    from engines.asr._model_files import resolve_model_dir
+
+    prog = progress if progress is not None else Progress()
+    t_start = time.monotonic()
+    check_name(req.name, req.models_dir)
+    req.train.check()
+    if req.data is None and req.phrases is None:
+        raise d.AdaptDataError("give --data (recordings) and/or --phrases (domain phrases)")
+    terms = _terms(req)
+
+    prog.stage("load")
+    pairs: list[d.Pair] = []
+    if req.data is not None:
+        pairs += d.load_pairs(req.data)
+    if req.phrases is not None:
+        phrases = d.read_phrases(req.phrases)
+        prog.stage("synthesize", phrases=len(phrases), variants=req.variants)
+        pairs += d.synthesize_phrases(phrases, variants=req.variants, seed=req.train.seed)
+    train_pairs, held = d.split(pairs, held_out=req.held_out, seed=req.train.seed)
+    general = d.load_pairs(req.general) if req.general is not None else []
+
+    base_dir = resolve_model_dir(req.base_model)
+    base = read_base(base_dir)
+    examples = make_examples(
+        base,
+        train_pairs,
+        windows=req.train.windows,
+        encoder=req.train.encoder,
+        language=req.train.language,
+    )
+
+    scores: dict[str, Any] = {}
+    before: dict[str, Any] = {}
+    if req.evaluate:
+        from adapt.evaluate import evaluate
+
+        prog.stage("evaluate-base", clips=len(held) + len(general))
+        before["held_out"] = evaluate(base_dir, held, terms=terms)
+        if general:
+            before["general"] = evaluate(base_dir, general, terms=[])
+
+    result = train(
+        base, examples, req.train, req.resolved_work_dir, resume=req.resume, progress=prog
+    )
+    prog.stage("merge", adapters=len(result.adapters))
+    merged = merge(base.state, result.adapters)
+    del result.adapters[:]
+
+    meta: dict[str, Any] = {
+        "base_model": {
+            "name": req.base_model,
+            "model_bin_sha256": sha256_file(base_dir / "model.bin"),
+        },
+        "lora": {
+            "rank": req.train.rank,
+            "alpha": req.train.alpha,
+            "dropout": req.train.dropout,
+            "targets": "decoder q_proj/v_proj"
+            if req.train.decoder_only
+            else "encoder+decoder q_proj/v_proj",
+            "qlora": req.train.qlora,
+            "learning_rate": req.train.learning_rate,
+            "batch_size": req.train.batch_size,
+            "windows": req.train.windows,
+            "seed": req.train.seed,
+        },
+        "training": result.summary(),
+        "data": {
+            "train": d.summarize(train_pairs),
+            "held_out": d.summarize(held),
+            "phrases_file": req.phrases.name if req.phrases is not None else None,
+            "variants": req.variants if req.phrases is not None else 0,
+        },
+    }
+    report_path: list[Path] = []
+
+    def finish(partial: Path) -> None:
+        if not req.evaluate:
+            return
+        from adapt.evaluate import evaluate
+        from adapt.report import write_report
+
+        prog.stage("evaluate-adapted", clips=len(held) + len(general))
+        after: dict[str, Any] = {"held_out": evaluate(partial, held, terms=terms)}
+        if general:
+            after["general"] = evaluate(partial, general, terms=[])
+        for k, was in before.items():
+            scores[k] = {"before": _scores_dict(was), "after": _scores_dict(after[k])}
+        report_path.append(
+            write_report(
+                partial,
+                losses=result.losses,
+                scores_before=before,
+                scores_after=after,
+                meta=_report_meta(req, meta),
+            )
+        )
+
+    prog.stage("write", name=req.name)
+    verify_audio = (held[0] if held else train_pairs[0]).audio.astype(np.float32)
+    target, _ = publish(
+        req.models_dir,
+        req.name,
+        write=lambda out: write_ct2_dir(merged, base, out),
+        meta=meta,
+        verify_audio=verify_audio,
+        finish=finish,
+    )
+    if req.work_dir is None:
+        shutil.rmtree(req.resolved_work_dir, ignore_errors=True)
+    prog.stage(
+        "done",
+        model=str(target),
+        seconds=round(time.monotonic() - t_start, 1),
+    )
+    report = target / report_path[0].name if report_path else None
+    return AdaptResult(target, report, meta, scores)

@@ -1,0 +1,583 @@
+"""LoRA fine-tuning of the served Whisper model, on encoder windows as the gateway pads them.
+
+What is trained: low-rank adapters (peft) on the attention ``q_proj`` and ``v_proj`` of the
+Whisper model read back from its CTranslate2 file (:mod:`adapt.convert`): rank 8-16, alpha 32,
+dropout 0.05, the base frozen. ``decoder_only`` puts the adapters on the decoder alone and
+computes each clip's encoder output once, up front: the step then costs the decoder only
+(measured 0.24 s/step against 1.77 s with 30 s windows on 2 threads), which is the right trade
+when the domain is vocabulary (names, jargon) rather than acoustics. ``qlora`` holds the frozen
+base in 4 bits (bitsandbytes NF4) so a large model fits a small GPU; it needs CUDA.
+
+Windows as served: the gateway does not encode 30 s for every utterance; it pads each one to the
+smallest bucket of :class:`engines.asr.config.EncoderWindowConfig` that leaves the margin after
+the speech (10/15/20/30 s by default). A model trained only on 30 s windows is then served on
+inputs it never saw in training, so ``windows="served"`` (the default) pads every clip exactly as
+``engines.asr._policy.choose_encoder_frames`` does, with the same mel features the engine
+computes; ``"full"`` is Whisper's 30 s, and ``"utterance"`` pads to the clip plus a short margin
+(the audio-context fine-tuning experiment). transformers' encoder insists on 3000 frames, so the
+encoder forward here is the same computation with the position table cut to the window, as
+CTranslate2 does for a shorter input.
+
+Long runs: a checkpoint (adapter weights, optimiser state, losses) is written atomically every
+``checkpoint_every`` steps and when SIGINT/SIGTERM arrives, after the step in flight; ``resume``
+continues from it. Batches are drawn from a generator seeded with (seed, step), so a resumed run
+sees the same batches as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import signal
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from adapt.convert import BaseModel, hf_model
+from adapt.progress import Progress
+from engines.asr._policy import choose_encoder_frames
+from engines.asr.config import EncoderWindowConfig
+
+__all__ = [
+    "Adapter",
+    "Example",
+    "TrainConfig",
+    "TrainError",
+    "TrainResult",
+    "TrainingInterrupted",
+    "make_examples",
+    "merge",
+    "train",
+    "window_frames",
+]
+
+F32 = npt.NDArray[np.float32]
+SAMPLE_RATE_HZ = 16_000
+_SAMPLES_PER_FRAME = 160
+FULL_FRAMES = 3000
+#: Margin after the speech for ``windows="utterance"`` (frames; 0.5 s).
+UTTERANCE_MARGIN_FRAMES = 50
+CHECKPOINT_NAME = "checkpoint.pt"
+Windows = Literal["served", "full", "utterance"]
+
+
+class TrainError(RuntimeError):
+    """Training cannot start or go on as asked; the message says what to change."""
+
+
+class TrainingInterrupted(Exception):  # noqa: N818 - a signal, not a failure
+    """SIGINT/SIGTERM stopped training; a checkpoint at ``step`` was saved to ``checkpoint``."""
+
+    def __init__(self, step: int, checkpoint: Path) -> None:
+        super().__init__(f"interrupted at step {step}; checkpoint saved in {checkpoint}")
+        self.step = step
+        self.checkpoint = checkpoint
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train (validated by :meth:`check`)."""
+
+    steps: int = 200
+    rank: int = 8
+    alpha: int = 32
+    dropout: float = 0.05
+    learning_rate: float = 1e-3
+    batch_size: int = 4
+    decoder_only: bool = False
+    windows: Windows = "served"
+    encoder: EncoderWindowConfig = field(default_factory=EncoderWindowConfig)
+    checkpoint_every: int = 50
+    seed: int = 0
+    threads: int = 0
+    qlora: bool = False
+    language: str = "en"
+
+    def check(self) -> None:
+        """Raise :class:`TrainError` for a setting that cannot work."""
+        if self.steps < 1:
+            raise TrainError(f"--steps must be at least 1 (got {self.steps})")
+        if not 1 <= self.rank <= 256:
+            raise TrainError(f"--rank must be within 1..256 (got {self.rank}); 8-16 is typical")
+        if self.batch_size < 1:
+            raise TrainError(f"batch size must be at least 1 (got {self.batch_size})")
+        if not 0.0 < self.learning_rate < 1.0:
+            raise TrainError(f"learning rate must be within (0, 1) (got {self.learning_rate})")
+        if self.checkpoint_every < 1:
+            raise TrainError(
+                f"checkpoint interval must be at least 1 (got {self.checkpoint_every})"
+            )
+        if self.windows not in ("served", "full", "utterance"):
+            raise TrainError(f"windows must be served, full or utterance (got {self.windows!r})")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One training item: mel features at its window and the decoder's token sequence."""
+
+    features: F32  # (n_mels, frames)
+    tokens: tuple[int, ...]  # prompt + text + <|endoftext|>
+    prompt_len: int
+    origin: str
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """One trained low-rank update: ``W += scaling * B @ A`` on the named weight."""
+
+    weight: str  # transformers parameter name, e.g. model.decoder.layers.0.self_attn.q_proj.weight
+    a: F32  # (rank, in)
+    b: F32  # (out, rank)
+    scaling: float
+
+
+@dataclass
+class TrainResult:
+    """What a training run produced."""
+
+    adapters: list[Adapter]
+    losses: list[tuple[int, float]]
+    steps: int
+    seconds: float
+    resumed_from: int
+    trainable_parameters: int
+    total_parameters: int
+    device: str
+    windows: dict[int, int]  # encoder frames -> number of examples
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready figures for ``voxgate-model.json`` and the report."""
+        return {
+            "steps": self.steps,
+            "train_seconds": round(self.seconds, 1),
+            "resumed_from": self.resumed_from,
+            "trainable_parameters": self.trainable_parameters,
+            "total_parameters": self.total_parameters,
+            "device": self.device,
+            "windows": {str(k): v for k, v in sorted(self.windows.items())},
+        }
+
+
+def window_frames(num_samples: int, windows: Windows, encoder: EncoderWindowConfig) -> int:
+    """Mel frames the encoder sees for a clip of ``num_samples`` (16 kHz).
+
+    ``served`` is exactly the gateway's bucket choice; ``utterance`` is the clip plus half a
+    second, rounded up to an even count (the encoder's second convolution has stride 2).
+    """
+    content = num_samples // _SAMPLES_PER_FRAME
+    if windows == "full":
+        return FULL_FRAMES
+    if windows == "served":
+        return choose_encoder_frames(content, encoder)
+    frames = min(FULL_FRAMES, content + UTTERANCE_MARGIN_FRAMES)
+    return frames + frames % 2
+
+
+class _Features:
+    """Mel features exactly as ``engines.asr._whisper.WhisperEngine`` computes them."""
+
+    def __init__(self, n_mels: int) -> None:
+        from faster_whisper.feature_extractor import FeatureExtractor
+
+        self._fe = FeatureExtractor(feature_size=n_mels)
+
+    def __call__(self, audio: F32, frames: int) -> F32:
+        mel = self._fe(audio, padding=160)[:, :-1]
+        mel = mel[:, :frames]
+        if mel.shape[1] < frames:
+            mel = np.pad(mel, ((0, 0), (0, frames - mel.shape[1])))
+        return np.ascontiguousarray(mel, dtype=np.float32)
+
+
+def make_examples(
+    base: BaseModel,
+    pairs: Sequence[Any],
+    *,
+    windows: Windows = "served",
+    encoder: EncoderWindowConfig | None = None,
+    language: str = "en",
+) -> list[Example]:
+    """Turn (audio, text) pairs into training examples with the served prompt.
+
+    The decoder sees what the gateway feeds it for a call with no prompt: start of transcript,
+    language, task, no timestamps, then the text and end of text; the loss covers the text and
+    the end token only.
+
+    Args:
+        base: the model (its tokenizer and mel size are used).
+        pairs: objects with ``audio`` (float32 16 kHz), ``text`` and ``origin``
+            (:class:`adapt.data.Pair`).
+        windows: encoder window policy (see the module docstring).
+        encoder: the serving bucket policy; None = its defaults.
+        language: the language token of the prompt.
+    """
+    import tokenizers
+    from faster_whisper.tokenizer import Tokenizer
+
+    enc_cfg = encoder if encoder is not None else EncoderWindowConfig()
+    hf_tok = tokenizers.Tokenizer.from_file(str(base.model_dir / "tokenizer.json"))
+    multilingual = base.dims.vocab_size >= 51865
+    tok = Tokenizer(hf_tok, multilingual, task="transcribe", language=language)
+    prompt = [*tok.sot_sequence, tok.no_timestamps]
+    feats = _Features(base.dims.num_mel_bins)
+    out = []
+    for p in pairs:
+        text_ids = tok.encode(" " + p.text.strip())
+        tokens = (*prompt, *text_ids, tok.eot)
+        if len(tokens) > base.dims.max_target_positions:
+            raise TrainError(
+                f"{p.origin}: transcript is {len(text_ids)} tokens, more than the decoder's "
+                f"{base.dims.max_target_positions}; split the clip"
+            )
+        frames = window_frames(len(p.audio), windows, enc_cfg)
+        out.append(Example(feats(p.audio, frames), tokens, len(prompt), p.origin))
+    return out
+
+
+def _encoder_forward(model: Any, features: Any) -> Any:
+    """Whisper's encoder on a window of any even length up to 3000 frames.
+
+    The same operations as ``WhisperEncoder.forward`` with the position table cut to the
+    window, which is what CTranslate2 does when it encodes a bucket shorter than 30 s.
+    """
+    import torch.nn.functional as fn
+
+    enc = model.model.encoder
+    x = fn.gelu(enc.conv1(features))
+    x = fn.gelu(enc.conv2(x))
+    x = x.permute(0, 2, 1)
+    x = x + enc.embed_positions.weight[: x.shape[1]]
+    for layer in enc.layers:
+        x = layer(x, None)
+    return enc.layer_norm(x)
+
+
+def _fingerprint(cfg: TrainConfig, examples: Sequence[Example], base: BaseModel) -> str:
+    """What a checkpoint belongs to: the settings that change training, the data, the base."""
+    h = hashlib.sha256()
+    keep = {
+        k: v
+        for k, v in asdict(cfg).items()
+        if k not in ("steps", "checkpoint_every", "threads", "encoder")
+    }
+    h.update(json.dumps(keep, sort_keys=True, default=str).encode())
+    h.update(json.dumps(cfg.encoder.model_dump(), sort_keys=True).encode())
+    h.update(str(base.dims).encode())
+    for ex in examples:
+        h.update(ex.features.tobytes())
+        h.update(np.asarray(ex.tokens, dtype=np.int64).tobytes())
+    return h.hexdigest()
+
+
+def _lr(cfg: TrainConfig, step: int) -> float:
+    """Linear warm-up over the first 10 % of steps (at most 20), then cosine decay to 10 %."""
+    warm = max(1, min(20, cfg.steps // 10))
+    if step <= warm:
+        return cfg.learning_rate * step / warm
+    t = (step - warm) / max(1, cfg.steps - warm)
+    return cfg.learning_rate * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * t)))
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    import torch
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+@contextlib.contextmanager
+def _stop_flag() -> Iterator[list[int]]:
+    """SIGINT/SIGTERM set a flag the loop checks after each step (a second one is immediate).
+
+    Only the main thread can install handlers; elsewhere (a test runner thread) the flag is
+    simply never set by a signal.
+    """
+    flag: list[int] = []
+    previous: dict[int, Any] = {}
+
+    def handler(signum: int, _frame: Any) -> None:
+        flag.append(signum)
+        for sig, old in previous.items():  # a second signal interrupts at once
+            signal.signal(sig, old)
+
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, handler)
+    except ValueError:
+        previous.clear()
+    try:
+        yield flag
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+def _device(cfg: TrainConfig) -> str:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if cfg.qlora and not cuda:
+        raise TrainError(
+            "--qlora holds the base in 4 bits with bitsandbytes, which needs a CUDA GPU; "
+            "none is visible here. Train without --qlora (plain LoRA runs on the CPU)"
+        )
+    return "cuda" if cuda else "cpu"
+
+
+def _qlora_model(base: BaseModel, work_dir: Path) -> Any:
+    """The base model with its linear layers in 4-bit NF4 on the GPU (bitsandbytes)."""
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as e:
+        raise TrainError("--qlora needs bitsandbytes: pip install 'voxgate[adapt-gpu]'") from e
+    import peft
+    import torch
+    import transformers
+
+    hf_dir = work_dir / "hf-base"
+    if not (hf_dir / "config.json").is_file():
+        hf_model(base).save_pretrained(str(hf_dir))
+    quant = transformers.BitsAndBytesConfig(  # type: ignore[no-untyped-call]
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_compute_dtype=torch.bfloat16,
+        bnb_4bit_use_double_quant=True,
+    )
+    model = transformers.WhisperForConditionalGeneration.from_pretrained(
+        str(hf_dir), quantization_config=quant, device_map={"": 0}
+    )
+    return peft.prepare_model_for_kbit_training(  # type: ignore[no-untyped-call]
+        model, use_gradient_checkpointing=False
+    )
+
+
+def _target_modules(decoder_only: bool) -> str:
+    side = r"model\.decoder" if decoder_only else r"model\.(encoder|decoder)"
+    return side + r"\.layers\.\d+\.(self_attn|encoder_attn)\.(q_proj|v_proj)"
+
+
+def train(
+    base: BaseModel,
+    examples: Sequence[Example],
+    cfg: TrainConfig,
+    work_dir: Path,
+    *,
+    resume: bool = False,
+    progress: Progress | None = None,
+    on_step: Callable[[int, float], None] | None = None,
+) -> TrainResult:
+    """Train LoRA adapters on ``examples``; checkpoints go to ``work_dir``.
+
+    Args:
+        base: the model read back from CTranslate2.
+        examples: from :func:`make_examples`.
+        cfg: training settings.
+        work_dir: where ``checkpoint.pt`` lives (created).
+        resume: continue from ``work_dir/checkpoint.pt``; a checkpoint of other data or
+            settings is refused rather than silently mixed in.
+        progress: where to report; None = a default :class:`Progress` on stderr.
+        on_step: called after every step with (step, loss) (tests use it to interrupt).
+
+    Raises:
+        TrainError: bad settings, no examples, a mismatched or missing checkpoint.
+        TrainingInterrupted: SIGINT/SIGTERM; the checkpoint was saved first.
+    """
+    cfg.check()
+    if not examples:
+        raise TrainError("no training examples")
+    import peft
+    import torch
+
+    prog = progress if progress is not None else Progress()
+    device = _device(cfg)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_path = work_dir / CHECKPOINT_NAME
+    fingerprint = _fingerprint(cfg, examples, base)
+
+    model = _qlora_model(base, work_dir) if cfg.qlora else hf_model(base).to(device)
+    lora = peft.LoraConfig(
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=_target_modules(cfg.decoder_only),
+        bias="none",
+    )
+    with warnings.catch_warnings():
+        # peft 0.21 asks transformers 5.24 a deprecated question (is_gradient_checkpointing).
+        warnings.simplefilter("ignore", FutureWarning)
+        peft_model = peft.get_peft_model(model, lora)
+    trainable = [p for p in peft_model.parameters() if p.requires_grad]
+    n_trainable = sum(p.numel() for p in trainable)
+    n_total = sum(p.numel() for p in peft_model.parameters())
+    optim = torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=0.0)
+
+    start, losses = 0, []
+    if resume:
+        if not ckpt_path.is_file():
+            raise TrainError(f"--resume: no checkpoint in {work_dir}; run without --resume")
+        state = torch.load(ckpt_path, map_location=device, weights_only=False)
+        if state.get("fingerprint") != fingerprint:
+            raise TrainError(
+                f"--resume: the checkpoint in {work_dir} was made with other data or settings; "
+                "rerun with the same ones, or without --resume (or with another --work-dir) "
+                "to start over"
+            )
+        peft.set_peft_model_state_dict(peft_model, state["lora"])
+        optim.load_state_dict(state["optim"])
+        start, losses = int(state["step"]), [tuple(x) for x in state["losses"]]
+        prog.note(f"resumed from step {start}", step=start)
+    elif ckpt_path.exists():
+        ckpt_path.unlink()  # a fresh run never leaves an older run's checkpoint to resume
+
+    def save(step: int) -> None:
+        _atomic_save(
+            {
+                "step": step,
+                "lora": peft.get_peft_model_state_dict(peft_model),
+                "optim": optim.state_dict(),
+                "losses": losses,
+                "fingerprint": fingerprint,
+                "config": {k: str(v) for k, v in asdict(cfg).items()},
+            },
+            ckpt_path,
+        )
+
+    feats = [torch.from_numpy(ex.features) for ex in examples]
+    cached: list[Any] | None = None
+    if cfg.decoder_only:
+        # Encoder frozen and without adapters: its output per clip never changes.
+        prog.stage("encode", clips=len(examples))
+        peft_model.eval()
+        with torch.no_grad():
+            cached = [
+                _encoder_forward(model, f[None].to(device)).squeeze(0).float().cpu() for f in feats
+            ]
+    groups: dict[int, list[int]] = {}
+    for i, ex in enumerate(examples):
+        groups.setdefault(ex.features.shape[1], []).append(i)
+    keys = sorted(groups)
+    weights = np.array([len(groups[k]) for k in keys], dtype=np.float64)
+    weights /= weights.sum()
+
+    prog.stage("train", steps=cfg.steps, examples=len(examples), device=device)
+    peft_model.train()
+    t0 = time.monotonic()
+    smooth = losses[-1][1] if losses else float("nan")
+    step = start
+    with _stop_flag() as stop:
+        while step < cfg.steps:
+            step += 1
+            rng = np.random.default_rng([cfg.seed, step])
+            torch.manual_seed(cfg.seed * 1_000_003 + step)  # LoRA dropout: same on resume
+            frames = keys[int(rng.choice(len(keys), p=weights))]
+            pool = groups[frames]
+            idx = rng.choice(len(pool), size=min(cfg.batch_size, len(pool)), replace=False)
+            batch = [pool[int(i)] for i in idx]
+            for g in optim.param_groups:
+                g["lr"] = _lr(cfg, step)
+            longest = max(len(examples[i].tokens) for i in batch)
+            eot = examples[batch[0]].tokens[-1]
+            ids = torch.full((len(batch), longest - 1), eot, dtype=torch.long)
+            labels = torch.full((len(batch), longest - 1), -100, dtype=torch.long)
+            for row, i in enumerate(batch):
+                t = torch.tensor(examples[i].tokens, dtype=torch.long)
+                ids[row, : len(t) - 1] = t[:-1]
+                labels[row, examples[i].prompt_len - 1 : len(t) - 1] = t[examples[i].prompt_len :]
+            if cached is not None:
+                enc = torch.stack([cached[i] for i in batch]).to(device)
+            else:
+                enc = _encoder_forward(model, torch.stack([feats[i] for i in batch]).to(device))
+            ids, labels = ids.to(device), labels.to(device)
+            hidden = model.model.decoder(input_ids=ids, encoder_hidden_states=enc).last_hidden_state
+            logits = model.proj_out(hidden).float()
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100
+            )
+            optim.zero_grad(set_to_none=True)
+            loss.backward()  # type: ignore[no-untyped-call]
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+            optim.step()
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                raise TrainError(f"loss became {value} at step {step}; lower the learning rate")
+            losses.append((step, value))
+            smooth = value if not math.isfinite(smooth) else 0.9 * smooth + 0.1 * value
+            prog.step(step, cfg.steps, smooth)
+            if on_step is not None:
+                on_step(step, value)
+            if stop:
+                save(step)
+                raise TrainingInterrupted(step, ckpt_path)
+            if step % cfg.checkpoint_every == 0 and step < cfg.steps:
+                save(step)
+                prog.note(f"checkpoint at step {step}", step=step)
+    save(step)
+    seconds = time.monotonic() - t0
+    adapters = _adapters(peft_model, cfg)
+    return TrainResult(
+        adapters=adapters,
+        losses=list(losses),
+        steps=step,
+        seconds=seconds,
+        resumed_from=start,
+        trainable_parameters=n_trainable,
+        total_parameters=n_total,
+        device=device,
+        windows={k: len(v) for k, v in groups.items()},
+    )
+
+
+def _adapters(peft_model: Any, cfg: TrainConfig) -> list[Adapter]:
+    """The trained (A, B) pairs by the base weight they update."""
+    out = []
+    scaling = cfg.alpha / cfg.rank
+    for name, module in peft_model.named_modules():
+        if not hasattr(module, "lora_A") or "default" not in getattr(module, "lora_A", {}):
+            continue
+        a = module.lora_A["default"].weight.detach().float().cpu().numpy()
+        b = module.lora_B["default"].weight.detach().float().cpu().numpy()
+        weight = name.removeprefix("base_model.model.") + ".weight"
+        out.append(Adapter(weight, a, b, scaling))
+    if not out:
+        raise TrainError("no LoRA layers were trained (no q_proj/v_proj found)")
+    return out
+
+
+def merge(state: dict[str, F32], adapters: Sequence[Adapter]) -> dict[str, F32]:
+    """The base state with every adapter folded in: ``W + scaling * B @ A``, in float32 NumPy.
+
+    Done in NumPy rather than with peft's ``merge_and_unload`` so that a QLoRA run merges into
+    the full-precision base, not into its 4-bit copy, and so the result feeds
+    :func:`adapt.convert.write_ct2_dir` without torch.
+    """
+    out = dict(state)
+    for ad in adapters:
+        if ad.weight not in out:
+            raise TrainError(f"adapter for unknown weight {ad.weight}")
+        w = out[ad.weight]
+        rank = ad.a.shape[0]
+        if ad.a.shape != (rank, w.shape[1]) or ad.b.shape != (w.shape[0], rank):
+            raise TrainError(
+                f"adapter for {ad.weight} has shapes A {ad.a.shape}, B {ad.b.shape}; "
+                f"the weight is {w.shape}"
+            )
+        delta = (ad.b.astype(np.float32) @ ad.a.astype(np.float32)) * np.float32(ad.scaling)
+        out[ad.weight] = (w + delta).astype(np.float32)
+    return out

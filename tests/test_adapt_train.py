@@ -1,0 +1,223 @@
+"""LoRA training: windows as served, the prompt as served, checkpoints, interrupt and resume.
+
+The unit tests check the pieces that need no model (window sizes, the merge arithmetic, the
+progress output, settings refused up front). The component tests train the real bundled base
+with real torch and peft for a few decoder-only steps on two short real clips: an interrupt
+(a real SIGINT to this process) saves a checkpoint after the step in flight, and resuming from
+it gives the very losses and adapters of a run that was never interrupted.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from adapt.data import Pair
+from adapt.progress import Progress
+from adapt.train import (
+    Adapter,
+    TrainConfig,
+    TrainError,
+    TrainingInterrupted,
+    make_examples,
+    merge,
+    train,
+    window_frames,
+)
+from engines.asr._policy import choose_encoder_frames
+from engines.asr.config import EncoderWindowConfig
+
+CLIPS = ("vctk_p238_165.wav", "ljspeech_LJ001-0004.wav")
+
+
+def quiet() -> Progress:
+    return Progress(io.StringIO(), tty=False)
+
+
+# -- units ------------------------------------------------------------------------------------
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("seconds", [0.5, 4.7, 8.0, 8.1, 12.9, 17.5, 27.0, 29.9])
+def test_served_windows_are_the_gateways_buckets(seconds: float) -> None:
+    n = int(seconds * 16000)
+    cfg = EncoderWindowConfig()
+    assert window_frames(n, "served", cfg) == choose_encoder_frames(n // 160, cfg)
+    assert window_frames(n, "full", cfg) == 3000
+    want = min(3000, n // 160 + 50)
+    assert window_frames(n, "utterance", cfg) == want + want % 2
+
+
+@pytest.mark.unit
+def test_served_windows_follow_a_custom_bucket_policy() -> None:
+    cfg = EncoderWindowConfig(buckets_s=(5.0, 30.0), margin_ms=500)
+    assert window_frames(4 * 16000, "served", cfg) == 500
+    assert window_frames(5 * 16000, "served", cfg) == 3000
+
+
+@pytest.mark.unit
+def test_merge_adds_the_scaled_low_rank_product_to_the_named_weight_only() -> None:
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((6, 4)).astype(np.float32)
+    other = rng.standard_normal((3,)).astype(np.float32)
+    a = rng.standard_normal((2, 4)).astype(np.float32)
+    b = rng.standard_normal((6, 2)).astype(np.float32)
+    state = {"x.q_proj.weight": w, "x.bias": other}
+    out = merge(state, [Adapter("x.q_proj.weight", a, b, 4.0)])
+    np.testing.assert_allclose(out["x.q_proj.weight"], w + 4.0 * b @ a, rtol=1e-6)
+    assert out["x.bias"] is other and state["x.q_proj.weight"] is w  # the base is not touched
+    with pytest.raises(TrainError, match="unknown weight"):
+        merge(state, [Adapter("y.weight", a, b, 1.0)])
+    with pytest.raises(TrainError, match="shape"):
+        merge(state, [Adapter("x.q_proj.weight", a.T, b, 1.0)])
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"steps": 0}, "--steps"),
+        ({"rank": 0}, "--rank"),
+        ({"learning_rate": 0.0}, "learning rate"),
+        ({"batch_size": 0}, "batch size"),
+        ({"checkpoint_every": 0}, "checkpoint"),
+    ],
+)
+def test_bad_settings_are_refused_before_anything_loads(
+    change: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(TrainError, match=message):
+        TrainConfig(**change).check()
+
+
+@pytest.mark.unit
+def test_progress_without_a_terminal_is_json_lines() -> None:
+    out = io.StringIO()
+    p = Progress(out, tty=False, interval_s=0.0)
+    p.stage("train", steps=3)
+    for s in (1, 2, 3):
+        p.step(s, 3, 1.0 / s)
+    p.note("checkpoint at step 3", step=3)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [x["event"] for x in lines] == ["stage", "step", "step", "step", "note"]
+    assert lines[0]["stage"] == "train" and lines[0]["steps"] == 3
+    assert [x["step"] for x in lines[1:4]] == [1, 2, 3]
+    assert lines[3]["eta_s"] == 0.0 and lines[2]["eta_s"] >= 0.0
+    assert {"loss", "s_per_step", "elapsed_s"} <= set(lines[1])
+
+
+@pytest.mark.unit
+def test_progress_on_a_terminal_is_one_redrawn_bar_with_an_eta() -> None:
+    out = io.StringIO()
+    p = Progress(out, tty=True)
+    p.step(1, 10, 2.0)
+    p.step(2, 10, 1.5)
+    text = out.getvalue()
+    assert text.count("\r") == 2 and "\n" not in text
+    assert "2/10" in text and "ETA" in text and "loss 1.500" in text
+
+
+# -- with the real model ----------------------------------------------------------------------
+
+
+def read_clip(path: Path) -> np.ndarray:
+    with wave.open(str(path), "rb") as w:
+        pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2")
+    return (pcm / 32768.0).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def base():
+    from adapt.convert import read_base
+    from engines.asr import resolve_model_dir
+
+    return read_base(resolve_model_dir("base"))
+
+
+@pytest.fixture(scope="module")
+def pairs(speech_dir: Path, manifest: list[dict[str, Any]]) -> list[Pair]:
+    text = {row["file"]: row["text"] for row in manifest}
+    return [Pair(read_clip(speech_dir / f), text[f], f) for f in CLIPS]
+
+
+CFG = TrainConfig(
+    steps=3, decoder_only=True, learning_rate=3e-3, batch_size=2, checkpoint_every=2, threads=2
+)
+
+
+@pytest.mark.model
+@pytest.mark.component
+def test_examples_carry_the_served_prompt_and_windows(base, pairs: list[Pair]) -> None:
+    ex = make_examples(base, pairs)
+    assert [e.features.shape for e in ex] == [(80, 1000), (80, 1000)]  # 4.7 s, 5.1 s -> 10 s
+    for e in ex:
+        # <|startoftranscript|><|en|><|transcribe|><|notimestamps|> ... <|endoftext|>
+        assert e.tokens[: e.prompt_len] == (50258, 50259, 50359, 50363)
+        assert e.tokens[-1] == 50257 and len(e.tokens) > e.prompt_len + 5
+    full = make_examples(base, pairs, windows="full")
+    assert [e.features.shape[1] for e in full] == [3000, 3000]
+    # The same mel frames, then padding: a bucket is the 30 s window cut short.
+    np.testing.assert_array_equal(full[0].features[:, :1000], ex[0].features)
+
+
+@pytest.mark.model
+@pytest.mark.component
+def test_interrupt_saves_a_checkpoint_and_resume_matches_an_uninterrupted_run(
+    base, pairs: list[Pair], tmp_path: Path
+) -> None:
+    ex = make_examples(base, pairs)
+    whole = train(base, ex, CFG, tmp_path / "whole", progress=quiet())
+    assert [s for s, _ in whole.losses] == [1, 2, 3]
+    assert whole.resumed_from == 0 and len(whole.adapters) == 24  # 6 layers x 2 attn x q, v
+    assert all(a.weight.startswith("model.decoder.") for a in whole.adapters)
+
+    def interrupt(step: int, _loss: float) -> None:
+        if step == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, seen after this step
+
+    work = tmp_path / "cut"
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        train(base, ex, CFG, work, progress=quiet(), on_step=interrupt)
+    assert stopped.value.step == 1 and stopped.value.checkpoint.is_file()
+    assert signal.getsignal(signal.SIGINT) is handler  # the handler is put back
+
+    resumed = train(base, ex, CFG, work, resume=True, progress=quiet())
+    assert resumed.resumed_from == 1
+    assert [s for s, _ in resumed.losses] == [1, 2, 3]
+    np.testing.assert_allclose(
+        [v for _, v in resumed.losses], [v for _, v in whole.losses], rtol=1e-5
+    )
+    for a, b in zip(resumed.adapters, whole.adapters, strict=True):
+        assert a.weight == b.weight
+        np.testing.assert_allclose(a.b, b.b, rtol=1e-4, atol=1e-7)
+
+    # A checkpoint of other data is refused rather than mixed in.
+    with pytest.raises(TrainError, match="other data or settings"):
+        train(base, ex[:1], CFG, work, resume=True, progress=quiet())
+    with pytest.raises(TrainError, match="no checkpoint"):
+        train(base, ex, CFG, tmp_path / "empty", resume=True, progress=quiet())
+
+
+@pytest.mark.component
+def test_qlora_without_a_gpu_is_a_clear_error_before_training(
+    base, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from adapt.train import Example
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a CPU-only host
+
+    ex = [Example(np.zeros((80, 1000), np.float32), (50258, 1, 50257), 1, "x")]
+    with pytest.raises(TrainError, match="needs a CUDA GPU"):
+        train(base, ex, TrainConfig(qlora=True), tmp_path, progress=quiet())
+    assert not (tmp_path / "checkpoint.pt").exists()
