@@ -46,6 +46,7 @@ import argparse
 import asyncio
 import dataclasses
 import os
+import resource
 import shlex
 import sys
 import tempfile
@@ -56,13 +57,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._stats import median, percentile
-from benchmarks.asr_capacity import SPEECH, load_clips
+from benchmarks.asr_capacity import SPEECH, _busy_cpu_s, load_clips
 from engines.asr import resolve_model_dir
 from engines.asr._whisper import WhisperEngine
 from engines.asr.base import AsrOptions, AsrRequest, AsrResult
 from engines.asr.config import WhisperConfig
 from gateway.base import ModelDescription
 from gateway.batcher import Batcher, BatchPolicy, default_plan
+from gateway.config import BatcherConfig
 from gateway.models import LoadedModel, ModelRegistry
 from gateway.runtime import ModelRouter
 from gateway.testing.signals import stats_for
@@ -78,6 +80,12 @@ class Samples:
     burst_wall_s: list[float] = field(default_factory=list)
     lone_latency_s: list[float] = field(default_factory=list)
     texts: dict[tuple[str, int], str] = field(default_factory=dict)
+    other_cpu_share: list[float] = field(default_factory=list)
+
+
+def _own_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def link_copy(src: Path, dst: Path) -> Path:
@@ -122,11 +130,17 @@ class Setup:
         self.name = name
         self.batchers: dict[str, Batcher[AsrRequest, AsrResult]] = {}
         self.keys = {"A": "", "B": ""}
-        policy = BatchPolicy(max_batch_size=1, max_wait_ms=0.0, max_queue_size=512)
+        # The gateway's batcher settings: the device plan's batch size, batcher.max_wait_ms.
+        plan = default_plan("cpu", cpu_cores=os.cpu_count() or 1)
+        policy = BatchPolicy(
+            max_batch_size=plan.max_batch_size,
+            max_wait_ms=BatcherConfig.model_validate({}).max_wait_ms,
+            max_queue_size=512,
+        )
         if name == "shared":
             self.keys["B"] = b_key
             routers = [ModelRouter(i, e, registry) for i, e in enumerate(engines_of(a, workers))]
-            shared = Batcher(routers, policy, name="shared")
+            shared: Batcher[AsrRequest, AsrResult] = Batcher(routers, policy, name="shared")
             self.batchers = {"A": shared, "B": shared}
         elif name == "per-model":
             self.batchers = {
@@ -223,15 +237,20 @@ async def run(args: argparse.Namespace) -> dict[str, Samples]:
             for name in args.arrangements:
                 setup = Setup(name, a, b, workers, registry, lease.key)
                 await setup.start()
+                busy0, own0, t0 = _busy_cpu_s(), _own_cpu_s(), time.perf_counter()
                 try:
                     await burst(setup, reqs, samples[name])
                     await lone(setup, backlog, one, samples[name])
                 finally:
                     await setup.aclose()
                 s = samples[name]
+                # CPU that other users of the machine took meanwhile (the noise to read with).
+                other = max(0.0, (_busy_cpu_s() - busy0) - (_own_cpu_s() - own0))
+                s.other_cpu_share.append(other / (cores * (time.perf_counter() - t0)))
                 print(
                     f"round {rnd + 1} {name:>9}: burst {s.burst_wall_s[-1]:.2f} s, "
-                    f"lone B behind A's backlog {s.lone_latency_s[-1]:.2f} s",
+                    f"lone B behind A's backlog {s.lone_latency_s[-1]:.2f} s, "
+                    f"other processes {100 * s.other_cpu_share[-1]:.0f} % of the cores",
                     flush=True,
                 )
         lease.release()
@@ -246,15 +265,16 @@ def print_table(samples: dict[str, Samples], utterances: int, backlog: int) -> N
     print()
     print(
         f"| arrangement | burst of {utterances}: wall median s | throughput vs shared | "
-        f"latency median s | latency p95 s | lone B behind {backlog} of A: median s | p95 s |"
+        f"latency median s | latency p95 s | lone B behind {backlog} of A: median s | p95 s | "
+        "other processes' CPU (median share) |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, s in samples.items():
         wall = median(s.burst_wall_s)
         print(
             f"| {name} | {wall:.2f} | {ref_wall / wall:.2f}x | {median(s.burst_latency_s):.2f} | "
             f"{percentile(s.burst_latency_s, 95):.2f} | {median(s.lone_latency_s):.2f} | "
-            f"{percentile(s.lone_latency_s, 95):.2f} |"
+            f"{percentile(s.lone_latency_s, 95):.2f} | {100 * median(s.other_cpu_share):.0f} % |"
         )
     if ref is not None and "one-model" in samples:
         same = sum(
