@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -227,11 +228,23 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         if section in GatewayConfig.model_fields:
             overrides[section] = {"enabled": False}
     out: dict[str, Any] = {"echo": [], "latency": {}, "backchannel": {}}
-    async with (
-        running_server(hub=hub, **overrides) as srv,  # type: ignore[arg-type]
-        grpc.aio.insecure_channel(srv.target) as ch,
-    ):
+    async with contextlib.AsyncExitStack() as stack:
+        srv = await stack.enter_async_context(running_server(hub=hub, **overrides))
+        ch = await stack.enter_async_context(grpc.aio.insecure_channel(srv.target))
         stub = pb_grpc.VoiceGatewayStub(ch)
+        # --first-interim-ms: one more server per value over the same engines, so that the
+        # after_words variants are interleaved call by call (same load, same models).
+        variants: dict[str, pb_grpc.VoiceGatewayStub] = {}
+        for ms in args.first_interim_ms or []:
+            vs = await stack.enter_async_context(
+                running_server(
+                    hub=hub,
+                    **overrides,
+                    session={"barge_in": {"first_interim_speech_ms": ms}},
+                )
+            )
+            vch = await stack.enter_async_context(grpc.aio.insecure_channel(vs.target))
+            variants[f"first interim at {ms} ms voiced"] = pb_grpc.VoiceGatewayStub(vch)
         print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
         if args.only == "after_words":
             levels = []  # no echo grid: the after_words latencies only
@@ -281,24 +294,30 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 {"guard": True, "level_db": -20, "policy": pb.BARGE_IN_AFTER_WORDS},
             )
         ]
+        words = [(label, kw) for label, kw in cases if "policy" in kw]
+        for vname in variants:
+            cases += [(f"{label}, {vname}", {**kw, "variant": vname}) for label, kw in words]
         clips = {name: load_caller(name) for name in callers}
         for _ in range(repeats):
             for name, clip in clips.items():
                 for label, kw in cases:  # interleaved: every case sees the same machine load
-                    r = await run_call(stub, caller=clip, reply=reply, **kw)
+                    call_kw = dict(kw)
+                    on = variants[call_kw.pop("variant")] if "variant" in call_kw else stub
+                    r = await run_call(on, caller=clip, reply=reply, **call_kw)
                     lat.setdefault(label, []).append(r.latency_ms)
                     begin_lat.setdefault(label, []).append(r.begin_latency_ms)
                     if r.caller_text:
-                        texts.append(f"{name}: {r.caller_text!r}")
+                        texts.append(f"{label} | {name}: {r.caller_text!r}")
         print("\ntrue barge-in: caller's first word -> interrupted, ms (median / p95)")
         for label, values in lat.items():
             print(
-                f"  {label:<42} {fmt_ms(values)}   n={len(values)}   "
+                f"  {label:<72} {fmt_ms(values)}   n={len(values)}   "
                 f"(to SPEECH_BEGIN: {fmt_ms(begin_lat[label])})"
             )
+            print("      per call: " + ", ".join(f"{v:.0f}" for v in values))
             out["latency"][label] = values
             out.setdefault("begin_latency", {})[label] = begin_lat[label]
-        for t in texts[:6]:
+        for t in texts:
             print(f"    after_words heard {t}")
 
         back = await backchannel_audio(stub)
@@ -329,6 +348,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         choices=("all", "after_words"),
         default="all",
         help="after_words: only the true barge-in latencies under after_words (and immediate)",
+    )
+    ap.add_argument(
+        "--first-interim-ms",
+        type=lambda v: [int(x) for x in v.split(",")],
+        help="also run the after_words cases on servers whose first interim over the reply "
+        "waits for this much voiced audio (comma-separated ms), interleaved with the default",
     )
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args(argv)

@@ -416,6 +416,14 @@ class BargeInConfig(_Frozen):
         description="after_words: interval of the interim decodes that run while the caller "
         "talks over such a reply (whether or not the call asked for interims), ms.",
     )
+    first_interim_speech_ms: int = Field(
+        200,
+        ge=0,
+        le=2_000,
+        description="after_words: the first of those interims runs once the caller's utterance "
+        "holds this much voiced audio, ms (asr.policy.min_speech_ms skips less as too short); "
+        "the rest follow at interim_interval_ms.",
+    )
     echo_guard: bool = Field(
         True,
         description="Suppress inbound audio that is the echo of the reply just played (line "

@@ -264,6 +264,18 @@ class Segmenter:
         return (self._frame_index + len(self._held)) * self.config.frame_ms
 
     @property
+    def voiced_ms(self) -> int:
+        """Voiced time of the utterance in progress so far (0 while quiet), in ms.
+
+        What the recogniser's ``min_speech_ms`` skip reads, so the session can start the first
+        interim over an ``after_words`` reply the moment it is worth decoding, without building
+        the utterance's audio to find out.
+        """
+        if self.state is SegmenterState.QUIET:
+            return 0
+        return self._voiced_count * self.config.frame_ms
+
+    @property
     def utterance_index(self) -> int:
         """Index the current (or next) utterance has."""
         return self._utt_index

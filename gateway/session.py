@@ -100,6 +100,8 @@ class CallConfig:
     barge_in_policy: BargeInPolicy = field(default_factory=BargeInPolicy)
     #: Interim interval while the caller talks over an ``after_words`` reply, ms.
     barge_in_interim_ms: int = 250
+    #: Voiced audio after which the first such interim runs, ms.
+    barge_in_first_interim_speech_ms: int = 200
     #: Suppress the echo of the bot's own replies in the caller's audio (gateway/echo.py).
     echo_guard: bool = True
     mode: Literal["converse", "recognize"] = "converse"
@@ -228,8 +230,11 @@ class CallSession:
             else None
         )
         self._echo_next_at = 0.0  # when the far end finishes playing what was sent so far
-        # Set when caller speech begins over an after_words reply: interims speed up at once.
+        # Set when an interim must run now: the caller talking over an after_words reply has
+        # said enough to decode (_first_interim_due, below); the interim loop runs one at once.
         self._interim_wake = asyncio.Event()
+        # Speech began over an after_words reply and its first interim has not run yet.
+        self._first_interim_due = False
         self._speech_end_at: dict[int, float] = {}
         self._final_done: set[int] = set()
         self._interim_task: asyncio.Task[None] | None = None
@@ -395,6 +400,7 @@ class CallSession:
                 if self._echo is not None:
                     samples = self._echo.process(samples, loop.time())
                 self._handle_segments(self._segmenter.push(self._gated(samples)))
+                self._maybe_first_interim()
                 # SPEECH_BEGIN goes out first, then barge-in stops playback right behind it.
                 await self._flush_pending_emits()
                 await self._check_barge_in()
@@ -469,7 +475,7 @@ class CallSession:
                 if self._playback is not None:
                     self._playback.heard_from[ev.utterance_index] = ev.offset_ms
                     if self._playback.policy.mode == "after_words":
-                        self._interim_wake.set()
+                        self._first_interim_due = True
             elif isinstance(ev, SpeechEnd):
                 self._pending_emits.append(SpeechOut(False, ev.offset_ms, ev.utterance_index))
                 self._speech_end_at[ev.utterance_index] = asyncio.get_running_loop().time()
@@ -502,6 +508,24 @@ class CallSession:
             return
         self._barge_pending_from = None
         await self._stop_playback(reason_offset_ms=start, clear_queue=True)
+
+    def _maybe_first_interim(self) -> None:
+        """Wake the interim loop once the caller over an after_words reply can be decoded.
+
+        The first interim runs when the utterance holds ``barge_in_first_interim_speech_ms``
+        of voiced audio (the recogniser skips less as too short), not one interim interval
+        after SPEECH_BEGIN: at SPEECH_BEGIN about 100 ms are voiced, 200 ms hold a short first
+        word ("and", "go for"), and an interval later (360 ms) the word has been said for a
+        while already. Every later interim follows at the interval.
+        """
+        if not self._first_interim_due:
+            return
+        if not self._listening_for_words():
+            self._first_interim_due = False  # the reply ended or the utterance did
+            return
+        if self._segmenter.voiced_ms >= self.config.barge_in_first_interim_speech_ms:
+            self._first_interim_due = False
+            self._interim_wake.set()
 
     def _maybe_speculate(self) -> None:
         """Start the final decode once the trailing silence has settled.
@@ -594,30 +618,33 @@ class CallSession:
 
         The client gets them when it asked for them; the ``after_words`` barge-in policy needs
         them while the caller talks over such a reply, and then they run at
-        ``barge_in_interim_ms`` from the caller's SPEECH_BEGIN on.
+        ``barge_in_interim_ms`` from the first one on, which runs as soon as the caller has
+        said enough to decode (:meth:`_maybe_first_interim` wakes this loop).
         """
         assert self._transcriber is not None
         loop = asyncio.get_running_loop()
         last_len = 0
-        started = -math.inf  # when the last interim attempt (or the fast cadence) started
+        started = -math.inf  # when the last interim attempt started
         while True:
             fast = self._listening_for_words()
             interval_ms = (
                 self.config.barge_in_interim_ms if fast else self.config.interim_interval_ms
             )
-            self._interim_wake.clear()
             wait_s = interval_ms / 1000.0
             if fast:
                 # NOTE: over an after_words reply the decode counts toward the interval, so the
                 # period is max(interval, decode) rather than interval + decode: the words that
                 # may interrupt are heard one decode sooner.
                 wait_s = max(0.0, started + wait_s - loop.time())
-            try:
-                await asyncio.wait_for(self._interim_wake.wait(), wait_s)
-                started = loop.time()
-                continue  # speech began over an after_words reply: restart at the fast interval
-            except TimeoutError:
-                pass
+            # A wake that came while the last decode ran is not lost: it is still set here.
+            woken = self._interim_wake.is_set()
+            if not woken:
+                try:
+                    await asyncio.wait_for(self._interim_wake.wait(), wait_s)
+                    woken = True
+                except TimeoutError:
+                    pass
+            self._interim_wake.clear()
             started = loop.time()
             fast = self._listening_for_words()
             wanted = self.config.interim_results and self._quality.interim_results
@@ -627,11 +654,16 @@ class CallSession:
             if utt is None:
                 last_len = 0
                 continue
-            if len(utt.audio) - last_len < 16 * interval_ms // 2:
+            if not woken and len(utt.audio) - last_len < 16 * interval_ms // 2:
                 continue
             last_len = len(utt.audio)
             index = utt.index
-            req = AsrRequest(utt.audio, utt.stats, self._asr_options(), is_final=False)
+            options = self._asr_options()
+            if not wanted:
+                # Only barge-in reads this interim: its words' times would be aligned for no
+                # one (the alignment pass is part of the interrupt's latency).
+                options = replace(options, word_timestamps=False)
+            req = AsrRequest(utt.audio, utt.stats, options, is_final=False)
             try:
                 result = await self._transcriber.transcribe(req)
             except CallError:

@@ -128,6 +128,34 @@ def test_hallucination_set_yields_zero_words(engine: WhisperEngine) -> None:
     assert all(r.dropped_reason for r in results)
 
 
+def test_interims_decode_once_and_keep_the_gates(engine: WhisperEngine) -> None:
+    """An interim gets one decode at temperature 0 on its bucket: no retry, the same gates.
+
+    The hallucination set makes finals retry (its decodes are unsure, which is what the
+    temperature ladder and the full-window re-encode are for); as interims the same audio
+    costs one encode on its bucket each, and still yields no word.
+    """
+    signals = hallucination_set()
+
+    def fallbacks() -> int:
+        c = engine.counters
+        return c.window_fallbacks + c.temperature_fallbacks
+
+    before = fallbacks()
+    finals = engine.infer_batch([req(s.samples) for s in signals])
+    assert fallbacks() > before  # the set does exercise the retries
+    before = fallbacks()
+    interims = engine.infer_batch(
+        [AsrRequest(s.samples, stats_for(s.samples), AsrOptions(), is_final=False) for s in signals]
+    )
+    assert fallbacks() == before
+    assert {s.name: r.text for s, r in zip(signals, interims, strict=True) if r.text} == {}
+    # Each decoded interim ran on its short bucket only (the set's 1-5 s items: 10 s).
+    assert {r.encoded_frames for r in interims} <= {0, 1000}
+    assert all(r.dropped_reason for r in interims)
+    assert len(finals) == len(interims) == len(signals)
+
+
 def test_hallucination_set_is_hard_without_the_policy(engine: WhisperEngine) -> None:
     # Guards the test above: without the policy, Whisper does invent words on this set.
     signals = hallucination_set()

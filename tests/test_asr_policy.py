@@ -99,6 +99,25 @@ def test_plan_decoding_mbr_and_alternatives() -> None:
     assert not off.suppress_hallucination_tokens and not off.apply_gates
 
 
+def test_an_interim_is_planned_as_one_decode_and_a_final_as_before() -> None:
+    # An interim is superseded by the next one within an interval: no temperature ladder and
+    # no full-window re-encode, which cost seconds of the worker on one unsure prefix.
+    stats = make_stats(duration_ms=800)
+    final = policy.plan_decoding(stats, AsrOptions(), CFG, WINDOW)
+    assert final == policy.plan_decoding(stats, AsrOptions(), CFG, WINDOW, is_final=True)
+    assert final.temperatures == CFG.temperatures and len(final.temperatures) > 1
+    assert final.window_fallback
+    interim = policy.plan_decoding(stats, AsrOptions(), CFG, WINDOW, is_final=False)
+    assert interim.temperatures == (0.0,) and not interim.window_fallback
+    # Everything else, the gates included, is the final's.
+    assert interim.apply_gates and interim.suppress_hallucination_tokens
+    assert (interim.encoder_frames, interim.max_new_tokens, interim.beam_size) == (
+        final.encoder_frames,
+        final.max_new_tokens,
+        final.beam_size,
+    )
+
+
 @pytest.mark.parametrize(
     ("tokens", "expected"),
     [

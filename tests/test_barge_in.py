@@ -210,15 +210,48 @@ def test_after_words_interrupts_on_the_first_interim_with_words() -> None:
     talk_over_reply(call, REPLY)
     t_begin, begin = call.begin()
     ((t_int, intr),) = call.of(InterruptedOut)
-    # The first interim is due 250 ms after SPEECH_BEGIN and takes the fake's 100 ms.
-    assert t_int == pytest.approx(t_begin + 0.25 + 0.1, abs=1e-9)
+    # SPEECH_BEGIN comes at 100 ms of voiced audio (start_speech_ms); the first interim runs
+    # once 200 ms are voiced (barge_in_first_interim_speech_ms), 100 ms later, not one
+    # interval (250 ms) after SPEECH_BEGIN, and takes the fake's 100 ms.
+    assert t_int == pytest.approx(t_begin + 0.1 + 0.1, abs=1e-9)
     assert intr.at_offset_ms == begin.offset_ms
     assert intr.caller_text == "wait, stop"
     assert intr.played_ms > 0
     # The call did not ask for interims: they served the policy and were not sent.
     assert call.transcriber is not None
-    assert any(not r.is_final for r in call.transcriber.requests)
+    interims = [r for r in call.transcriber.requests if not r.is_final]
+    assert interims and interims[0].stats.speech_ms == 200
     assert all(e.is_final for _, e in call.of(TranscriptOut))
+    # No one reads their words' times: the alignment pass is skipped (the final keeps it).
+    assert not any(r.options.word_timestamps for r in interims)
+    assert all(r.options.word_timestamps for r in call.transcriber.requests if r.is_final)
+
+
+@pytest.mark.component
+def test_after_words_first_interim_waits_for_the_configured_voiced_time() -> None:
+    texts = lambda r: "wait, stop" if not r.is_final else "x"  # noqa: E731
+    call = Call(
+        FakeTranscriber(texts, delay_s=0.1),
+        {**after_words(), "barge_in_first_interim_speech_ms": 400},
+    )
+    talk_over_reply(call, REPLY)
+    t_begin, _ = call.begin()
+    ((t_int, _),) = call.of(InterruptedOut)
+    assert t_int == pytest.approx(t_begin + 0.3 + 0.1, abs=1e-9)
+    assert call.transcriber is not None
+    first = next(r for r in call.transcriber.requests if not r.is_final)
+    assert first.stats.speech_ms == 400
+
+
+@pytest.mark.component
+def test_interims_the_client_asked_for_keep_their_word_times_over_an_after_words_reply() -> None:
+    texts = lambda r: "mm-hmm" if not r.is_final else "x"  # noqa: E731
+    call = Call(FakeTranscriber(texts, delay_s=0.1), {**after_words(), "interim_results": True})
+    talk_over_reply(call, REPLY)
+    assert call.transcriber is not None
+    interims = [r for r in call.transcriber.requests if not r.is_final]
+    assert interims and all(r.options.word_timestamps for r in interims)
+    assert [e for _, e in call.of(TranscriptOut) if not e.is_final]  # and they were sent
 
 
 @pytest.mark.component
@@ -239,8 +272,9 @@ def test_after_words_interims_follow_each_other_at_the_interval_not_interval_plu
     t_begin, _ = call.begin()
     ((t_int, intr),) = call.of(InterruptedOut)
     assert intr.caller_text == "wait, stop"
-    # 250 ms to the first interim, then two back-to-back 400 ms decodes (not 250 + 400 + 250 + 400).
-    assert t_int == pytest.approx(t_begin + 0.25 + 0.4 + 0.4, abs=1e-9)
+    # 100 ms to the first interim (200 ms voiced), then two back-to-back 400 ms decodes (not
+    # 100 + 400 + 250 + 400).
+    assert t_int == pytest.approx(t_begin + 0.1 + 0.4 + 0.4, abs=1e-9)
 
 
 @pytest.mark.component

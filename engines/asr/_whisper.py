@@ -677,7 +677,11 @@ class WhisperEngine:
             job.language = job.alt_languages.pop(0)
             job.temp_idx = 0
             self.counters.language_fallbacks += 1
-        elif job.frames < FULL_WINDOW_FRAMES and self.config.encoder.fallback_to_full_window:
+        elif (
+            job.frames < FULL_WINDOW_FRAMES
+            and self.config.encoder.fallback_to_full_window
+            and job.plan.window_fallback
+        ):
             job.frames = FULL_WINDOW_FRAMES
             job.temp_idx = 0
             self.counters.window_fallbacks += 1
@@ -909,7 +913,9 @@ class WhisperEngine:
                     leading_silence_ms=0,
                     trailing_silence_ms=0,
                 )
-            plan = policy.plan_decoding(stats, req.options, cfg.policy, cfg.encoder)
+            plan = policy.plan_decoding(
+                stats, req.options, cfg.policy, cfg.encoder, is_final=req.is_final
+            )
             lang = req.options.language if self._multilingual else "en"
             job = _Job(
                 index,
