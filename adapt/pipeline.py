@@ -22,8 +22,8 @@ import numpy as np
 
 from adapt.convert import read_base, write_ct2_dir
 from adapt.progress import Progress
-from adapt.publish import check_name, publish, sha256_file
-from adapt.train import TrainConfig, make_examples, merge, train
+from adapt.publish import check_name, publish, sha256_file, verify_model_dir
+from adapt.train import TrainConfig, check_device, make_examples, merge, train
 
 __all__ = ["AdaptRequest", "AdaptResult", "run"]
 
@@ -99,7 +99,8 @@ def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
     Raises:
         adapt.data.AdaptDataError: unusable data (before training).
         TrainError: unusable settings, a refused checkpoint.
-        PublishError: the name is unusable or taken, or the written model failed to verify.
+        ModelNameError: the name is unusable or taken (checked first).
+        PublishError: the written model failed to verify (nothing was published).
         adapt.train.TrainingInterrupted: SIGINT/SIGTERM during training (checkpoint saved).
     """
     from adapt import data as d
@@ -109,6 +110,7 @@ def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
     t_start = time.monotonic()
     check_name(req.name, req.models_dir)
     req.train.check()
+    check_device(req.train)
     if req.data is None and req.phrases is None:
         raise d.AdaptDataError("give --data (recordings) and/or --phrases (domain phrases)")
     terms = _terms(req)
@@ -136,13 +138,13 @@ def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
 
     scores: dict[str, Any] = {}
     before: dict[str, Any] = {}
+    sets = {k: v for k, v in (("held_out", held), ("general", general)) if v}
     if req.evaluate:
         from adapt.evaluate import evaluate
 
-        prog.stage("evaluate-base", clips=len(held) + len(general))
-        before["held_out"] = evaluate(base_dir, held, terms=terms)
-        if general:
-            before["general"] = evaluate(base_dir, general, terms=[])
+        if sets:
+            prog.stage("evaluate-base", clips=len(held) + len(general))
+        before = {k: evaluate(base_dir, v, terms=terms) for k, v in sets.items()}
 
     result = train(
         base, examples, req.train, req.resolved_work_dir, resume=req.resume, progress=prog
@@ -178,17 +180,20 @@ def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
         },
     }
     report_path: list[Path] = []
+    verify_audio = (held[0] if held else train_pairs[0]).audio.astype(np.float32)
 
-    def finish(partial: Path) -> None:
-        if not req.evaluate:
+    def check(partial: Path) -> None:
+        if not req.evaluate or not before:
+            prog.stage("verify")
+            verify_model_dir(partial, verify_audio)
             return
         from adapt.evaluate import evaluate
         from adapt.report import write_report
 
+        # Scoring loads the written model with the serving engine and decodes every held-out
+        # clip: the verification, and the report, before the model becomes visible.
         prog.stage("evaluate-adapted", clips=len(held) + len(general))
-        after: dict[str, Any] = {"held_out": evaluate(partial, held, terms=terms)}
-        if general:
-            after["general"] = evaluate(partial, general, terms=[])
+        after: dict[str, Any] = {k: evaluate(partial, sets[k], terms=terms) for k in before}
         for k, was in before.items():
             scores[k] = {"before": _scores_dict(was), "after": _scores_dict(after[k])}
         report_path.append(
@@ -202,14 +207,12 @@ def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
         )
 
     prog.stage("write", name=req.name)
-    verify_audio = (held[0] if held else train_pairs[0]).audio.astype(np.float32)
-    target, _ = publish(
+    target = publish(
         req.models_dir,
         req.name,
         write=lambda out: write_ct2_dir(merged, base, out),
         meta=meta,
-        verify_audio=verify_audio,
-        finish=finish,
+        check=check,
     )
     if req.work_dir is None:
         shutil.rmtree(req.resolved_work_dir, ignore_errors=True)

@@ -29,6 +29,7 @@ import numpy.typing as npt
 
 __all__ = [
     "META_FILE",
+    "ModelNameError",
     "PublishError",
     "check_name",
     "publish",
@@ -48,24 +49,28 @@ class PublishError(RuntimeError):
     """The model cannot be written or did not pass verification; nothing was published."""
 
 
+class ModelNameError(PublishError):
+    """The requested model name is malformed, reserved or taken (the user's to change)."""
+
+
 def check_name(name: str, models_dir: Path) -> Path:
     """Validate a model name and return where the model will live.
 
     Checked before training starts so that an hour of training never ends in a refusal.
 
     Raises:
-        PublishError: the name is not a plain identifier, is reserved, or is taken.
+        ModelNameError: the name is not a plain identifier, is reserved, or is taken.
     """
     if not _NAME.fullmatch(name):
-        raise PublishError(
+        raise ModelNameError(
             f"--name {name[:64]!r} is not a model name: use 1-64 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
     if name in _RESERVED:
-        raise PublishError(f"--name {name!r} is reserved for the bundled models; pick another")
+        raise ModelNameError(f"--name {name!r} is reserved for the bundled models; pick another")
     target = models_dir / name
     if target.exists():
-        raise PublishError(
+        raise ModelNameError(
             f"{target} already exists; pick another --name or remove the old model first"
         )
     return target
@@ -82,6 +87,9 @@ def sha256_file(path: Path) -> str:
 
 def verify_model_dir(model_dir: Path, audio: npt.NDArray[np.float32]) -> str:
     """Load ``model_dir`` as the gateway does and transcribe ``audio``; return the text.
+
+    The check :func:`publish` runs when there is nothing to score: CTranslate2 reads the file,
+    the tokenizer loads, and one clip goes through ``infer_batch`` as a call's would.
 
     Raises:
         PublishError: the model does not load or the decode fails.
@@ -110,9 +118,8 @@ def publish(
     *,
     write: Callable[[Path], object],
     meta: Mapping[str, Any],
-    verify_audio: npt.NDArray[np.float32] | None,
-    finish: Callable[[Path], None] | None = None,
-) -> tuple[Path, str]:
+    check: Callable[[Path], object],
+) -> Path:
     """Write, verify, then rename a model into ``models_dir/name``.
 
     Args:
@@ -120,17 +127,17 @@ def publish(
         name: the model name (see :func:`check_name`).
         write: writes a CTranslate2 directory at the path it is given (which does not exist).
         meta: what to record in ``voxgate-model.json`` (``model_bin_sha256`` is added).
-        verify_audio: a clip to decode with the written model; None skips the decode (the
-            load is still checked).
-        finish: runs on the verified partial directory before the rename (scoring and the
-            report), so the report is in place the moment the model appears.
+        check: loads the written (partial) directory with the serving engine and decodes with
+            it, e.g. :func:`verify_model_dir` on one clip, or the scoring of the held-out clips;
+            it may add files (the report), which are then in place the moment the model
+            appears. Whatever it raises means the model is not published.
 
     Returns:
-        The published directory and the verification transcript.
+        The published directory.
 
     Raises:
-        PublishError: the name is taken (also when another run took it meanwhile) or the
-            written model failed verification; the partial directory is removed.
+        ModelNameError: the name is taken (also when another run took it meanwhile).
+        PublishError: the written model failed ``check``; the partial directory is removed.
     """
     models_dir.mkdir(parents=True, exist_ok=True)
     target = check_name(name, models_dir)
@@ -146,21 +153,20 @@ def publish(
             "model_bin_sha256": sha,
         }
         (partial / META_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-        text = ""
-        if verify_audio is not None:
-            text = verify_model_dir(partial, verify_audio)
-        else:
-            verify_model_dir(partial, np.zeros(16000, dtype=np.float32))
-        if finish is not None:
-            finish(partial)
+        try:
+            check(partial)
+        except PublishError:
+            raise
+        except Exception as e:  # the model just written is at fault, whatever was raised
+            raise PublishError(f"the written model failed verification: {e}") from e
         for f in partial.iterdir():
             os.chmod(f, 0o644)
         os.chmod(partial, 0o755)
         if target.exists():
-            raise PublishError(f"{target} appeared while training; the new model was not kept")
+            raise ModelNameError(f"{target} appeared while training; the new model was not kept")
         os.rename(partial, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(partial)
         raise
-    return target, text
+    return target

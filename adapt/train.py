@@ -13,10 +13,10 @@ smallest bucket of :class:`engines.asr.config.EncoderWindowConfig` that leaves t
 the speech (10/15/20/30 s by default). A model trained only on 30 s windows is then served on
 inputs it never saw in training, so ``windows="served"`` (the default) pads every clip exactly as
 ``engines.asr._policy.choose_encoder_frames`` does, with the same mel features the engine
-computes; ``"full"`` is Whisper's 30 s, and ``"utterance"`` pads to the clip plus a short margin
-(the audio-context fine-tuning experiment). transformers' encoder insists on 3000 frames, so the
-encoder forward here is the same computation with the position table cut to the window, as
-CTranslate2 does for a shorter input.
+computes; ``"full"`` is Whisper's 30 s, and ``"utterance"`` pads to the clip plus 0.5 s rounded
+up to a whole second (the audio-context fine-tuning experiment). transformers' encoder insists
+on 3000 frames, so the encoder forward here is the same computation with the position table cut
+to the window, as CTranslate2 does for a shorter input.
 
 Long runs: a checkpoint (adapter weights, optimiser state, losses) is written atomically every
 ``checkpoint_every`` steps and when SIGINT/SIGTERM arrives, after the step in flight; ``resume``
@@ -53,7 +53,9 @@ __all__ = [
     "TrainConfig",
     "TrainError",
     "TrainResult",
+    "UTTERANCE_WINDOWS",
     "TrainingInterrupted",
+    "check_device",
     "make_examples",
     "merge",
     "train",
@@ -64,8 +66,12 @@ F32 = npt.NDArray[np.float32]
 SAMPLE_RATE_HZ = 16_000
 _SAMPLES_PER_FRAME = 160
 FULL_FRAMES = 3000
-#: Margin after the speech for ``windows="utterance"`` (frames; 0.5 s).
-UTTERANCE_MARGIN_FRAMES = 50
+#: ``windows="utterance"``: the serving policy with a bucket every second and a 0.5 s margin, so
+#: a clip is encoded on its own length rounded up (clips of one length batch together), and a
+#: model trained so is served with exactly this ``asr.encoder`` setting.
+UTTERANCE_WINDOWS = EncoderWindowConfig(
+    buckets_s=tuple(float(s) for s in range(1, 31)), margin_ms=500
+)
 CHECKPOINT_NAME = "checkpoint.pt"
 Windows = Literal["served", "full", "utterance"]
 
@@ -171,15 +177,14 @@ def window_frames(num_samples: int, windows: Windows, encoder: EncoderWindowConf
     """Mel frames the encoder sees for a clip of ``num_samples`` (16 kHz).
 
     ``served`` is exactly the gateway's bucket choice; ``utterance`` is the clip plus half a
-    second, rounded up to an even count (the encoder's second convolution has stride 2).
+    second, rounded up to a whole second (:data:`UTTERANCE_WINDOWS`).
     """
     content = num_samples // _SAMPLES_PER_FRAME
     if windows == "full":
         return FULL_FRAMES
     if windows == "served":
         return choose_encoder_frames(content, encoder)
-    frames = min(FULL_FRAMES, content + UTTERANCE_MARGIN_FRAMES)
-    return frames + frames % 2
+    return choose_encoder_frames(content, UTTERANCE_WINDOWS)
 
 
 class _Features:
@@ -326,7 +331,12 @@ def _stop_flag() -> Iterator[list[int]]:
             signal.signal(signum, old)
 
 
-def _device(cfg: TrainConfig) -> str:
+def check_device(cfg: TrainConfig) -> str:
+    """The device training will run on ("cuda" when visible, else "cpu").
+
+    Raises:
+        TrainError: ``qlora`` without a CUDA GPU (checked before data is loaded).
+    """
     import torch
 
     cuda = torch.cuda.is_available()
@@ -403,7 +413,7 @@ def train(
     import torch
 
     prog = progress if progress is not None else Progress()
-    device = _device(cfg)
+    device = check_device(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)

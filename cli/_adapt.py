@@ -8,7 +8,7 @@ Without the ``adapt`` extra the command says so in one line.
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -108,14 +108,16 @@ def add_adapt_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_adapt(args: argparse.Namespace) -> int:
     """Run ``voxgate adapt``; the exit status (0 ok, 2 bad input, 130 interrupted)."""
-    missing = [m for m in _EXTRA_MODULES if importlib.util.find_spec(m) is None]
-    if missing:
+    try:
+        for module in _EXTRA_MODULES:
+            importlib.import_module(module)
+    except ImportError:
         print(EXTRA_MISSING, file=sys.stderr)
         return 2
     from adapt.data import AdaptDataError
     from adapt.pipeline import AdaptRequest, run
     from adapt.progress import Progress
-    from adapt.publish import PublishError
+    from adapt.publish import ModelNameError, PublishError
     from adapt.train import TrainConfig, TrainError, TrainingInterrupted
     from engines.asr._model_files import ModelFilesError
 
@@ -151,7 +153,7 @@ def run_adapt(args: argparse.Namespace) -> int:
     except TrainingInterrupted as exc:
         print(f"voxgate adapt: {exc}; rerun with --resume to continue", file=sys.stderr)
         return 130
-    except (AdaptDataError, TrainError, ModelFilesError) as exc:
+    except (AdaptDataError, TrainError, ModelFilesError, ModelNameError) as exc:
         print(f"voxgate adapt: {exc}", file=sys.stderr)
         return 2
     except PublishError as exc:

@@ -52,8 +52,8 @@ def test_served_windows_are_the_gateways_buckets(seconds: float) -> None:
     cfg = EncoderWindowConfig()
     assert window_frames(n, "served", cfg) == choose_encoder_frames(n // 160, cfg)
     assert window_frames(n, "full", cfg) == 3000
-    want = min(3000, n // 160 + 50)
-    assert window_frames(n, "utterance", cfg) == want + want % 2
+    want = min(3000, -(-(n // 160 + 50) // 100) * 100)  # clip + 0.5 s, up to a whole second
+    assert window_frames(n, "utterance", cfg) == want
 
 
 @pytest.mark.unit

@@ -1,0 +1,46 @@
+"""benchmarks/adapt_windows.py in its tiny mode, so that it never rots.
+
+Three training phrases, two decoder-only steps on utterance windows, one held-out sentence in
+one flite voice and one general clip, each model scored on the served buckets and on the
+utterance buckets. Checked: the shape of the result and what the windows mean (utterance windows
+are whole seconds and encode less than the served buckets); never the speed or the accuracy.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from benchmarks.adapt_windows import main
+
+pytestmark = pytest.mark.model
+
+
+def test_tiny_run_trains_on_utterance_windows_and_scores_both_servings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if shutil.which("flite") is None:
+        pytest.fail("flite not found: apt-get install -y flite (.ci/run does this)")
+    out = tmp_path / "result.json"
+    args = ["--tiny", "--windows", "utterance", "--json", str(out), "--cache", str(tmp_path)]
+    assert main(args) == 0
+    data = json.loads(out.read_text())
+    (run,) = data["runs"]
+    assert run["windows"] == "utterance" and run["final_loss"] > 0
+    assert all(int(f) % 100 == 0 and int(f) < 1000 for f in run["frames"])  # short phrases
+    got = {(r["model"], r["served on"], r["set"]) for r in data["rows"]}
+    assert got == {
+        (m, s, k)
+        for m in ("base", "adapted (utterance)")
+        for s in ("served buckets", "utterance buckets")
+        for k in ("held-out voices", "general")
+    }
+    for r in data["rows"]:
+        assert r["clips"] == 1 and r["wer"] >= 0.0
+    frames = {(r["model"], r["served on"]): r["encoded_frames"] for r in data["rows"]}
+    assert frames[("base", "utterance buckets")] < frames[("base", "served buckets")]
+    text = capsys.readouterr().out
+    assert "| windows |" in text and "| model | served on |" in text
