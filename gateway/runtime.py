@@ -587,7 +587,9 @@ class EngineHubImpl:
             await self.models.load_names(cfg.load_on_start)
         except CallError as exc:
             await self.aclose()
-            raise EngineLoadError(f"asr.load_on_start: {exc.message}") from None
+            raise EngineLoadError(
+                f"asr.load_on_start names a model that cannot be served: {exc.message}"
+            ) from None
 
     def _count_load(self, name: str, outcome: str) -> None:
         self._metrics.asr_model_loads.labels(name, outcome).inc()

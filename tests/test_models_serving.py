@@ -22,6 +22,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -34,7 +35,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engines.asr import resolve_model_dir
 from gateway.config import load_config
-from gateway.runtime import build_hub
+from gateway.metrics import GatewayMetrics
+from gateway.runtime import EngineLoadError, build_hub
 from gateway.server import MODEL_HEALTH_PREFIX, GatewayServer
 from gateway.testing.server import running_server
 from voxgate.v1 import voxgate_pb2 as pb
@@ -270,6 +272,31 @@ async def test_models_that_are_not_offered_are_invalid_argument(
     details = err.value.details() or ""
     assert "is not loaded; ListModels has whisper-base, corrupt, same, swapped" in details
     assert len(details) < 400
+
+
+async def test_load_on_start_loads_before_serving_and_refuses_a_model_it_cannot_serve(
+    models_dir: Path,
+) -> None:
+    def hub(names: list[str]) -> Any:
+        asr = {"models_dir": str(models_dir), "load_on_start": names}
+        return build_hub(load_config(None, {"engines": "asr", "asr": asr}))
+
+    bad = hub(["same", "no-tokenizer"])
+    with pytest.raises(EngineLoadError) as err:
+        await bad.start(GatewayMetrics())
+    assert "asr.load_on_start names a model that cannot be served" in str(err.value)
+    assert "'no-tokenizer' is not loaded" in str(err.value)
+    good = hub(["same"])
+    await good.start(GatewayMetrics())
+    try:
+        assert {d.name: d.loaded for d in good.info.models} == {
+            "whisper-base": True,
+            "corrupt": False,
+            "same": True,
+            "swapped": False,
+        }
+    finally:
+        await good.aclose()
 
 
 def _serve(models_dir: Path, log: Path) -> tuple[subprocess.Popen[str], str]:
