@@ -14,10 +14,18 @@ the ``utterance`` model also with utterance-sized buckets (1 s steps, 0.5 s marg
 how it would have to be served to save encoder time (``adapt.train.UTTERANCE_WINDOWS``: a
 bucket every second, 0.5 s margin).
 
+``--train-on speakers`` is the audio-context fine-tuning (ACFT) experiment on real speech: train
+on the shared clips of the speakers that have three or more (27 clips, 6 speakers, about three
+minutes), score on the 13 clips of the 12 speakers the training never heard. That is far too
+little audio to teach Whisper a new input regime in general; the run shows whether the
+direction holds, not a deployable model.
+
 Speed figures (s/step, encode time) are measured one run after another on a shared machine and
 are indicative only; the accuracy figures do not depend on load.
 
     flock /tmp/voxgate-bench.lock .venv/bin/python -m benchmarks.adapt_windows --steps 80
+    flock /tmp/voxgate-bench.lock .venv/bin/python -m benchmarks.adapt_windows \
+        --train-on speakers --windows utterance,served --encoder-too --steps 60
     .venv/bin/python -m benchmarks.adapt_windows --tiny        # smoke run
 """
 
@@ -35,11 +43,11 @@ from pathlib import Path
 from typing import Any
 
 from adapt.convert import read_base, write_ct2_dir
-from adapt.data import Pair, read_phrases, split, synthesize_phrases
+from adapt.data import Pair, load_pairs, read_phrases, split, synthesize_phrases
 from adapt.evaluate import Scores, evaluate, load_engine
 from adapt.progress import Progress
 from adapt.train import UTTERANCE_WINDOWS, TrainConfig, make_examples, merge, train
-from benchmarks.adapt_quality import EXAMPLE, HELDOUT, flite_pairs, general_pairs
+from benchmarks.adapt_quality import EXAMPLE, HELDOUT, SPEECH, flite_pairs, general_pairs
 from engines.asr._model_files import resolve_model_dir
 
 
@@ -58,24 +66,46 @@ def _row(name: str, serving: str, s: Scores, extra: dict[str, Any]) -> dict[str,
     }
 
 
+def speaker_split(min_clips: int) -> tuple[list[Pair], list[Pair]]:
+    """The shared clips of speakers with at least ``min_clips`` clips, and all the others."""
+    rows = [json.loads(line) for line in (SPEECH / "manifest.jsonl").read_text().splitlines()]
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["speaker"]] = counts.get(r["speaker"], 0) + 1
+    pairs = load_pairs(SPEECH / "manifest.jsonl")
+    trained = [p for p, r in zip(pairs, rows, strict=True) if counts[r["speaker"]] >= min_clips]
+    held = [p for p, r in zip(pairs, rows, strict=True) if counts[r["speaker"]] < min_clips]
+    return trained, held
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    phrases = read_phrases(EXAMPLE / "phrases.txt")
-    terms = read_phrases(EXAMPLE / "terms.txt")
-    sentences = read_phrases(HELDOUT)
-    voices = tuple(args.voices.split(","))
-    if args.tiny:
-        phrases, sentences, voices = phrases[:3], sentences[:1], voices[:1]
-    t0 = time.monotonic()
-    pairs = synthesize_phrases(phrases, variants=args.variants, seed=args.seed)
-    train_pairs, _ = split(pairs, held_out=0.0, seed=args.seed)
-    synth_s = time.monotonic() - t0
-    cache = args.cache or Path(os.environ.get("TMPDIR", "/tmp")) / "voxgate-adapt-flite"
-    held: list[Pair] = flite_pairs(sentences, voices, cache)
-    general = general_pairs(args.general) if args.general > 0 else []
     base_dir = resolve_model_dir("base")
     base = read_base(base_dir)
-    sets = {"held-out voices": (held, terms), "general": (general, [])}
-    sets = {k: v for k, v in sets.items() if v[0]}
+    t0 = time.monotonic()
+    if args.train_on == "speakers":
+        # Real speech, speakers apart: train on the speakers with several clips, score on the
+        # ones the training never heard (the audio-context experiment's held-out speakers).
+        train_pairs, others = speaker_split(3)
+        if args.tiny:
+            train_pairs, others = train_pairs[:2], others[:1]
+        sets: dict[str, tuple[list[Pair], list[str]]] = {"held-out speakers": (others, [])}
+        held: list[Pair] = others
+        voices: tuple[str, ...] = ()
+    else:
+        phrases = read_phrases(EXAMPLE / "phrases.txt")
+        terms = read_phrases(EXAMPLE / "terms.txt")
+        sentences = read_phrases(HELDOUT)
+        voices = tuple(args.voices.split(","))
+        if args.tiny:
+            phrases, sentences, voices = phrases[:3], sentences[:1], voices[:1]
+        pairs = synthesize_phrases(phrases, variants=args.variants, seed=args.seed)
+        train_pairs, _ = split(pairs, held_out=0.0, seed=args.seed)
+        cache = args.cache or Path(os.environ.get("TMPDIR", "/tmp")) / "voxgate-adapt-flite"
+        held = flite_pairs(sentences, voices, cache)
+        general = general_pairs(args.general) if args.general > 0 else []
+        sets = {"held-out voices": (held, terms), "general": (general, [])}
+        sets = {k: v for k, v in sets.items() if v[0]}
+    synth_s = time.monotonic() - t0
 
     utt_cfg = {"encoder": UTTERANCE_WINDOWS.model_dump()}
     rows: list[dict[str, Any]] = []
@@ -98,7 +128,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             finally:
                 engine.close()
 
-    score_model("base", base_dir, True, {})
+    score_model("base", base_dir, "utterance" in args.windows.split(","), {})
     with tempfile.TemporaryDirectory(prefix="adapt-windows-") as tmp:
         for windows in args.windows.split(","):
             cfg = TrainConfig(
@@ -143,7 +173,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "decoder_only": args.decoder_only,
             "learning_rate": args.learning_rate,
             "batch_size": args.batch_size,
+            "train_on": args.train_on,
             "train_clips": len(train_pairs),
+            "train_audio_s": round(sum(len(p.audio) for p in train_pairs) / 16000, 1),
             "synth_s": round(synth_s, 1),
             "held_out_clips": len(held),
             "voices": list(voices),
@@ -195,7 +227,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--voices", default="slt,rms,awb,kal16", help="flite voices held out")
     ap.add_argument("--general", type=int, default=10, help="shared clips for general WER")
     ap.add_argument("--cache", type=Path, help="where flite renderings are kept")
-    ap.add_argument("--tiny", action="store_true", help="4 phrases, 2 sentences, 1 voice")
+    ap.add_argument(
+        "--train-on",
+        choices=("phrases", "speakers"),
+        default="phrases",
+        help="phrases: the pharmacy phrases (Piper), scored on flite voices and general clips; "
+        "speakers: the shared clips of speakers with 3+ clips, scored on the other speakers",
+    )
+    ap.add_argument("--tiny", action="store_true", help="3 phrases, 1 sentence, 1 voice")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
     if args.tiny:

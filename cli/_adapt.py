@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -32,6 +33,10 @@ def _fraction(text: str) -> float:
     if not 0.0 <= value < 1.0:
         raise argparse.ArgumentTypeError(f"must be within [0, 1), got {value}")
     return value
+
+
+def _raise_interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def add_adapt_arguments(p: argparse.ArgumentParser) -> None:
@@ -148,10 +153,16 @@ def run_adapt(args: argparse.Namespace) -> int:
             qlora=args.qlora,
         ),
     )
+    # Outside the training loop (which checkpoints first), SIGTERM unwinds like Ctrl-C, so a
+    # partial model directory being written is removed rather than left behind.
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         result = run(req, Progress(tty=tty))
     except TrainingInterrupted as exc:
         print(f"voxgate adapt: {exc}; rerun with --resume to continue", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("voxgate adapt: interrupted; no model was written", file=sys.stderr)
         return 130
     except (AdaptDataError, TrainError, ModelFilesError, ModelNameError) as exc:
         print(f"voxgate adapt: {exc}", file=sys.stderr)
@@ -159,6 +170,8 @@ def run_adapt(args: argparse.Namespace) -> int:
     except PublishError as exc:
         print(f"voxgate adapt: {exc}", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     summary = {
         "model": str(result.model_dir),
         "name": args.name,
