@@ -27,7 +27,9 @@ Methods, all in this one process and in rotating order per probe (the machine is
 - ``piper``: piper's own ``PiperVoice.synthesize`` per reply, in a thread per call (what a
   gateway without a streamer would do);
 - ``deadline-prev`` (``--previous``): the deadline scheduler with the policy as it was before
-  the rules for many replies at once (see :func:`previous_policy`).
+  the rules for many replies at once (see :func:`previous_policy`);
+- ``deadline-cutK`` (``--first-unit-words K``): the deadline scheduler on a voice that cuts
+  each reply's first sentence after K words (``TtsConfig.first_unit_words``).
 
 ``--kinds 1``, ``--kinds 4`` run one reply length only.
 
@@ -241,6 +243,12 @@ class Bench:
         # Today's pool as it was: the fixed window schedule with 28 frames of context.
         self.old_streamer = VitsStreamer.load(TtsConfig(cache_bytes=0, context_frames=28))
         self.old_streamer.warmup()
+        self.cut_streamer: VitsStreamer | None = None
+        if args.first_unit_words:
+            self.cut_streamer = VitsStreamer.load(
+                TtsConfig(cache_bytes=0, first_unit_words=args.first_unit_words)
+            )
+            self.cut_streamer.warmup()
         self.rate = self.streamer.sample_rate_hz
         self.synths: dict[str, TtsSynthesizer] = {}
         self.piper: Any = None
@@ -253,6 +261,10 @@ class Bench:
             assert prev.scheduler is not None
             prev.scheduler.policy = previous_policy(prev.scheduler.policy)
             self.synths["deadline-prev"] = prev
+        if self.cut_streamer is not None:
+            self.synths[f"deadline-cut{self.args.first_unit_words}"] = TtsSynthesizer(
+                self.cut_streamer, workers, GatewayMetrics()
+            )
         if self.args.batch > 1:
             self.synths[f"deadline-b{self.args.batch}"] = TtsSynthesizer(
                 self.streamer, workers, GatewayMetrics(), max_batch_size=self.args.batch
@@ -277,6 +289,8 @@ class Bench:
             await synth.aclose()
         self.streamer.close()
         self.old_streamer.close()
+        if self.cut_streamer is not None:
+            self.cut_streamer.close()
 
     @property
     def methods(self) -> list[str]:
@@ -521,6 +535,12 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--previous",
         action="store_true",
         help="also run the deadline scheduler with the policy before the many-replies rules",
+    )
+    parser.add_argument(
+        "--first-unit-words",
+        type=int,
+        default=0,
+        help="also run the deadline scheduler on a voice that cuts the first sentence here",
     )
     parser.add_argument("--rtf", action="store_true")
     parser.add_argument("--batch-gain", action="store_true")

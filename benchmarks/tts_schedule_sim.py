@@ -120,8 +120,13 @@ class _Reply:
     def finished(self) -> bool:
         return self.planned_all and not self.inflight and not self.front_running
 
-    def eligible(self, max_inflight: int) -> bool:
-        return not (self.planned_all or self.front_running or self.inflight >= max_inflight)
+    def eligible(self, max_inflight: int, alone_first: bool = False) -> bool:
+        return not (
+            self.planned_all
+            or self.front_running
+            or self.inflight >= max_inflight
+            or (alone_first and self.origin is None and self.inflight > 0)
+        )
 
     def upcoming(self, guard_s: float) -> float | None:
         if self.planned_all:
@@ -319,13 +324,14 @@ def simulate(
         # The dispatch loop, as in gateway.synthesis.SynthesisScheduler._dispatch_loop.
         wake_at = math.inf
         while idle > 0 or urgent_idle:
-            ready = [r for r in active.values() if r.eligible(max_inflight)]
+            alone = policy.alone_first_window_frames > 0 and len(active) == 1
+            ready = [r for r in active.values() if r.eligible(max_inflight, alone)]
             if not ready:
                 break
             upcoming = [
                 d
                 for r in active.values()
-                if not r.eligible(max_inflight) and (d := r.upcoming(guard_s)) is not None
+                if not r.eligible(max_inflight, alone) and (d := r.upcoming(guard_s)) is not None
             ]
             urgent = idle == 0
             decision = next_work(
@@ -539,6 +545,7 @@ def policy_table() -> dict[str, SynthPolicy]:
         "no parallel": replace(now, parallel_slack_s=math.inf),
         "no urgent": replace(now, urgent_slack_s=0.0),
         "no busy first": replace(now, busy_first_window_frames=now.first_window_frames),
+        "alone first 12": replace(now, alone_first_window_frames=12),
     }
 
 

@@ -118,11 +118,19 @@ class _Reply:
     def due(self, sample: int) -> float | None:
         return None if self.origin is None else self.origin + sample / self.rate
 
-    def eligible(self, max_inflight: int) -> bool:
-        """Whether this reply has a step a worker could start now."""
+    def eligible(self, max_inflight: int, alone_first: bool = False) -> bool:
+        """Whether this reply has a step a worker could start now.
+
+        ``alone_first``: nothing more of a reply starts while its first window runs
+        (``SynthPolicy.alone_first_window_frames``, for a reply with no other active).
+        """
         job = self.job
         return not (
-            self.cancelled or job.planned_all or self.front_running or self.inflight >= max_inflight
+            self.cancelled
+            or job.planned_all
+            or self.front_running
+            or self.inflight >= max_inflight
+            or (alone_first and self.origin is None and self.inflight > 0)
         )
 
     def item(self, guard_s: float) -> SynthItem:
@@ -218,7 +226,8 @@ class SynthesisScheduler:
     @property
     def queue_depth(self) -> int:
         """Replies with a step that waits for a worker."""
-        return sum(1 for r in self._active.values() if r.eligible(self._max_inflight))
+        alone = self.policy.alone_first_window_frames > 0 and len(self._active) == 1
+        return sum(1 for r in self._active.values() if r.eligible(self._max_inflight, alone))
 
     def _now(self) -> float:
         return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
@@ -313,8 +322,9 @@ class SynthesisScheduler:
         while self._idle > 0 or self._urgent_idle:
             ready: list[_Reply] = []
             waiting: list[_Reply] = []
+            alone = self.policy.alone_first_window_frames > 0 and len(self._active) == 1
             for r in self._active.values():
-                (ready if r.eligible(self._max_inflight) else waiting).append(r)
+                (ready if r.eligible(self._max_inflight, alone) else waiting).append(r)
             if not ready:
                 break
             now = self._now()

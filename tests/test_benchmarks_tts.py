@@ -94,7 +94,7 @@ def test_first_unit_benchmark_tiny_run_reports_every_method(tmp_path: Path) -> N
     out = tmp_path / "cut.json"
     assert tts_first_unit.main(["--tiny", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
-    assert set(rows) == {"3/whole", "3/naive", "3/lookahead 2"}
+    assert set(rows) == {"3/whole", "3/noise on", "3/naive", "3/lookahead 2"}
     assert rows["3/whole"]["mel_db"] == 0.0 and rows["3/whole"]["shift_ms"] == 0.0
     for row in rows.values():
         assert row["front_ms"] > 0 and row["first_med_ms"] >= row["front_ms"]

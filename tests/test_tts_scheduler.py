@@ -10,6 +10,8 @@ the queue at once, and a new reply's first audio must go ahead of replies alread
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -197,6 +199,18 @@ def test_a_reply_starting_while_every_worker_is_busy_gets_a_longer_first_window(
     # A later sentence's front end carries no first-window size.
     later = SynthItem(2, 0.0, 10.0, "front")
     assert dispatch(next_work([later], 10.0, policy, COST))[0].frames == 0
+
+
+def test_a_reply_starting_alone_gets_the_alone_first_window_only_when_alone() -> None:
+    policy = SynthPolicy(alone_first_window_frames=12)
+    fresh = SynthItem(1, 0.0, None, "front")
+    (alone,) = dispatch(next_work([fresh], 0.0, policy, COST, idle_workers=2, workers=2, active=1))
+    (two,) = dispatch(next_work([fresh], 0.0, policy, COST, idle_workers=2, workers=2, active=2))
+    (lane,) = dispatch(next_work([fresh], 0.0, policy, COST, urgent_only=True, workers=2, active=1))
+    assert (alone.frames, two.frames, lane.frames) == (12, 8, 16)
+    # Off: a reply alone gets the small first window (its second window starts beside it).
+    (off,) = dispatch(next_work([fresh], 0.0, POLICY, COST, idle_workers=2, workers=2, active=1))
+    assert off.frames == POLICY.first_window_frames
 
 
 def test_windows_grow_as_replies_pile_up_so_their_sum_fits_the_workers() -> None:
@@ -441,6 +455,40 @@ async def test_a_new_reply_goes_ahead_of_replies_already_playing(
         # The long reply was playing (several chunks out) and still had work queued.
         assert any(d[0][0] == long_stats.reply_id for d in log[mine[0] :])
         assert new_stats.first_audio_s is not None and long_stats.chunks > 2
+    finally:
+        await scheduler.aclose()
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("alone", [0, 12])
+async def test_a_lone_replys_first_window_runs_alone_when_the_policy_says_so(
+    streamer: VitsStreamer, monkeypatch: pytest.MonkeyPatch, alone: int
+) -> None:
+    """``alone_first_window_frames``: nothing more of a lone reply starts until its first
+    window is decoded; off, its second window starts beside the first (two workers)."""
+    policy = dataclasses.replace(policy_for(streamer), alone_first_window_frames=alone)
+    scheduler = SynthesisScheduler(streamer, 2, policy)
+    spans: list[tuple[float, float, int]] = []  # decoder calls: start, end, first plan frame
+    decode = streamer.decode_windows
+
+    def timed(windows: list[tuple[ReplyJob, WindowPlan]]) -> list[np.ndarray]:
+        t0 = time.perf_counter()
+        out = decode(windows)
+        spans.append((t0, time.perf_counter(), windows[0][1].start))
+        return out
+
+    monkeypatch.setattr(streamer, "decode_windows", timed)
+    try:
+        text = "Please hold while I look up your account."
+        audio = await _collect(scheduler, text)
+        assert len(audio) == len(streamer.synthesize_oneshot(text, QUIET).samples)
+        spans.sort()
+        first, second = spans[0], spans[1]
+        assert first[2] == 0 and second[2] == (alone or policy.first_window_frames)
+        if alone:
+            assert second[0] >= first[1]
+        else:
+            assert second[0] < first[1]
     finally:
         await scheduler.aclose()
 
