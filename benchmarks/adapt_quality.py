@@ -15,6 +15,7 @@ falls on both alike; latency is the wall time of one ``infer_batch`` per clip.
 
     .venv/bin/python -m benchmarks.adapt_quality --model MODELS/pharmacy   # an adapted model
     .venv/bin/python -m benchmarks.adapt_quality --train --steps 120       # voxgate adapt first
+    .venv/bin/python -m benchmarks.adapt_quality --model DIR --sets general  # one part of a run
     .venv/bin/python -m benchmarks.adapt_quality --tiny --model DIR        # smoke run
 
 Run it under ``flock /tmp/voxgate-bench.lock`` on a shared machine.
@@ -194,7 +195,7 @@ def print_tables(rows: list[Row], sizes: dict[str, int], train_s: float | None) 
     print(
         "model.bin: "
         + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sizes.items())
-        + (f"; training (voxgate adapt, wall) {train_s:.0f} s" if train_s is not None else "")
+        + (f"; training {train_s:.0f} s" if train_s is not None else "")
     )
 
 
@@ -209,8 +210,12 @@ def main(argv: list[str] | None = None) -> None:
         "--adapt-arg", action="append", default=[], help="extra voxgate adapt flag (repeat)"
     )
     ap.add_argument("--voices", default=",".join(VOICES), help="flite voices for held-out audio")
-    ap.add_argument("--no-mulaw", action="store_true", help="skip the mu-law 8 kHz held-out run")
-    ap.add_argument("--no-general", action="store_true", help="skip the 40 general clips")
+    ap.add_argument(
+        "--sets",
+        default="held16k,heldmulaw,general",
+        help="which sets to run, comma-separated: held16k (held-out voices at 16 kHz), heldmulaw "
+        "(the same after mu-law 8 kHz), general (the 40 shared clips); split a long run in parts",
+    )
     ap.add_argument("--tiny", action="store_true", help="3 sentences, 1 voice, 2 general clips")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--cache", type=Path, help="where flite renderings are kept")
@@ -234,14 +239,20 @@ def main(argv: list[str] | None = None) -> None:
             model, train_s = train(args, args.models_dir or work / "models")
         elif (args.model / "voxgate-model.json").is_file():
             meta = json.loads((args.model / "voxgate-model.json").read_text())
-            train_s = meta.get("train_s")
+            train_s = meta.get("training", {}).get("train_seconds")
         cache = args.cache or Path(os.environ.get("TMPDIR", "/tmp")) / "voxgate-adapt-flite"
-        held = flite_pairs(sentences, voices, cache)
-        sets: list[tuple[str, list[Pair], list[str]]] = [("held-out voices 16k", held, terms)]
-        if not args.no_mulaw:
+        wanted = {x for x in args.sets.split(",") if x}
+        unknown = wanted - {"held16k", "heldmulaw", "general"}
+        if unknown:
+            ap.error(f"unknown --sets {sorted(unknown)}")
+        held = flite_pairs(sentences, voices, cache) if wanted - {"general"} else []
+        sets: list[tuple[str, list[Pair], list[str]]] = []
+        if "held16k" in wanted:
+            sets.append(("held-out voices 16k", held, terms))
+        if "heldmulaw" in wanted:
             phone = [Pair(mulaw_8k(p.audio), p.text, p.origin) for p in held]
             sets.append(("held-out voices mulaw", phone, terms))
-        if not args.no_general:
+        if "general" in wanted:
             sets.append(("general 16k", general_pairs(2 if args.tiny else 0), []))
         print(
             f"held-out: {len(sentences)} sentences x {len(voices)} voices; terms: {len(terms)}; "
