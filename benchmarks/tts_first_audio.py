@@ -9,6 +9,12 @@ Run:  .venv/bin/python benchmarks/tts_first_audio.py [--repeats 7] [--threads 1]
 the deadline scheduler on a voice that cuts the first sentence after ``--first-unit-words``
 words (``TtsConfig.first_unit_words``); each reply is played to its end before the next starts.
 
+``--converse``: one reply at a time from outside, through a real gateway's ``Converse`` on
+loopback (a gRPC client per call, mu-law 8 kHz out): first audio is from writing the
+``Speak`` to the first audio frame of it read back, for a gateway with
+``session.tts_scheduling: deadline`` and one with ``fifo``, interleaved; each reply is
+cleared after its first frame (what is measured is first audio, not playback).
+
 For 1- and 4-sentence replies and 1 and 4 concurrent speakers (threads started together), each
 method synthesises the reply and we record, per stream:
 
@@ -32,6 +38,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import onnxruntime as ort
 from piper import PiperVoice
@@ -174,6 +181,77 @@ async def _paths(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     return raw
 
 
+async def _converse(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Single-reply first audio through Converse: a deadline gateway vs a FIFO one."""
+    import asyncio  # noqa: PLC0415
+    import contextlib  # noqa: PLC0415
+    import os  # noqa: PLC0415
+
+    import grpc  # noqa: PLC0415
+
+    from gateway.config import load_config  # noqa: PLC0415
+    from gateway.runtime import build_hub  # noqa: PLC0415
+    from gateway.testing.server import running_server  # noqa: PLC0415
+    from voxgate.v1 import voxgate_pb2 as pb  # noqa: PLC0415
+    from voxgate.v1 import voxgate_pb2_grpc as pb_grpc  # noqa: PLC0415
+
+    methods = {"converse deadline": "deadline", "converse fifo": "fifo"}
+    stubs: dict[str, Any] = {}
+    async with contextlib.AsyncExitStack() as stack:
+        for name, scheduling in methods.items():
+            # No phrase cache: every repeat synthesises (the warm-up round would be replayed).
+            overrides = {
+                "engines": "tts",
+                "session": {"tts_scheduling": scheduling},
+                "tts": {"cache_bytes": 0},
+            }
+            hub = build_hub(load_config(None, overrides))
+            srv = await stack.enter_async_context(
+                running_server(hub=hub, session={"tts_scheduling": scheduling})
+            )
+            channel = await stack.enter_async_context(grpc.aio.insecure_channel(srv.target))
+            stubs[name] = pb_grpc.VoiceGatewayStub(channel)
+
+        async def first_audio(stub: Any, text: str) -> float:
+            call = stub.Converse()
+            fmt = pb.AudioFormat(encoding=pb.MULAW, sample_rate_hertz=8000)
+            await call.write(pb.ConverseRequest(config=pb.SessionConfig(input_audio=fmt)))
+            t0 = time.perf_counter()
+            await call.write(pb.ConverseRequest(speak=pb.Speak(text=text, speak_id="r")))
+            first = None
+            while (msg := await call.read()) is not grpc.aio.EOF:
+                if msg.WhichOneof("event") == "audio" and first is None:
+                    first = time.perf_counter() - t0
+                    await call.write(pb.ConverseRequest(clear=pb.Clear()))
+                    await call.done_writing()
+            assert first is not None, "no audio came back"
+            return first
+
+        raw: dict[str, dict[str, float]] = {}
+        names = list(stubs)
+        print(
+            f"one reply at a time through Converse, {args.repeats} repeats, interleaved; "
+            f"load average {os.getloadavg()[0]:.2f}"
+        )
+        print(f"{'reply':<12} {'method':<18}{'first med':>10}{'first p95':>10}")
+        for label, text in TEXTS.items():
+            got: dict[str, list[float]] = {m: [] for m in names}
+            for r in range(args.repeats + 1):  # the first round warms every path
+                for m in names[r % 2 :] + names[: r % 2]:
+                    await asyncio.sleep(0.3)  # the cleared reply's last step settles
+                    t = await first_audio(stubs[m], text)
+                    if r:
+                        got[m].append(1000 * t)
+            for m in names:
+                row = {"first_med_ms": median(got[m]), "first_p95_ms": p95(got[m])}
+                raw[f"{label}/{m}"] = row
+                print(
+                    f"{label:<12} {m:<18}{row['first_med_ms']:>10.1f}{row['first_p95_ms']:>10.1f}",
+                    flush=True,
+                )
+    return raw
+
+
 def _played(arrivals: list[tuple[float, int]], rate: int) -> Run:
     """The player model of :func:`measure` over already timed arrivals."""
     first = arrivals[0][0]
@@ -198,12 +276,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--paths", action="store_true", help="one reply: streamer vs the gateway's paths"
     )
+    parser.add_argument(
+        "--converse", action="store_true", help="one reply through Converse: deadline vs fifo"
+    )
     parser.add_argument("--first-unit-words", type=int, default=3)
     args = parser.parse_args(argv)
-    if args.paths:
+    if args.paths or args.converse:
         import asyncio  # noqa: PLC0415
 
-        result = asyncio.run(_paths(args))
+        result = asyncio.run(_paths(args) if args.paths else _converse(args))
         if args.json:
             print(json.dumps(result, indent=1))
         return

@@ -101,3 +101,23 @@ def test_first_unit_benchmark_tiny_run_reports_every_method(tmp_path: Path) -> N
     # The plain cut ends its words as a sentence ends (a pause, a lengthened last word);
     # the measured figures, not a bound on them, are the benchmark's to report.
     assert rows["3/naive"]["mel_db"] > 0.0
+
+
+@pytest.mark.model
+@pytest.mark.parametrize(
+    ("flag", "methods"),
+    [
+        ("--paths", ("streamer", "deadline", "fifo", "deadline, cut 3")),
+        ("--converse", ("converse deadline", "converse fifo")),
+    ],
+)
+def test_single_reply_paths_tiny_run_reports_every_method(
+    capsys: pytest.CaptureFixture[str], flag: str, methods: tuple[str, ...]
+) -> None:
+    from benchmarks import tts_first_audio
+
+    tts_first_audio.main([flag, "--repeats", "1", "--json"])
+    out = capsys.readouterr().out
+    rows = json.loads(out[out.index("{") :])
+    assert set(rows) == {f"{kind}/{m}" for kind in tts_first_audio.TEXTS for m in methods}
+    assert all(row["first_med_ms"] > 0 for row in rows.values())
