@@ -81,13 +81,16 @@ class Progress:
         if self._step0 is None:
             self._step0, self._t_step0 = step - 1, now
         done = step - self._step0
-        rate = (now - self._t_step0) / done if done > 0 else 0.0
-        eta = rate * (steps - step)
+        # The first step this process sees has no measured rate yet: its ETA is unknown (None),
+        # not zero.
+        rate = (now - self._t_step0) / done if done > 0 and now > self._t_step0 else 0.0
+        eta: float | None = rate * (steps - step) if rate > 0 or step >= steps else None
         if self._tty:
             filled = round(_BAR_WIDTH * step / max(1, steps))
             bar = "#" * filled + "." * (_BAR_WIDTH - filled)
             self._stream.write(
-                f"\r[{bar}] {step}/{steps} loss {loss:.3f} {rate:.2f} s/step ETA {_clock(eta)}   "
+                f"\r[{bar}] {step}/{steps} loss {loss:.3f} {rate:.2f} s/step "
+                f"ETA {'--:--' if eta is None else _clock(eta)}   "
             )
             self._bar_open = True
             if step >= steps:
@@ -105,7 +108,7 @@ class Progress:
                     "loss": round(loss, 4),
                     "s_per_step": round(rate, 3),
                     "elapsed_s": round(self.elapsed, 1),
-                    "eta_s": round(eta, 1),
+                    "eta_s": None if eta is None else round(eta, 1),
                 }
             )
 

@@ -110,6 +110,7 @@ def test_progress_without_a_terminal_is_json_lines() -> None:
     assert [x["event"] for x in lines] == ["stage", "step", "step", "step", "note"]
     assert lines[0]["stage"] == "train" and lines[0]["steps"] == 3
     assert [x["step"] for x in lines[1:4]] == [1, 2, 3]
+    assert lines[1]["eta_s"] is None  # no rate measured yet: unknown, not zero
     assert lines[3]["eta_s"] == 0.0 and lines[2]["eta_s"] >= 0.0
     assert {"loss", "s_per_step", "elapsed_s"} <= set(lines[1])
 
