@@ -124,6 +124,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     rows.append(
                         {**_row(name, serving, s, extra), "set": set_name, "encoded_frames": enc}
                     )
+                    print(f"scored: {json.dumps(rows[-1], default=float)}", file=sys.stderr)
                     engine.counters.reset()
             finally:
                 engine.close()
@@ -179,7 +180,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "synth_s": round(synth_s, 1),
             "held_out_clips": len(held),
             "voices": list(voices),
-            "general_clips": len(general),
+            "general_clips": len(sets["general"][0]) if "general" in sets else 0,
         },
         "runs": runs,
         "rows": rows,
