@@ -44,7 +44,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 import telephony as tel  # noqa: E402
 from conftest import SPEECH_DIR, read_wav_int16  # noqa: E402
 
-from benchmarks._wer import corpus_wer  # noqa: E402
+from benchmarks._wer import corpus_wer, wer  # noqa: E402
 from gateway.config import GatewayConfig, VadConfig, load_config  # noqa: E402
 from gateway.runtime import build_hub  # noqa: E402
 from gateway.server import GatewayServer  # noqa: E402
@@ -60,9 +60,10 @@ VARIANTS: dict[str, VadConfig] = {
     "silero, no plosive tail": VadConfig(model="silero", plosive_tail=False),
     "silero, no onset backtrack": VadConfig(model="silero", onset_backtrack="off"),
     "silero, no end refinement": VadConfig(model="silero", end_refine="off"),
+    "silero, no call-start lead-in": VadConfig(model="silero", call_start_lead_in_ms=0),
 }
 #: Variants that also run the WER grid (the others only the VAD measurements).
-WER_VARIANTS = ("webrtc", "silero")
+WER_VARIANTS = ("webrtc", "silero", "silero, no call-start lead-in")
 GOAL_BEGIN_MS, GOAL_END_MS = 70, 170
 CHUNK_MS = 20
 
@@ -311,7 +312,8 @@ def report(res: dict[str, Any]) -> str:
         + " | ".join(f"{v} missed | {v} WER" for v in wv)
         + (" | WER ratio silero/webrtc |" if {"webrtc", "silero"} <= set(wv) else " |")
     )
-    lines.append("|---|---:|" + "---:|---:|" * len(wv) + ("---:|" if len(wv) == 2 else ""))
+    both = {"webrtc", "silero"} <= set(wv)
+    lines.append("|---|---:|" + "---:|---:|" * len(wv) + ("---:|" if both else ""))
     for kind, snr in res["grid"]:
         cells, wers = [], {}
         for v in wv:
@@ -322,11 +324,25 @@ def report(res: dict[str, Any]) -> str:
             cells.append(f"{missed}/{len(items)} | {w:.3f}")
         ratio = (
             f" | {wers['silero'] / wers['webrtc']:.2f}"
-            if {"webrtc", "silero"} <= set(wers) and wers["webrtc"] > 0
-            else (" | -" if len(wv) == 2 else "")
+            if both and wers["webrtc"] > 0
+            else (" | -" if both else "")
         )
         snr_s = "-" if kind == "clean" else f"{snr:g}"
         lines.append(f"| {kind} | {snr_s} | " + " | ".join(cells) + ratio + " |")
+    lines.append("\nClips whose WER differs between variants (per-clip WER, transcript):\n")
+    differ = 0
+    for kind, snr in res["grid"]:
+        per = {v: {c.name: r for c, r in res["clips"].get((v, kind, snr), [])} for v in wv}
+        for clip, _r in res["clips"].get((wv[0], kind, snr), []) if wv else []:
+            row = {v: per[v][clip.name] for v in wv if clip.name in per[v]}
+            w = {v: wer(clip.text, " ".join(r.finals)) for v, r in row.items()}
+            if len(set(w.values())) > 1:
+                differ += 1
+                snr_s = "clean" if kind == "clean" else f"{kind} {snr:g} dB"
+                cells = "; ".join(f"{v} {w[v]:.3f} {' '.join(r.finals)!r}" for v, r in row.items())
+                lines.append(f"* {snr_s}, {clip.name}: {cells}")
+    if not differ:
+        lines.append("* none")
     missed_clean = {
         v: sum(not r.begins_ms for _c, r in res["clips"].get((v, "clean", float("inf")), []))
         for v in variants

@@ -115,6 +115,15 @@ class VadConfig(_Frozen):
     pre_roll_ms: int = Field(
         300, ge=0, le=2_000, description="Audio kept before the detected start of speech, ms."
     )
+    call_start_lead_in_ms: int = Field(
+        1_000,
+        ge=0,
+        le=5_000,
+        description="A call's first utterance whose speech begins within this many ms of the "
+        "call's first sample keeps all the audio from that sample on (0 = only pre_roll_ms): "
+        "Silero, with no context yet, can read a first word spoken from the call's start as "
+        "under its threshold, and the pre-roll then cut it off. SPEECH_BEGIN does not move.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -400,8 +409,8 @@ class BargeInConfig(_Frozen):
         ge=1,
         le=20,
         description="after_words: words a caller transcript needs to interrupt, backchannels "
-        "not counted. One word is reached by the first interim (~0.35 s of speech); each more "
-        "word costs another interim interval.",
+        "not counted. One word is reached by the first interim (at first_interim_speech_ms of "
+        "voiced speech) when it holds one; each more word costs about another interim.",
     )
     backchannels: tuple[str, ...] = Field(
         DEFAULT_BACKCHANNELS,

@@ -224,6 +224,10 @@ class Segmenter:
         self._max_frames = max(self._start_frames + 1, config.max_utterance_ms // fm)
         self._pre_roll_frames = config.pre_roll_ms // fm
         self._pad_frames = self.TRAILING_PAD_MS // fm
+        # Every frame of the call's first call_start_lead_in_ms, until its first utterance
+        # begins: that utterance's lead-in when it starts within them (None once it cannot).
+        self._head_frames = config.call_start_lead_in_ms // fm
+        self._head: list[FloatArray] | None = [] if self._head_frames else None
         self._tail_frames = self.TAIL_MS // fm
         self._noise_db: float | None = None  # running noise floor of the call (unvoiced frames)
         self._noise_pdb: float | None = None  # the same on the plain level
@@ -375,6 +379,11 @@ class Segmenter:
         events: list[SegmenterEvent],
     ) -> None:
         st = self.state
+        if self._head is not None:
+            if st is SegmenterState.QUIET and self._frame_index > self._head_frames:
+                self._head = None
+            else:
+                self._head.append(frame)
         if not voiced and st is not SegmenterState.SPEAKING:
             # An EMA that tracks down fast and up slowly: a floor, not an average.
             if self._noise_db is None or self._noise_pdb is None:
@@ -400,6 +409,12 @@ class Segmenter:
                 )
                 self._pre_roll.clear()
                 self._start_frame = self._frame_index - back
+                if self._head is not None and self._start_frame <= self._head_frames:
+                    # Speech at the call's start: Silero, primed on nothing, read LJ001-0006's
+                    # "And it is" from 0 s as 0.3-0.57 (0.26-0.34 under line clicks), so its
+                    # first voiced frame came at 0.6 s and the 300 ms pre-roll cut "And" off
+                    # what Whisper got; the call's first second has no earlier speech to lose.
+                    self._lead = self._head[: self._start_frame]
                 self._frames = [*lead[len(lead) - back :], frame]
                 self._voiced = [False] * back + [True]
                 self._dbs = list(self._recent_pdb)[-(back + 1) :]
@@ -498,6 +513,7 @@ class Segmenter:
     def _maybe_begin(self, events: list[SegmenterEvent]) -> None:
         if self._voiced_count >= self._start_frames:
             self.state = SegmenterState.SPEAKING
+            self._head = None
             events.append(SpeechBegin(self._start_frame * self.config.frame_ms, self._utt_index))
 
     def _finalise(self, events: list[SegmenterEvent], *, forced: bool) -> None:

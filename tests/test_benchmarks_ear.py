@@ -47,6 +47,9 @@ def test_ear_wer_table_from_results() -> None:
     text = report(res)
     assert "| clean | - | 0/1 | 0.500 | 0/1 | 0.000 | 0.00 |" in text
     assert "| hum | 10 | 0/1 | 0.000 | 1/1 | 1.000 | - |" in text
+    # Per clip, where the variants differ (the corpus figure hides which clip it was).
+    assert "* clean, a.wav: webrtc 0.500 'hello there'; silero 0.000" in text
+    assert "* hum 10 dB, a.wav: webrtc 0.000" in text
 
 
 def test_bisection_finds_the_largest_held_n() -> None:

@@ -52,8 +52,14 @@ class NoTailSegmenter(Segmenter):
 
 
 def seg(**kw: int) -> Segmenter:
+    # These steps test the pre-roll itself: no call-start lead-in (tested on its own below).
     base = dict(
-        frame_ms=20, start_speech_ms=60, end_silence_ms=100, min_speech_ms=0, pre_roll_ms=40
+        frame_ms=20,
+        start_speech_ms=60,
+        end_silence_ms=100,
+        min_speech_ms=0,
+        pre_roll_ms=40,
+        call_start_lead_in_ms=0,
     )
     base.update(kw)
     return NoTailSegmenter(VadConfig(**base), ScriptedDetector())
@@ -401,3 +407,58 @@ def test_speech_from_the_first_sample_is_not_taken_for_the_noise_floor() -> None
     utt = next(e for e in events if isinstance(e, Utterance))
     assert begin.offset_ms == 0 and utt.start_ms == 0 and utt.speech_end_ms == 400
     assert utt.stats.leading_silence_ms == 0
+
+
+@pytest.mark.parametrize(
+    ("first_voiced", "lead_in_ms", "start_ms"),
+    [
+        (30, 1000, 0),  # 600 ms into the call: all of it (the pre-roll alone kept from 300 ms)
+        (30, 0, 300),  # off: the pre-roll only
+        (60, 1000, 900),  # 1.2 s in: past the call's start, the pre-roll only
+    ],
+)
+def test_the_first_utterance_near_the_call_start_keeps_the_audio_from_its_first_sample(
+    first_voiced: int, lead_in_ms: int, start_ms: int
+) -> None:
+    """Speech from 0 s that the model only believes from 0.6 s on loses no word to the pre-roll.
+
+    (LJ001-0006 under line clicks: Silero's first voiced frame at 600 ms, "And" cut off.)
+    The reported start is the model's either way; only the audio Whisper gets changes.
+    """
+    rng = np.random.default_rng(5)
+    n = first_voiced + 40
+    audio = (rng.standard_normal(n * FRAME) * 0.05).astype(np.float32)  # "speech" throughout
+    confs = [0.1] * first_voiced + [0.9] * 20 + [0.1] * 20
+    cfg = VadConfig(
+        frame_ms=20,
+        start_speech_ms=60,
+        end_silence_ms=300,
+        pre_roll_ms=300,
+        call_start_lead_in_ms=lead_in_ms,
+        onset_backtrack="off",
+    )
+    events = Segmenter(cfg, LateDetector(confs, 0)).push(audio)
+    begin = next(e for e in events if isinstance(e, SpeechBegin))
+    (utt,) = [e for e in events if isinstance(e, Utterance)]
+    assert begin.offset_ms == utt.speech_start_ms == first_voiced * 20
+    assert utt.start_ms == start_ms
+    assert len(utt.audio) == (utt.end_ms - utt.start_ms) * 16
+    np.testing.assert_array_equal(utt.audio[: 10 * FRAME], audio[start_ms * 16 :][: 10 * FRAME])
+    assert utt.stats.leading_silence_ms == first_voiced * 20 - start_ms
+
+
+def test_only_the_first_utterance_takes_the_call_start_lead_in() -> None:
+    cfg = VadConfig(
+        frame_ms=20, start_speech_ms=60, end_silence_ms=100, pre_roll_ms=40, min_speech_ms=0
+    )
+    audio = pattern("....xxxx......xxxx......")
+    first, second = [
+        e for e in Segmenter(cfg, ScriptedDetector()).push(audio) if isinstance(e, Utterance)
+    ]
+    off = cfg.model_copy(update={"call_start_lead_in_ms": 0})
+    first_off, second_off = [
+        e for e in Segmenter(off, ScriptedDetector()).push(audio) if isinstance(e, Utterance)
+    ]
+    assert (first.start_ms, first_off.start_ms) == (0, 40)  # 80 ms in: from the first sample
+    assert second.start_ms == second_off.start_ms > 200  # the second: its pre-roll only
+    np.testing.assert_array_equal(second.audio, second_off.audio)
