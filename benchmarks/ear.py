@@ -362,13 +362,22 @@ def main(argv: Sequence[str] | None = None) -> str:
     ap.add_argument("--seconds", type=float, default=30.0, help="length of each noise file")
     ap.add_argument("--snrs", default="20,10,5")
     ap.add_argument("--noises", default=",".join(tel.NOISES))
-    ap.add_argument("--variants", default="", help="comma list (default: all)")
+    ap.add_argument(
+        "--variants",
+        default="",
+        help="comma list (default: all); semicolons instead when a name holds a comma "
+        "('webrtc;silero;silero, no plosive tail')",
+    )
     ap.add_argument("--no-asr", action="store_true", help="VAD only: no WER")
     ap.add_argument("--tiny", action="store_true", help="a seconds-long run that checks the code")
     args = ap.parse_args(argv)
     if args.tiny:
         args.clips, args.calls, args.seconds, args.snrs, args.noises = 1, 1, 1.0, "10", "hum"
-    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    sep = ";" if ";" in args.variants else ","
+    args.variants = [v.strip() for v in args.variants.split(sep) if v.strip()]
+    unknown = sorted(set(args.variants) - set(VARIANTS))
+    if unknown:
+        ap.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
     res = asyncio.run(run(args))
     text = report(res)
     print(text)
