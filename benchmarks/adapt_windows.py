@@ -23,8 +23,8 @@ direction holds, not a deployable model.
 Speed figures (s/step, encode time) are measured one run after another on a shared machine and
 are indicative only; the accuracy figures do not depend on load.
 
-    flock /tmp/voxgate-bench.lock .venv/bin/python -m benchmarks.adapt_windows --steps 80
-    flock /tmp/voxgate-bench.lock .venv/bin/python -m benchmarks.adapt_windows \
+    .venv/bin/python -m benchmarks.adapt_windows --steps 80
+    .venv/bin/python -m benchmarks.adapt_windows \
         --train-on speakers --windows utterance,served --encoder-too --steps 60
     .venv/bin/python -m benchmarks.adapt_windows --tiny        # smoke run
 """

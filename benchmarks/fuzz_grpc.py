@@ -13,7 +13,7 @@ Properties, per case: the status is never INTERNAL or UNKNOWN; the stream ends w
 within ``END_BOUND_S`` of the client's last action; no server ERROR log line; at the end no call
 is left open. The well-behaved caller's transcript is unchanged.
 
-    flock /tmp/voxgate-bench.lock python -m benchmarks.fuzz_grpc --cases 20000
+    python -m benchmarks.fuzz_grpc --cases 20000
 
 prints cases, the status histogram, the longest stream end time and whether the transcript was
 unchanged (``--minutes`` stops early and reports what ran). ``tests/test_fuzz_grpc.py`` runs a

@@ -19,7 +19,7 @@ Side by side, interleaved per level: the adapter as shipped (``--gateway-chunk-m
 provider chunks per gRPC write to the gateway) against the plain bridge a user would write first
 (20: every provider chunk its own write), same settings otherwise.
 
-Run: ``flock /tmp/voxgate-bench.lock .venv/bin/python -m benchmarks.media_streams``
+Run: ``.venv/bin/python -m benchmarks.media_streams``
 (``--streams 1,10,25,50`` by default; a few minutes).
 """
 

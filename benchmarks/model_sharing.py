@@ -32,7 +32,7 @@ an adapted model instead. CTranslate2 threads as the gateway sets them: ``inter_
 
 Run::
 
-    flock /tmp/voxgate-bench.lock python -m benchmarks.model_sharing
+    python -m benchmarks.model_sharing
     python -m benchmarks.model_sharing --utterances 12 --backlog 6 --rounds 3
 
 It prints the command line, then one table: per arrangement and workload, the median and p95

@@ -95,7 +95,7 @@ def test_config_rejects_inconsistent_windows() -> None:
     with pytest.raises(ValueError):
         TtsConfig(unknown_field=1)  # type: ignore[call-arg]
     config = TtsConfig()
-    assert (config.voice, config.context_frames) == ("joe", 24)
+    assert (config.voice, config.context_frames) == ("joe", 28)
     with pytest.raises(ValueError):
         config.context_frames = 4
 

@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -35,7 +36,16 @@ from gateway.metrics import GatewayMetrics
 from gateway.runtime import TtsSynthesizer
 from gateway.synthesis import ReplyStats, SynthesisScheduler, policy_for
 
-POLICY = SynthPolicy()
+# The logic tests' fixed cost model and slacks were laid out for 24 frames of context each side;
+# the rules they check do not depend on that number (the served default is 28, tts.context_frames).
+POLICY = SynthPolicy(context_frames=24)
+
+
+def _policy(**fields: Any) -> SynthPolicy:
+    """A policy with the tests' context (24 frames) and the given fields."""
+    return SynthPolicy(**{"context_frames": 24, **fields})
+
+
 COST = CostModel(fixed_s=0.005, per_frame_s=0.001, front_s=0.01)  # a fixed, fast device
 QUIET = SpeakOptions(noise_scale=0.0, noise_w=0.0)  # deterministic, so comparisons are exact
 LONG = (
@@ -88,7 +98,7 @@ def test_a_first_window_is_small_and_never_past_the_unit() -> None:
 
 def test_replies_far_ahead_wait_until_their_lead_is_spent_when_capped() -> None:
     queue = [window(1, 10.0), window(2, 12.0)]
-    capped = SynthPolicy(max_lead_s=2.0)
+    capped = _policy(max_lead_s=2.0)
     assert next_work(queue, 5.0, capped, COST) == WaitUntil(8.0)
     assert next_work([], 5.0, capped, COST) == WaitUntil(None)
     # A reply that has not started is never held back.
@@ -157,7 +167,7 @@ def test_the_first_audio_lane_takes_only_replies_that_have_not_started() -> None
 
 
 def test_the_first_audio_lane_also_takes_a_reply_about_to_starve_with_nothing_running() -> None:
-    lane = SynthPolicy(urgent_slack_s=0.15)
+    lane = _policy(urgent_slack_s=0.15)
     about_to_starve = window(1, 10.05)
     (work,) = dispatch(next_work([about_to_starve], 10.0, lane, COST, urgent_only=True))
     assert (work.key, work.kind) == (1, "window")
@@ -174,7 +184,7 @@ def test_the_first_audio_lane_also_takes_a_reply_about_to_starve_with_nothing_ru
 
 def test_a_reply_far_ahead_leaves_the_second_worker_free() -> None:
     """A decoder call cannot be interrupted: a reply with lead to spare runs one at a time."""
-    policy = SynthPolicy(parallel_slack_s=0.5)
+    policy = _policy(parallel_slack_s=0.5)
     ahead = SynthItem(1, 0.0, 12.0, "window", unit_frames=400, running=1)
     assert next_work([ahead], 10.0, policy, COST, idle_workers=2) == WaitUntil(11.5)
     behind = SynthItem(1, 0.0, 10.3, "window", unit_frames=400, running=1)
@@ -184,7 +194,7 @@ def test_a_reply_far_ahead_leaves_the_second_worker_free() -> None:
 
 
 def test_a_reply_starting_while_every_worker_is_busy_gets_a_longer_first_window() -> None:
-    policy = SynthPolicy(busy_first_window_frames=16)
+    policy = _policy(busy_first_window_frames=16)
     fresh = SynthItem(1, 0.0, None, "front")
     # Every worker busy (the first-audio lane), or one free worker of two: the second window
     # cannot start beside the first, so the first buys more lead.
@@ -202,7 +212,7 @@ def test_a_reply_starting_while_every_worker_is_busy_gets_a_longer_first_window(
 
 
 def test_a_reply_starting_alone_gets_the_alone_first_window_only_when_alone() -> None:
-    policy = SynthPolicy(alone_first_window_frames=12)
+    policy = _policy(alone_first_window_frames=12)
     fresh = SynthItem(1, 0.0, None, "front")
     (alone,) = dispatch(next_work([fresh], 0.0, policy, COST, idle_workers=2, workers=2, active=1))
     (two,) = dispatch(next_work([fresh], 0.0, policy, COST, idle_workers=2, workers=2, active=2))
@@ -214,7 +224,7 @@ def test_a_reply_starting_alone_gets_the_alone_first_window_only_when_alone() ->
 
 
 def test_windows_grow_as_replies_pile_up_so_their_sum_fits_the_workers() -> None:
-    policy = SynthPolicy(share_ratio=0.8)
+    policy = _policy(share_ratio=0.8)
     starving = window(1, 9.9)
     alone = dispatch(next_work([starving], 10.0, policy, COST, active=1, workers=2))[0].frames
     crowd = dispatch(next_work([starving], 10.0, policy, COST, active=8, workers=2))[0].frames
@@ -225,7 +235,7 @@ def test_windows_grow_as_replies_pile_up_so_their_sum_fits_the_workers() -> None
 
 
 def test_a_reply_building_its_lead_gets_a_window_in_time_below_the_crowd_floor() -> None:
-    policy = SynthPolicy(share_ratio=0.8)
+    policy = _policy(share_ratio=0.8)
     ctx = 2 * policy.context_frames
     late = dispatch(next_work([window(1, 9.9)], 10.0, policy, COST, active=8, workers=2))
     building = dispatch(next_work([window(1, 10.07)], 10.0, policy, COST, active=8, workers=2))
@@ -251,7 +261,7 @@ def test_front_ends_run_alone_and_unbatched_devices_get_one_window() -> None:
 
 
 def test_windows_of_one_size_class_are_batched_with_a_common_input_length() -> None:
-    policy = SynthPolicy(max_batch_size=3)
+    policy = _policy(max_batch_size=3)
     queue = [
         window(1, 10.05),
         window(2, 10.06),
@@ -264,7 +274,7 @@ def test_windows_of_one_size_class_are_batched_with_a_common_input_length() -> N
     assert [w.key for w in work] == [1, 2, 4]
     pads = {w.pad_to for w in work}
     assert len(pads) == 1 and pads.pop() >= work[0].frames + 2 * policy.context_frames
-    assert len(dispatch(next_work(queue, 10.0, SynthPolicy(max_batch_size=1), COST))) == 1
+    assert len(dispatch(next_work(queue, 10.0, _policy(max_batch_size=1), COST))) == 1
 
 
 def test_cost_model_learns_from_measured_runs() -> None:

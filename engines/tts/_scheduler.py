@@ -219,7 +219,7 @@ class SynthPolicy:
         ladder: the window sizes to choose from.
     """
 
-    context_frames: int = 24
+    context_frames: int = 28
     first_window_frames: int = 8
     min_window_frames: int = 16
     max_window_frames: int = 192

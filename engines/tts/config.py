@@ -81,15 +81,15 @@ class TtsConfig(BaseModel):
         ),
     )
     context_frames: int = Field(
-        default=24,
+        default=28,
         ge=0,
         le=512,
         description=(
             "Real latent frames decoded on each side of a window and then discarded. On the "
-            "bundled voice 24 keeps every window schedule within 60 dB of the one-shot "
-            "waveform (61-98 dB over 16 sentences, noise on and off); 20 gives 47-62 dB, 16 "
-            "only 24-43 dB; 28 (the earlier default) 99 dB and more, for 17% more decoder "
-            "work at 96-frame windows."
+            "bundled voice 28 keeps every window schedule the scheduler picks within 60 dB of "
+            "the one-shot waveform (75 dB and more); 24 kept the fixed ladder's windows at "
+            "61-98 dB but one in-between window the scheduler picked under load at 52 dB; 20 "
+            "gives 47-62 dB, 16 only 24-43 dB."
         ),
     )
     gain_db: float = Field(
