@@ -494,10 +494,12 @@ async def test_a_lone_replys_first_window_runs_alone_when_the_policy_says_so(
         assert len(audio) == len(streamer.synthesize_oneshot(text, QUIET).samples)
         spans.sort()
         first, second = spans[0], spans[1]
-        assert first[2] == 0 and second[2] == (alone or policy.first_window_frames)
         if alone:
+            assert first[2] == 0 and second[2] == alone
             assert second[0] >= first[1]
         else:
+            # Two workers: which of the two decoder calls gets a core first is the OS's choice.
+            assert {first[2], second[2]} == {0, policy.first_window_frames}
             assert second[0] < first[1]
     finally:
         await scheduler.aclose()
