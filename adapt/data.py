@@ -41,8 +41,10 @@ __all__ = [
     "MIN_CLIP_S",
     "MIN_SPLIT_PAIRS",
     "SAMPLE_RATE_HZ",
+    "GENERAL_SENTENCES",
     "AdaptDataError",
     "Pair",
+    "general_sentences",
     "load_pairs",
     "phone_line",
     "read_audio",
@@ -349,6 +351,31 @@ def read_phrases(path: Path) -> list[str]:
     return phrases
 
 
+#: General English sentences written for the replay set (``adapt/general_en.txt``).
+GENERAL_SENTENCES = Path(__file__).with_name("general_en.txt")
+
+
+def general_sentences(count: int, *, seed: int) -> list[str]:
+    """``count`` of the bundled general sentences, for the replay set (see :mod:`adapt.train`).
+
+    A seeded choice, not the first ones, so a smaller replay set still spans the kinds of
+    sentence (narrative, service calls, instructions) the file mixes. Speak them with
+    :func:`synthesize_phrases` (``label="general"``) like the domain's phrases: the same voice,
+    variation and phone-line share, so that only what is said tells the two sets apart and the
+    training cannot learn "this voice means the domain's words".
+
+    Raises:
+        AdaptDataError: ``count`` beyond the bundled sentences (they are not repeated).
+    """
+    sentences = read_phrases(GENERAL_SENTENCES)
+    if not 1 <= count <= len(sentences):
+        raise AdaptDataError(
+            f"--replay {count}: choose 1..{len(sentences)} general sentences (0 turns replay off)"
+        )
+    order = np.random.default_rng([seed, 7]).permutation(len(sentences))[:count]
+    return [sentences[int(i)] for i in sorted(order)]
+
+
 # -- augmentation -------------------------------------------------------------------------------
 
 
@@ -432,6 +459,7 @@ def synthesize_phrases(
     variants: int,
     seed: int,
     phone_share: float = 0.75,
+    label: str = "phrase",
 ) -> list[Pair]:
     """Speak each phrase ``variants`` times with the bundled Piper voice, as training audio.
 
@@ -447,9 +475,10 @@ def synthesize_phrases(
         variants: renderings per phrase (>= 1).
         seed: seeds every random choice.
         phone_share: fraction of variants given the phone-line treatment.
+        label: the origins' prefix (``"general"`` for :func:`general_pairs`).
 
     Returns:
-        ``len(phrases) * variants`` pairs with origins ``"phrase:<n>#v<k>"`` (1-based n).
+        ``len(phrases) * variants`` pairs with origins ``"<label>:<n>#v<k>"`` (1-based n).
 
     Raises:
         AdaptDataError: a phrase the voice refuses (named by its number), or ``variants`` < 1.
@@ -471,7 +500,7 @@ def synthesize_phrases(
                 try:
                     chunk = streamer.synthesize_oneshot(phrase, options)
                 except TtsInputError as e:
-                    raise AdaptDataError(f"phrase {i}: the voice refuses it ({e})") from e
+                    raise AdaptDataError(f"{label} {i}: the voice refuses it ({e})") from e
                 speech = soxr.resample(chunk.samples, rate, SAMPLE_RATE_HZ).astype(np.float32)
                 lead, tail = (
                     np.zeros(int(rng.uniform(0.1, 0.5) * SAMPLE_RATE_HZ), np.float32)
@@ -482,10 +511,10 @@ def synthesize_phrases(
                     audio = phone_line(audio, rng)
                 if len(audio) / SAMPLE_RATE_HZ > MAX_CLIP_S:
                     raise AdaptDataError(
-                        f"phrase {i}: spoken it lasts {len(audio) / SAMPLE_RATE_HZ:.1f} s, over "
+                        f"{label} {i}: spoken it lasts {len(audio) / SAMPLE_RATE_HZ:.1f} s, over "
                         f"the {MAX_CLIP_S:.0f} s window; split it"
                     )
-                pairs.append(Pair(audio.astype(np.float32), phrase, f"phrase:{i}#v{v + 1}"))
+                pairs.append(Pair(audio.astype(np.float32), phrase, f"{label}:{i}#v{v + 1}"))
         return pairs
     finally:
         streamer.close()

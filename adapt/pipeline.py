@@ -40,6 +40,7 @@ class AdaptRequest:
     general: Path | None = None
     base_model: str = "base"
     variants: int = 4
+    replay: int = 157
     held_out: float = 0.2
     work_dir: Path | None = None
     resume: bool = False
@@ -90,6 +91,9 @@ def _report_meta(req: AdaptRequest, meta: dict[str, Any]) -> dict[str, object]:
         "trainable parameters": f"{tr['trainable_parameters']:,} of {tr['total_parameters']:,}",
         "training data": f"{data['train']['pairs']} clips, {data['train']['audio_s']} s",
         "held-out data": f"{data['held_out']['pairs']} clips, {data['held_out']['audio_s']} s",
+        "replay": f"{data['replay']['pairs']} general sentences, KL weight {lora['replay_weight']}"
+        if data["replay"]["pairs"]
+        else "off",
     }
 
 
@@ -114,6 +118,8 @@ def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
     if req.data is None and req.phrases is None:
         raise d.AdaptDataError("give --data (recordings) and/or --phrases (domain phrases)")
     terms = _terms(req)
+    use_replay = req.replay != 0 and req.train.replay_weight > 0.0
+    general_text = d.general_sentences(req.replay, seed=req.train.seed) if use_replay else []
 
     prog.stage("load")
     pairs: list[d.Pair] = []
@@ -135,6 +141,20 @@ def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
         encoder=req.train.encoder,
         language=req.train.language,
     )
+    replay: list[d.Pair] = []
+    if general_text:
+        prog.stage("synthesize-replay", sentences=len(general_text))
+        replay = d.synthesize_phrases(
+            general_text, variants=1, seed=req.train.seed + 1, label="general"
+        )
+        examples += make_examples(
+            base,
+            replay,
+            windows=req.train.windows,
+            encoder=req.train.encoder,
+            language=req.train.language,
+            replay=True,
+        )
 
     scores: dict[str, Any] = {}
     before: dict[str, Any] = {}
@@ -168,6 +188,7 @@ def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
             "qlora": req.train.qlora,
             "learning_rate": req.train.learning_rate,
             "batch_size": req.train.batch_size,
+            "replay_weight": req.train.replay_weight if replay else 0.0,
             "windows": req.train.windows,
             "seed": req.train.seed,
         },
@@ -175,6 +196,7 @@ def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
         "data": {
             "train": d.summarize(train_pairs),
             "held_out": d.summarize(held),
+            "replay": d.summarize(replay),
             "phrases_file": req.phrases.name if req.phrases is not None else None,
             "variants": req.variants if req.phrases is not None else 0,
         },

@@ -18,6 +18,16 @@ up to a whole second (the audio-context fine-tuning experiment). transformers' e
 on 3000 frames, so the encoder forward here is the same computation with the position table cut
 to the window, as CTranslate2 does for a shorter input.
 
+Replay (keeping the base's general speech): phrases of one domain spoken by one voice teach the
+decoder that domain's words, and with nothing else it also unlearns its prior over ordinary
+English (measured: general WER 3.4 -> 8.5 % on real speech after 150 steps). Examples marked
+``replay`` (general sentences, :func:`adapt.data.general_pairs`) are not fitted to their text;
+each step adds, beside the domain batch's cross-entropy, ``replay_weight`` times the KL
+divergence from the base model's next-token distribution (the adapters switched off: no second
+model in memory) to the adapted one's on a replay batch, teacher-forced on the sentence. It pins
+the decoder's behaviour on general speech to the base's rather than to a transcript, so what the
+base already did well is kept; the domain batch alone moves the domain's words.
+
 Long runs: a checkpoint (adapter weights, optimiser state, losses) is written atomically every
 ``checkpoint_every`` steps and when SIGINT/SIGTERM arrives, after the step in flight; ``resume``
 continues from it. Batches are drawn from a generator seeded with (seed, step), so a resumed run
@@ -107,6 +117,7 @@ class TrainConfig:
     threads: int = 0
     qlora: bool = False
     language: str = "en"
+    replay_weight: float = 1.0
 
     def check(self) -> None:
         """Raise :class:`TrainError` for a setting that cannot work."""
@@ -122,6 +133,8 @@ class TrainConfig:
             raise TrainError(
                 f"checkpoint interval must be at least 1 (got {self.checkpoint_every})"
             )
+        if not 0.0 <= self.replay_weight <= 100.0:
+            raise TrainError(f"--replay-weight must be within 0..100 (got {self.replay_weight})")
         if self.windows not in ("served", "full", "utterance"):
             raise TrainError(f"windows must be served, full or utterance (got {self.windows!r})")
 
@@ -134,6 +147,7 @@ class Example:
     tokens: tuple[int, ...]  # prompt + text + <|endoftext|>
     prompt_len: int
     origin: str
+    replay: bool = False  # general speech: held to the base's distribution, not to its text
 
 
 @dataclass(frozen=True)
@@ -159,6 +173,10 @@ class TrainResult:
     total_parameters: int
     device: str
     windows: dict[int, int]  # encoder frames -> number of examples
+    # KL from the base on each step's replay batch (before that step's update); empty without
+    # replay. It starts at 0 (the adapters start as a zero update) and stays small when the
+    # replay holds general speech where the base had it.
+    replay_kl: list[tuple[int, float]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready figures for ``voxgate-model.json`` and the report."""
@@ -170,6 +188,7 @@ class TrainResult:
             "total_parameters": self.total_parameters,
             "device": self.device,
             "windows": {str(k): v for k, v in sorted(self.windows.items())},
+            "replay_kl_last": round(self.replay_kl[-1][1], 5) if self.replay_kl else None,
         }
 
 
@@ -210,6 +229,7 @@ def make_examples(
     windows: Windows = "served",
     encoder: EncoderWindowConfig | None = None,
     language: str = "en",
+    replay: bool = False,
 ) -> list[Example]:
     """Turn (audio, text) pairs into training examples with the served prompt.
 
@@ -224,6 +244,7 @@ def make_examples(
         windows: encoder window policy (see the module docstring).
         encoder: the serving bucket policy; None = its defaults.
         language: the language token of the prompt.
+        replay: mark the examples as replay (see the module docstring).
     """
     import tokenizers
     from faster_whisper.tokenizer import Tokenizer
@@ -244,7 +265,7 @@ def make_examples(
                 f"{base.dims.max_target_positions}; split the clip"
             )
         frames = window_frames(len(p.audio), windows, enc_cfg)
-        out.append(Example(feats(p.audio, frames), tokens, len(prompt), p.origin))
+        out.append(Example(feats(p.audio, frames), tokens, len(prompt), p.origin, replay))
     return out
 
 
@@ -280,6 +301,7 @@ def _fingerprint(cfg: TrainConfig, examples: Sequence[Example], base: BaseModel)
     for ex in examples:
         h.update(ex.features.tobytes())
         h.update(np.asarray(ex.tokens, dtype=np.int64).tobytes())
+        h.update(b"r" if ex.replay else b"d")
     return h.hexdigest()
 
 
@@ -380,6 +402,43 @@ def _target_modules(decoder_only: bool) -> str:
     return side + r"\.layers\.\d+\.(self_attn|encoder_attn)\.(q_proj|v_proj)"
 
 
+class _Pool:
+    """Examples grouped by encoder window, drawn a batch of one window at a time.
+
+    A batch stacks encoder inputs, so it holds one window length; the window is drawn in
+    proportion to how many examples have it, so every example is equally likely overall.
+    """
+
+    def __init__(self, indices: list[int], examples: Sequence[Example]) -> None:
+        self.indices = indices
+        self.groups: dict[int, list[int]] = {}
+        for i in indices:
+            self.groups.setdefault(examples[i].features.shape[1], []).append(i)
+        self._keys = sorted(self.groups)
+        w = np.array([len(self.groups[k]) for k in self._keys], dtype=np.float64)
+        self._weights = w / w.sum() if len(w) else w
+
+    def draw(self, rng: np.random.Generator, size: int) -> list[int]:
+        pool = self.groups[self._keys[int(rng.choice(len(self._keys), p=self._weights))]]
+        idx = rng.choice(len(pool), size=min(size, len(pool)), replace=False)
+        return [pool[int(i)] for i in idx]
+
+
+def _token_batch(examples: Sequence[Example], batch: Sequence[int]) -> tuple[Any, Any]:
+    """Decoder inputs and labels (-100 outside the text and end token), padded with EOT."""
+    import torch
+
+    longest = max(len(examples[i].tokens) for i in batch)
+    eot = examples[batch[0]].tokens[-1]
+    ids = torch.full((len(batch), longest - 1), eot, dtype=torch.long)
+    labels = torch.full((len(batch), longest - 1), -100, dtype=torch.long)
+    for row, i in enumerate(batch):
+        t = torch.tensor(examples[i].tokens, dtype=torch.long)
+        ids[row, : len(t) - 1] = t[:-1]
+        labels[row, examples[i].prompt_len - 1 : len(t) - 1] = t[examples[i].prompt_len :]
+    return ids, labels
+
+
 def train(
     base: BaseModel,
     examples: Sequence[Example],
@@ -438,7 +497,7 @@ def train(
     n_total = sum(p.numel() for p in peft_model.parameters())
     optim = torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=0.0)
 
-    start, losses = 0, []
+    start, losses, replay_kl = 0, [], []
     if resume:
         if not ckpt_path.is_file():
             raise TrainError(f"--resume: no checkpoint in {work_dir}; run without --resume")
@@ -452,6 +511,7 @@ def train(
         peft.set_peft_model_state_dict(peft_model, state["lora"])
         optim.load_state_dict(state["optim"])
         start, losses = int(state["step"]), [tuple(x) for x in state["losses"]]
+        replay_kl = [tuple(x) for x in state.get("replay_kl", [])]
         prog.note(f"resumed from step {start}", step=start)
     elif ckpt_path.exists():
         ckpt_path.unlink()  # a fresh run never leaves an older run's checkpoint to resume
@@ -463,6 +523,7 @@ def train(
                 "lora": peft.get_peft_model_state_dict(peft_model),
                 "optim": optim.state_dict(),
                 "losses": losses,
+                "replay_kl": replay_kl,
                 "fingerprint": fingerprint,
                 "config": {k: str(v) for k, v in asdict(cfg).items()},
             },
@@ -479,14 +540,28 @@ def train(
             cached = [
                 _encoder_forward(model, f[None].to(device)).squeeze(0).float().cpu() for f in feats
             ]
-    groups: dict[int, list[int]] = {}
-    for i, ex in enumerate(examples):
-        groups.setdefault(ex.features.shape[1], []).append(i)
-    keys = sorted(groups)
-    weights = np.array([len(groups[k]) for k in keys], dtype=np.float64)
-    weights /= weights.sum()
+    domain = _Pool([i for i, ex in enumerate(examples) if not ex.replay], examples)
+    replay = _Pool([i for i, ex in enumerate(examples) if ex.replay], examples)
+    if not domain.groups:
+        raise TrainError("no training examples besides the replay set")
+    use_replay = bool(replay.groups) and cfg.replay_weight > 0.0
 
-    prog.stage("train", steps=cfg.steps, examples=len(examples), device=device)
+    def encode(batch: list[int]) -> Any:
+        if cached is not None:
+            return torch.stack([cached[i] for i in batch]).to(device)
+        return _encoder_forward(model, torch.stack([feats[i] for i in batch]).to(device))
+
+    def logits(ids: Any, enc: Any) -> Any:
+        hidden = model.model.decoder(input_ids=ids, encoder_hidden_states=enc).last_hidden_state
+        return model.proj_out(hidden).float()
+
+    prog.stage(
+        "train",
+        steps=cfg.steps,
+        examples=len(domain.indices),
+        replay=len(replay.indices) if use_replay else 0,
+        device=device,
+    )
     peft_model.train()
     t0 = time.monotonic()
     smooth = losses[-1][1] if losses else float("nan")
@@ -496,37 +571,33 @@ def train(
             step += 1
             rng = np.random.default_rng([cfg.seed, step])
             torch.manual_seed(cfg.seed * 1_000_003 + step)  # LoRA dropout: same on resume
-            frames = keys[int(rng.choice(len(keys), p=weights))]
-            pool = groups[frames]
-            idx = rng.choice(len(pool), size=min(cfg.batch_size, len(pool)), replace=False)
-            batch = [pool[int(i)] for i in idx]
+            batch = domain.draw(rng, cfg.batch_size)
             for g in optim.param_groups:
                 g["lr"] = _lr(cfg, step)
-            longest = max(len(examples[i].tokens) for i in batch)
-            eot = examples[batch[0]].tokens[-1]
-            ids = torch.full((len(batch), longest - 1), eot, dtype=torch.long)
-            labels = torch.full((len(batch), longest - 1), -100, dtype=torch.long)
-            for row, i in enumerate(batch):
-                t = torch.tensor(examples[i].tokens, dtype=torch.long)
-                ids[row, : len(t) - 1] = t[:-1]
-                labels[row, examples[i].prompt_len - 1 : len(t) - 1] = t[examples[i].prompt_len :]
-            if cached is not None:
-                enc = torch.stack([cached[i] for i in batch]).to(device)
-            else:
-                enc = _encoder_forward(model, torch.stack([feats[i] for i in batch]).to(device))
+            ids, labels = _token_batch(examples, batch)
             ids, labels = ids.to(device), labels.to(device)
-            hidden = model.model.decoder(input_ids=ids, encoder_hidden_states=enc).last_hidden_state
-            logits = model.proj_out(hidden).float()
+            out = logits(ids, encode(batch))
             loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100
+                out.reshape(-1, out.shape[-1]), labels.reshape(-1), ignore_index=-100
             )
+            value = float(loss.detach())  # the domain loss is what the curve shows
+            if use_replay:
+                rbatch = replay.draw(rng, cfg.batch_size)
+                rids, rlabels = _token_batch(examples, rbatch)
+                rids, keep = rids.to(device), (rlabels != -100).to(device)
+                with torch.no_grad(), peft_model.disable_adapter():
+                    ref = torch.log_softmax(logits(rids, encode(rbatch))[keep], dim=-1)
+                mine = torch.log_softmax(logits(rids, encode(rbatch))[keep], dim=-1)
+                kl = torch.nn.functional.kl_div(mine, ref, log_target=True, reduction="batchmean")
+                loss = loss + cfg.replay_weight * kl
+                replay_kl.append((step, float(kl.detach())))
             optim.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
             torch.nn.utils.clip_grad_norm_(trainable, 1.0)
             optim.step()
-            value = float(loss.detach())
-            if not math.isfinite(value):
-                raise TrainError(f"loss became {value} at step {step}; lower the learning rate")
+            total = float(loss.detach())
+            if not math.isfinite(total):
+                raise TrainError(f"loss became {total} at step {step}; lower the learning rate")
             losses.append((step, value))
             smooth = value if not math.isfinite(smooth) else 0.9 * smooth + 0.1 * value
             prog.step(step, cfg.steps, smooth)
@@ -550,7 +621,8 @@ def train(
         trainable_parameters=n_trainable,
         total_parameters=n_total,
         device=device,
-        windows={k: len(v) for k, v in groups.items()},
+        windows={k: len(v) for k, v in domain.groups.items()},
+        replay_kl=list(replay_kl),
     )
 
 

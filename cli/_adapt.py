@@ -93,6 +93,19 @@ def add_adapt_arguments(p: argparse.ArgumentParser) -> None:
         help="encoder windows: served (the gateway's buckets; default), full (30 s) or "
         "utterance (the clip plus 0.5 s)",
     )
+    p.add_argument(
+        "--replay",
+        type=int,
+        default=157,
+        help="general sentences (bundled, spoken by the same voice) whose decoding is held to "
+        "the base model's while training, so general speech stays as accurate (157 = all; 0 off)",
+    )
+    p.add_argument(
+        "--replay-weight",
+        type=float,
+        default=1.0,
+        help="weight of the replay's KL divergence from the base beside the domain loss (1.0)",
+    )
     p.add_argument("--learning-rate", type=float, default=1e-3, help="peak learning rate")
     p.add_argument("--batch-size", type=_positive_int, default=4, help="clips per step (4)")
     p.add_argument(
@@ -136,6 +149,7 @@ def run_adapt(args: argparse.Namespace) -> int:
         general=args.general,
         base_model=args.base_model,
         variants=args.variants,
+        replay=args.replay,
         held_out=args.held_out,
         work_dir=args.work_dir,
         resume=args.resume,
@@ -151,6 +165,7 @@ def run_adapt(args: argparse.Namespace) -> int:
             seed=args.seed,
             threads=args.threads,
             qlora=args.qlora,
+            replay_weight=args.replay_weight,
         ),
     )
     # Outside the training loop (which checkpoints first), SIGTERM unwinds like Ctrl-C, so a

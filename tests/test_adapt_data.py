@@ -7,17 +7,21 @@ transcript rules); ``synthesize_phrases`` runs the real bundled Piper voice.
 from __future__ import annotations
 
 import json
+import re
 import wave
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from adapt.data import (
+    GENERAL_SENTENCES,
     MAX_CLIP_S,
     SAMPLE_RATE_HZ,
     AdaptDataError,
     Pair,
+    general_sentences,
     load_pairs,
     phone_line,
     read_audio,
@@ -308,3 +312,34 @@ def test_synthesize_phrases_speaks_each_variant_with_the_bundled_voice() -> None
         synthesize_phrases(["<b></b>"], variants=1, seed=0)
     with pytest.raises(AdaptDataError, match="variants=0"):
         synthesize_phrases(["x"], variants=0, seed=0)
+
+
+def test_the_replay_sentences_are_a_seeded_choice_refused_out_of_range() -> None:
+    every = read_phrases(GENERAL_SENTENCES)
+    assert len(every) == 157 and len(set(every)) == 157  # no sentence twice
+    some = general_sentences(20, seed=3)
+    assert some == general_sentences(20, seed=3) and some != general_sentences(20, seed=4)
+    assert len(some) == 20 and set(some) <= set(every)
+    assert [every.index(s) for s in some] == sorted(every.index(s) for s in some)  # file order
+    assert general_sentences(157, seed=0) == every
+    for bad in (0, -1, 158):
+        with pytest.raises(AdaptDataError, match=f"--replay {bad}: choose 1..157"):
+            general_sentences(bad, seed=0)
+
+
+def _five_grams(text: str) -> set[tuple[str, ...]]:
+    w = re.sub(r"[^a-z' ]", " ", text.lower()).split()
+    return {tuple(w[i : i + 5]) for i in range(len(w) - 4)}
+
+
+def test_the_replay_sentences_share_no_words_run_with_any_test_set(
+    manifest: list[dict[str, Any]],
+) -> None:
+    # The replay set must not hand the training a test sentence: no five words in a row of it
+    # appear in the 40 clips' references or in the adaptation benchmark's held-out sentences.
+    heldout = Path(__file__).parents[1] / "benchmarks" / "data" / "adapt_heldout.txt"
+    tests = [row["text"] for row in manifest] + heldout.read_text().splitlines()
+    seen = set().union(*map(_five_grams, tests))
+    assert len(seen) > 500
+    clash = [s for s in read_phrases(GENERAL_SENTENCES) if _five_grams(s) & seen]
+    assert clash == []

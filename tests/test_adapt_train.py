@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import wave
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +207,36 @@ def test_interrupt_saves_a_checkpoint_and_resume_matches_an_uninterrupted_run(
         train(base, ex[:1], CFG, work, resume=True, progress=quiet())
     with pytest.raises(TrainError, match="no checkpoint"):
         train(base, ex, CFG, tmp_path / "empty", resume=True, progress=quiet())
+
+
+@pytest.mark.model
+@pytest.mark.component
+def test_replay_holds_general_speech_to_the_base_not_to_its_text(
+    base, pairs: list[Pair], tmp_path: Path
+) -> None:
+    domain = make_examples(base, pairs[:1])
+    general = make_examples(base, pairs[1:], replay=True)
+    assert [e.replay for e in domain + general] == [False, True]
+    cfg = replace(CFG, batch_size=1, replay_weight=5.0, checkpoint_every=10)
+    held = train(base, domain + general, cfg, tmp_path / "replay", progress=quiet())
+    free = train(
+        base, domain + general, replace(cfg, replay_weight=0.0), tmp_path / "free", progress=quiet()
+    )
+    # Step 1 starts from a zero update: the adapted model is the base, so its divergence from
+    # the base is 0 (a loss on the replay clip's text would not be), then it is not.
+    assert [s for s, _ in held.replay_kl] == [1, 2, 3]
+    assert held.replay_kl[0][1] == pytest.approx(0.0, abs=1e-5)
+    assert held.replay_kl[-1][1] > 1e-5
+    assert free.replay_kl == [] and free.windows == held.windows == {1000: 1}
+    # The same domain batch and loss at step 1; the replay term then changes the update.
+    assert held.losses[0][1] == pytest.approx(free.losses[0][1], rel=1e-5)
+    pairs_ab = zip(held.adapters, free.adapters, strict=True)
+    moved = max(float(np.abs(a.b - b.b).max()) for a, b in pairs_ab)
+    assert moved > 1e-6
+    with pytest.raises(TrainError, match="besides the replay set"):
+        train(base, general, cfg, tmp_path / "only", progress=quiet())
+    with pytest.raises(TrainError, match="--replay-weight"):
+        train(base, domain, replace(cfg, replay_weight=-1.0), tmp_path / "bad", progress=quiet())
 
 
 @pytest.mark.component
