@@ -76,7 +76,8 @@ def adapted(
     proc = subprocess.run(
         [sys.executable, "-m", "cli", "adapt", "--data", str(data), "--terms", str(terms)]
         + ["--name", NAME, "--models-dir", str(models), "--steps", "8", "--decoder-only"]
-        + ["--learning-rate", "5e-3", "--held-out", str(HELD_OUT), "--threads", "2"],
+        + ["--learning-rate", "5e-3", "--held-out", str(HELD_OUT), "--threads", "2"]
+        + ["--replay", "4"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -115,6 +116,11 @@ def test_the_command_writes_a_verified_model_with_its_report_and_nothing_else(
     stages = [p["stage"] for p in progress if p["event"] == "stage"]
     assert stages[0] == "load" and stages[-1] == "done"
     assert {"train", "write", "evaluate-base", "evaluate-adapted"} <= set(stages)
+    # Four general sentences replayed beside the four training clips, held to the base.
+    assert "synthesize-replay" in stages and meta["data"]["replay"]["pairs"] == 4
+    train_stage = next(p for p in progress if p.get("stage") == "train")
+    assert train_stage["examples"] == 4 and train_stage["replay"] == 4
+    assert meta["training"]["replay_kl_last"] > 0 and meta["lora"]["replay_weight"] == 1.0
     steps = [p for p in progress if p["event"] == "step"]
     assert steps[-1]["step"] == 8 and steps[-1]["eta_s"] == 0.0
     assert set(summary["scores"]) == {"held_out"}
@@ -187,6 +193,8 @@ def good(tmp_path: Path, speech_dir: Path, manifest: list[dict[str, Any]]) -> li
         (["--name", "../up"], "is not a model name"),
         (["--name", "whisper-base"], "reserved"),
         (["--name", "m", "--qlora"], "--qlora .* needs a CUDA GPU"),
+        (["--name", "m", "--replay", "-1"], "--replay -1: choose 1..157"),
+        (["--name", "m", "--replay-weight", "-1"], "--replay-weight must be within 0..100"),
     ],
 )
 def test_bad_flags_are_refused_in_one_line_before_training(
