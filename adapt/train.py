@@ -44,6 +44,7 @@ import os
 import signal
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -148,6 +149,9 @@ class Example:
     prompt_len: int
     origin: str
     replay: bool = False  # general speech: held to the base's distribution, not to its text
+    # Replay under other windows than served: the base's reference forward sees the clip as the
+    # gateway serves the base (its own buckets), so what is kept is the base *as served*.
+    teacher_features: F32 | None = None
 
 
 @dataclass(frozen=True)
@@ -244,7 +248,8 @@ def make_examples(
         windows: encoder window policy (see the module docstring).
         encoder: the serving bucket policy; None = its defaults.
         language: the language token of the prompt.
-        replay: mark the examples as replay (see the module docstring).
+        replay: mark the examples as replay (see the module docstring); with ``windows``
+            other than ``served`` they also carry the served window for the base's reference.
     """
     import tokenizers
     from faster_whisper.tokenizer import Tokenizer
@@ -265,7 +270,10 @@ def make_examples(
                 f"{base.dims.max_target_positions}; split the clip"
             )
         frames = window_frames(len(p.audio), windows, enc_cfg)
-        out.append(Example(feats(p.audio, frames), tokens, len(prompt), p.origin, replay))
+        teacher = None
+        if replay and windows != "served":
+            teacher = feats(p.audio, window_frames(len(p.audio), "served", enc_cfg))
+        out.append(Example(feats(p.audio, frames), tokens, len(prompt), p.origin, replay, teacher))
     return out
 
 
@@ -302,6 +310,8 @@ def _fingerprint(cfg: TrainConfig, examples: Sequence[Example], base: BaseModel)
         h.update(ex.features.tobytes())
         h.update(np.asarray(ex.tokens, dtype=np.int64).tobytes())
         h.update(b"r" if ex.replay else b"d")
+        if ex.teacher_features is not None:
+            h.update(ex.teacher_features.tobytes())
     return h.hexdigest()
 
 
@@ -405,15 +415,18 @@ def _target_modules(decoder_only: bool) -> str:
 class _Pool:
     """Examples grouped by encoder window, drawn a batch of one window at a time.
 
-    A batch stacks encoder inputs, so it holds one window length; the window is drawn in
+    A batch stacks encoder inputs, so it holds one window length (and one for the base's
+    reference, when replay has its own, :attr:`Example.teacher_features`); the window is drawn in
     proportion to how many examples have it, so every example is equally likely overall.
     """
 
     def __init__(self, indices: list[int], examples: Sequence[Example]) -> None:
         self.indices = indices
-        self.groups: dict[int, list[int]] = {}
+        self.groups: dict[tuple[int, int], list[int]] = {}
         for i in indices:
-            self.groups.setdefault(examples[i].features.shape[1], []).append(i)
+            ex = examples[i]
+            teacher = ex.teacher_features.shape[1] if ex.teacher_features is not None else 0
+            self.groups.setdefault((ex.features.shape[1], teacher), []).append(i)
         self._keys = sorted(self.groups)
         w = np.array([len(self.groups[k]) for k in self._keys], dtype=np.float64)
         self._weights = w / w.sum() if len(w) else w
@@ -551,6 +564,20 @@ def train(
             return torch.stack([cached[i] for i in batch]).to(device)
         return _encoder_forward(model, torch.stack([feats[i] for i in batch]).to(device))
 
+    # The base's reference encoder output for replay with its own (served) windows: the base is
+    # frozen, so once per clip.
+    teacher_enc: dict[int, Any] = {}
+    with torch.no_grad(), peft_model.disable_adapter():
+        for i, ex in enumerate(examples):
+            if ex.teacher_features is not None:
+                tf = torch.from_numpy(ex.teacher_features)[None].to(device)
+                teacher_enc[i] = _encoder_forward(model, tf).squeeze(0).float().cpu()
+
+    def reference_encode(batch: list[int]) -> Any:
+        if batch[0] in teacher_enc:
+            return torch.stack([teacher_enc[i] for i in batch]).to(device)
+        return encode(batch)
+
     def logits(ids: Any, enc: Any) -> Any:
         hidden = model.model.decoder(input_ids=ids, encoder_hidden_states=enc).last_hidden_state
         return model.proj_out(hidden).float()
@@ -586,7 +613,7 @@ def train(
                 rids, rlabels = _token_batch(examples, rbatch)
                 rids, keep = rids.to(device), (rlabels != -100).to(device)
                 with torch.no_grad(), peft_model.disable_adapter():
-                    ref = torch.log_softmax(logits(rids, encode(rbatch))[keep], dim=-1)
+                    ref = torch.log_softmax(logits(rids, reference_encode(rbatch))[keep], dim=-1)
                 mine = torch.log_softmax(logits(rids, encode(rbatch))[keep], dim=-1)
                 kl = torch.nn.functional.kl_div(mine, ref, log_target=True, reduction="batchmean")
                 loss = loss + cfg.replay_weight * kl
@@ -621,7 +648,7 @@ def train(
         trainable_parameters=n_trainable,
         total_parameters=n_total,
         device=device,
-        windows={k: len(v) for k, v in domain.groups.items()},
+        windows=dict(Counter(examples[i].features.shape[1] for i in domain.indices)),
         replay_kl=list(replay_kl),
     )
 

@@ -26,6 +26,8 @@ are indicative only; the accuracy figures do not depend on load.
     .venv/bin/python -m benchmarks.adapt_windows --steps 80
     .venv/bin/python -m benchmarks.adapt_windows \
         --train-on speakers --windows utterance,served --encoder-too --steps 60
+    .venv/bin/python -m benchmarks.adapt_windows --windows utterance --encoder-too \
+        --replay 157 --general 40 --voices slt     # ACFT held to the base as served
     .venv/bin/python -m benchmarks.adapt_windows --tiny        # smoke run
 """
 
@@ -43,7 +45,14 @@ from pathlib import Path
 from typing import Any
 
 from adapt.convert import read_base, write_ct2_dir
-from adapt.data import Pair, load_pairs, read_phrases, split, synthesize_phrases
+from adapt.data import (
+    Pair,
+    general_sentences,
+    load_pairs,
+    read_phrases,
+    split,
+    synthesize_phrases,
+)
 from adapt.evaluate import Scores, evaluate, load_engine
 from adapt.progress import Progress
 from adapt.train import UTTERANCE_WINDOWS, TrainConfig, make_examples, merge, train
@@ -105,6 +114,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         general = general_pairs(args.general) if args.general > 0 else []
         sets = {"held-out voices": (held, terms), "general": (general, [])}
         sets = {k: v for k, v in sets.items() if v[0]}
+    replay: list[Pair] = []
+    if args.replay:
+        # The general sentences voxgate adapt replays, held to the base as served (KL).
+        text = general_sentences(args.replay, seed=args.seed)
+        replay = synthesize_phrases(text, variants=1, seed=args.seed + 1, label="general")
     synth_s = time.monotonic() - t0
 
     utt_cfg = {"encoder": UTTERANCE_WINDOWS.model_dump()}
@@ -142,9 +156,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 checkpoint_every=args.steps,
                 seed=args.seed,
                 threads=args.threads,
+                replay_weight=args.replay_weight,
             )
             t1 = time.monotonic()
             examples = make_examples(base, train_pairs, windows=cfg.windows)
+            examples += make_examples(base, replay, windows=cfg.windows, replay=True)
             prep_s = time.monotonic() - t1
             result = train(
                 base,
@@ -176,6 +192,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "batch_size": args.batch_size,
             "train_on": args.train_on,
             "train_clips": len(train_pairs),
+            "replay_clips": len(replay),
+            "replay_weight": args.replay_weight if replay else 0.0,
             "train_audio_s": round(sum(len(p.audio) for p in train_pairs) / 16000, 1),
             "synth_s": round(synth_s, 1),
             "held_out_clips": len(held),
@@ -235,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
         help="phrases: the pharmacy phrases (Piper), scored on flite voices and general clips; "
         "speakers: the shared clips of speakers with 3+ clips, scored on the other speakers",
     )
+    ap.add_argument(
+        "--replay", type=int, default=0, help="general sentences replayed (voxgate adapt --replay)"
+    )
+    ap.add_argument("--replay-weight", type=float, default=1.0, help="their KL weight")
     ap.add_argument("--tiny", action="store_true", help="3 phrases, 1 sentence, 1 voice")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)

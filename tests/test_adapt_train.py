@@ -233,10 +233,35 @@ def test_replay_holds_general_speech_to_the_base_not_to_its_text(
     pairs_ab = zip(held.adapters, free.adapters, strict=True)
     moved = max(float(np.abs(a.b - b.b).max()) for a, b in pairs_ab)
     assert moved > 1e-6
+    assert all(e.teacher_features is None for e in domain + general)  # served: one window
     with pytest.raises(TrainError, match="besides the replay set"):
         train(base, general, cfg, tmp_path / "only", progress=quiet())
     with pytest.raises(TrainError, match="--replay-weight"):
         train(base, domain, replace(cfg, replay_weight=-1.0), tmp_path / "bad", progress=quiet())
+
+
+@pytest.mark.model
+@pytest.mark.component
+def test_replay_under_utterance_windows_is_held_to_the_base_as_served(
+    base, pairs: list[Pair], tmp_path: Path
+) -> None:
+    # Audio-context fine-tuning: the model learns on windows sized to the clip, but what replay
+    # keeps is the base as the gateway serves it, on its own bucket (10 s here).
+    domain = make_examples(base, pairs[:1], windows="utterance")
+    general = make_examples(base, pairs[1:], windows="utterance", replay=True)
+    teacher = general[0].teacher_features
+    assert teacher is not None and teacher.shape == (80, 1000)
+    assert general[0].features.shape == (80, 600)  # 5.1 s + 0.5 s, rounded up to 6 s
+    np.testing.assert_array_equal(teacher[:, :600], general[0].features)  # same mel, cut
+    assert domain[0].teacher_features is None
+    cfg = replace(CFG, steps=1, batch_size=1, decoder_only=False, checkpoint_every=10)
+    result = train(
+        base, domain + general, replace(cfg, windows="utterance"), tmp_path, progress=quiet()
+    )
+    # Before any update the adapted model is the base, yet on a 6 s window it does not decode
+    # as the base does on 10 s: the divergence is what the training then reduces.
+    assert result.replay_kl[0][1] > 1e-3
+    assert result.windows == {600: 1}
 
 
 @pytest.mark.component

@@ -26,10 +26,12 @@ def test_tiny_run_trains_on_utterance_windows_and_scores_both_servings(
         pytest.fail("flite not found: apt-get install -y flite (.ci/run does this)")
     out = tmp_path / "result.json"
     args = ["--tiny", "--windows", "utterance", "--json", str(out), "--cache", str(tmp_path)]
+    args += ["--replay", "2"]  # two general sentences held to the base as served
     assert main(args) == 0
     data = json.loads(out.read_text())
     (run,) = data["runs"]
     assert run["windows"] == "utterance" and run["final_loss"] > 0
+    assert data["settings"]["replay_clips"] == 2 and data["settings"]["replay_weight"] == 1.0
     assert all(int(f) % 100 == 0 and int(f) < 1000 for f in run["frames"])  # short phrases
     got = {(r["model"], r["served on"], r["set"]) for r in data["rows"]}
     assert got == {
