@@ -28,6 +28,7 @@ __all__ = [
     "DtmfConfig",
     "EngineName",
     "GatewayConfig",
+    "LanguageConfig",
     "LimitsConfig",
     "SecurityConfig",
     "ServerConfig",
@@ -440,6 +441,50 @@ class BargeInConfig(_Frozen):
     )
 
 
+class LanguageConfig(_Frozen):
+    """How interims of a call that sets no language choose one (finals always detect).
+
+    Whisper's language detection on a short interim prefix (a barge-in's first 200-300 ms of
+    voiced audio) is unreliable: English callers' prefixes came out Russian or Indonesian. A
+    call therefore learns its language from its own finals, and until it has, short prefixes
+    use ``interim_default`` or must be detected with some confidence.
+    """
+
+    learn: bool = Field(
+        True,
+        description="Interims of a call without a configured language decode in the language "
+        "of its last final detected with at least learn_min_probability (finals keep "
+        "detecting: a caller may switch language).",
+    )
+    learn_min_probability: float = Field(
+        0.8,
+        ge=0.0,
+        le=1.0,
+        description="Detection probability a final needs to teach the call its language.",
+    )
+    interim_default: str = Field(
+        "",
+        pattern=r"^([a-z]{2,3})?$",
+        description="Language (ISO 639-1) of the interims of a call that sets none, until a "
+        "final taught it one; '' = detect, under the interim_detect_min_ms rule.",
+    )
+    interim_detect_min_ms: int = Field(
+        1_500,
+        ge=0,
+        le=30_000,
+        description="Before the call has a language, an interim on a prefix shorter than this "
+        "(ms of audio) is detected but used only if its detection probability is at least "
+        "interim_min_probability; 0 = always used.",
+    )
+    interim_min_probability: float = Field(
+        0.7,
+        ge=0.0,
+        le=1.0,
+        description="Detection probability a short-prefix interim needs (see "
+        "interim_detect_min_ms).",
+    )
+
+
 class SessionConfig(_Frozen):
     """How each call runs (server defaults; a call's config may override the interim interval)."""
 
@@ -461,6 +506,11 @@ class SessionConfig(_Frozen):
     barge_in: BargeInConfig = Field(
         default_factory=BargeInConfig,  # type: ignore[arg-type]
         description="Barge-in policy and echo guard defaults (gateway.config.BargeInConfig).",
+    )
+    language: LanguageConfig = Field(
+        default_factory=LanguageConfig,  # type: ignore[arg-type]
+        description="How interims of calls that set no language choose one "
+        "(gateway.config.LanguageConfig).",
     )
     tts_threads: int = Field(
         0,

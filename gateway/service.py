@@ -598,6 +598,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             and not cfg.barge_in.echo_guard_disabled,
             mode=mode,
             speculative_finals=self.config.session.speculative_finals,
+            language=self.config.session.language,
             playout_lead_ms=self.config.session.playout_lead_ms,
         )
 

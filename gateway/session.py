@@ -33,7 +33,7 @@ from engines.base import ASR_SAMPLE_RATE_HZ
 from gateway.audio import AudioFormatError, InputDecoder, OutputEncoder
 from gateway.barge_in import BargeInPolicy
 from gateway.base import Synthesizer, Transcriber, TtsPiece
-from gateway.config import DtmfConfig, LimitsConfig, VadConfig
+from gateway.config import DtmfConfig, LanguageConfig, LimitsConfig, VadConfig
 from gateway.degrade import QualityLevel
 from gateway.dtmf import DtmfDigit, DtmfGate
 from gateway.echo import EchoGuard
@@ -107,6 +107,8 @@ class CallConfig:
     mode: Literal["converse", "recognize"] = "converse"
     playout_lead_ms: int = 60
     speculative_finals: bool = True
+    #: How interims choose a language when ``asr_options.language`` is None (detect).
+    language: LanguageConfig = field(default_factory=LanguageConfig)  # type: ignore[arg-type]
 
 
 async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
@@ -239,6 +241,8 @@ class CallSession:
         self._final_done: set[int] = set()
         self._interim_task: asyncio.Task[None] | None = None
         self._specs: dict[int, _Speculation] = {}
+        # The language of the call's last confidently detected final (see _interim_language).
+        self._learned_language: str | None = None
         # Segmenter events are produced synchronously and drained (awaiting queues) right after.
         self._pending_emits: list[OutboundEvent] = []
         self._pending_utts: list[Utterance] = []
@@ -599,6 +603,7 @@ class CallSession:
             await self._emit(ErrorOut(ErrorKind.INTERNAL, message, "utterance", utt.index))
             return
         self._final_done.add(utt.index)
+        self._learn_language(req.options, result)
         ended = self._speech_end_at.pop(utt.index, None)
         now = asyncio.get_running_loop().time()
         latency = int((now - ended) * 1000) if ended is not None else 0
@@ -608,6 +613,40 @@ class CallSession:
             TranscriptOut(result, True, utt.start_ms, utt.end_ms, utt.index, latency_ms=latency)
         )
         await self._check_words_barge_in(utt.index, result.text)
+
+    def _learn_language(self, options: AsrOptions, result: AsrResult) -> None:
+        """Remember a final's language when it was detected confidently (for the interims)."""
+        cfg = self.config.language
+        if (
+            cfg.learn
+            and options.language is None
+            and result.text
+            and result.language
+            and result.language_probability >= cfg.learn_min_probability
+        ):
+            self._learned_language = result.language
+
+    def _interim_language(self, options: AsrOptions, samples: int) -> tuple[AsrOptions, float]:
+        """An interim's options with its language, and the detection probability it needs.
+
+        Whisper detects a language on each decode of a call that sets none, and on a short
+        interim prefix (a barge-in's first 200-300 ms voiced) that detection is unreliable:
+        English callers came out Russian or Indonesian, so ``caller_text`` and the client's
+        interims were garbage. Interims therefore decode in the language of the call's last
+        final detected with ``learn_min_probability`` (finals keep detecting: a caller may
+        switch language), else in the server's ``interim_default``; with neither, a prefix
+        shorter than ``interim_detect_min_ms`` is still detected, but its text is used only
+        when the detection is at least ``interim_min_probability`` sure.
+        """
+        if options.language is not None:
+            return options, 0.0
+        cfg = self.config.language
+        language = self._learned_language or cfg.interim_default or None
+        if language is not None:
+            return replace(options, language=language), 0.0
+        if samples < cfg.interim_detect_min_ms * ASR_SAMPLE_RATE_HZ // 1000:
+            return options, cfg.interim_min_probability
+        return options, 0.0
 
     def _asr_options(self) -> AsrOptions:
         """The call's decoding options with the server's degradation steps in force."""
@@ -658,7 +697,7 @@ class CallSession:
                 continue
             last_len = len(utt.audio)
             index = utt.index
-            options = self._asr_options()
+            options, min_language_prob = self._interim_language(self._asr_options(), len(utt.audio))
             if not wanted:
                 # Only barge-in reads this interim: its words' times would be aligned for no
                 # one (the alignment pass is part of the interrupt's latency).
@@ -670,7 +709,7 @@ class CallSession:
                 continue  # interim work is best-effort: a full queue just skips it
             # Once SPEECH_END is out, only the final may describe that utterance.
             ended = index in self._speech_end_at or index in self._final_done
-            if ended or not result.text:
+            if ended or not result.text or result.language_probability < min_language_prob:
                 continue
             if wanted:
                 await self._emit(TranscriptOut(result, False, utt.start_ms, utt.end_ms, index))

@@ -159,6 +159,9 @@ class _Job:
     temp_idx: int = 0
     #: Runner-up detected languages worth a decode if the detected one fails (see _detect).
     alt_languages: list[str] = field(default_factory=list)
+    #: Detection probabilities of the detected language and its runners-up; empty when the
+    #: language was given (the request's, or the only one of an English-only model).
+    language_probs: dict[str, float] = field(default_factory=dict)
     encoder_out: dict[int, npt.NDArray[Any]] = field(default_factory=dict)
     #: The VAD's voiced spans (ms), for the silence-aware end of text; single-chunk jobs only.
     voiced_spans_ms: tuple[tuple[int, int], ...] = ()
@@ -422,6 +425,7 @@ class WhisperEngine:
         self.counters.detect_s += time.perf_counter() - t0
         for j, p in zip(jobs, probs, strict=True):
             j.language = p[0][0][2:-2]
+            j.language_probs = {code[2:-2]: float(prob) for code, prob in p[:3]}
             # Detection is often a near tie on accented speech (a Scottish "anything is
             # possible in football": Welsh 0.51, English 0.48); decoding in the wrong language
             # fails the gates and the caller's words were lost. A close runner-up gets a decode
@@ -885,7 +889,12 @@ class WhisperEngine:
             else "too_short"
         )
         if reason:
-            return AsrResult(text="", dropped_reason=reason, language=opts.language or "")
+            return AsrResult(
+                text="",
+                dropped_reason=reason,
+                language=opts.language or "",
+                language_probability=1.0 if opts.language else 0.0,
+            )
         return None
 
     def _plan_jobs(self, index: int, req: AsrRequest) -> list[_Job]:
@@ -985,6 +994,13 @@ class WhisperEngine:
         said = _WORD_RE.findall(text.lower())
         return bool(said) and all(w in vocab for w in said)
 
+    @staticmethod
+    def _language_probability(job: _Job) -> float:
+        """How sure the engine is of the job's (final) language: 1.0 unless it was detected."""
+        if not job.language_probs:
+            return 1.0
+        return job.language_probs.get(job.language or "", 0.0)
+
     def _merge(
         self,
         jobs: list[_Job],
@@ -1025,6 +1041,7 @@ class WhisperEngine:
             avg_logprob=avg_lp,
             compression_ratio=policy.compression_ratio(text),
             language=jobs[0].language or "",
+            language_probability=self._language_probability(jobs[0]),
             alternatives=alternatives,
             dropped_reason="" if text else (reasons[0] if reasons else "no_speech"),
             encoded_frames=sum(j.encoded_frames for j in jobs),

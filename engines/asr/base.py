@@ -129,6 +129,11 @@ class AsrResult:
         avg_logprob: average token log-probability of the chosen hypothesis.
         compression_ratio: gzip compression ratio of the text (repetition detector).
         language: detected or fixed language code.
+        language_probability: how sure the engine is of ``language``: Whisper's detection
+            probability when it detected it (a caller's session learns its language only from
+            a confident detection, and a short interim prefix's detection is unreliable), 1.0
+            when the request fixed the language or the model knows only that one, 0.0 when
+            no language was decided (a refusal before any decode).
         alternatives: N-best alternatives, best first, excluding ``text``.
         dropped_reason: why the text is empty (``too_short``, ``too_quiet``, ``no_speech``,
             ``low_logprob``, ``repetition``, ``hallucination``), or ``""``.
@@ -142,6 +147,7 @@ class AsrResult:
     avg_logprob: float = 0.0
     compression_ratio: float = 0.0
     language: str = ""
+    language_probability: float = 0.0
     alternatives: tuple[AsrAlternative, ...] = ()
     dropped_reason: str = ""
     encoded_frames: int = 0

@@ -26,7 +26,8 @@ def fake_result(request: AsrRequest) -> AsrResult:
     return AsrResult(
         text=f"fake transcript of {len(request.audio) / 16000:.1f} s",
         confidence=0.9,
-        language="en",
+        language=request.options.language or "en",
+        language_probability=1.0,
     )
 
 

@@ -232,6 +232,8 @@ class FakeTranscriber:
         fail: request numbers that raise :class:`FakeEngineError` (an engine fault).
         hang: request numbers that never finish until cancelled (a hung engine).
         speculate: what :meth:`can_speculate` answers.
+        detected: the (language, detection probability) a request with no language gets;
+            a callable gets the request. A request that names its language gets it, at 1.0.
 
     Attributes:
         requests: every request, in arrival order (the observation channel).
@@ -246,12 +248,14 @@ class FakeTranscriber:
         fail: Container[int] = (),
         hang: Container[int] = (),
         speculate: bool = True,
+        detected: tuple[str, float] | Callable[[AsrRequest], tuple[str, float]] = ("en", 1.0),
     ) -> None:
         self._texts = texts
         self._delay_s = delay_s
         self._fail = fail
         self._hang = hang
         self._speculate = speculate
+        self._detected = detected
         self.requests: list[AsrRequest] = []
         self.cancelled: list[int] = []
 
@@ -283,7 +287,13 @@ class FakeTranscriber:
             text = self._texts[index]
         else:
             text = f"utterance {index}"
-        return AsrResult(text=text, confidence=0.9, language="en")
+        if request.options.language is not None:
+            language, prob = request.options.language, 1.0
+        elif callable(self._detected):
+            language, prob = self._detected(request)
+        else:
+            language, prob = self._detected
+        return AsrResult(text=text, confidence=0.9, language=language, language_probability=prob)
 
 
 class EnergyVoiceDetector:
