@@ -118,7 +118,7 @@ class TrainConfig:
     threads: int = 0
     qlora: bool = False
     language: str = "en"
-    replay_weight: float = 1.0
+    replay_weight: float = 3.0
 
     def check(self) -> None:
         """Raise :class:`TrainError` for a setting that cannot work."""

@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--replay", type=int, default=0, help="general sentences replayed (voxgate adapt --replay)"
     )
-    ap.add_argument("--replay-weight", type=float, default=1.0, help="their KL weight")
+    ap.add_argument("--replay-weight", type=float, default=3.0, help="their KL weight")
     ap.add_argument("--tiny", action="store_true", help="3 phrases, 1 sentence, 1 voice")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)

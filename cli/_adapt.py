@@ -103,8 +103,8 @@ def add_adapt_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--replay-weight",
         type=float,
-        default=1.0,
-        help="weight of the replay's KL divergence from the base beside the domain loss (1.0)",
+        default=3.0,
+        help="weight of the replay's KL divergence from the base beside the domain loss (3.0)",
     )
     p.add_argument("--learning-rate", type=float, default=1e-3, help="peak learning rate")
     p.add_argument("--batch-size", type=_positive_int, default=4, help="clips per step (4)")

@@ -31,7 +31,7 @@ def test_tiny_run_trains_on_utterance_windows_and_scores_both_servings(
     data = json.loads(out.read_text())
     (run,) = data["runs"]
     assert run["windows"] == "utterance" and run["final_loss"] > 0
-    assert data["settings"]["replay_clips"] == 2 and data["settings"]["replay_weight"] == 1.0
+    assert data["settings"]["replay_clips"] == 2 and data["settings"]["replay_weight"] == 3.0
     assert all(int(f) % 100 == 0 and int(f) < 1000 for f in run["frames"])  # short phrases
     got = {(r["model"], r["served on"], r["set"]) for r in data["rows"]}
     assert got == {
