@@ -18,6 +18,13 @@ Rows:
 * after_words: the same callers under ``BARGE_IN_AFTER_WORDS`` (default one word), which waits
   for an interim transcript; and a caller who only says backchannels ("Yeah. Okay.", spoken by
   the bundled voice), which must not interrupt.
+
+Every interim decode of those calls is counted, with those that came out in a language other
+than English (every caller is English; the calls set no language, so the gateway detects).
+``--language-variants`` also runs the after_words cases on a server that detects the language
+on every interim (the gateway before ``session.language``), on one that uses a short prefix's
+interim only when its detection is sure (``interim_detect_min_ms``), and on one whose interims
+default to English (``session.language.interim_default``), interleaved call by call.
 """
 
 from __future__ import annotations
@@ -41,8 +48,9 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._stats import median, percentile  # noqa: E402
+from engines.asr.base import AsrRequest, AsrResult  # noqa: E402
 from gateway.config import GatewayConfig, load_config  # noqa: E402
-from gateway.runtime import build_hub  # noqa: E402
+from gateway.runtime import AsrTranscriber, build_hub  # noqa: E402
 from gateway.testing.echo_line import EchoLine  # noqa: E402
 from gateway.testing.server import running_server  # noqa: E402
 from pcmcodec import MULAW_DECODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float  # noqa: E402
@@ -205,6 +213,31 @@ async def backchannel_audio(stub: pb_grpc.VoiceGatewayStub) -> np.ndarray:
     return unmulaw(data)
 
 
+#: (text, language) of every interim decode with text, in order: the observation tap below.
+INTERIMS: list[tuple[str, str]] = []
+
+
+def tap_interims() -> None:
+    """Record what each interim decode returned (the client does not ask for interims).
+
+    A wrapper on the in-process recogniser's ``transcribe``: the measured path stays the
+    default one (no interims sent, no word alignment), and calls run one at a time, so the
+    entries between two calls are that call's.
+    """
+    transcribe = AsrTranscriber.transcribe
+    if getattr(transcribe, "tapped", False):
+        return  # once per process (main may run more than once)
+
+    async def tapped(self: AsrTranscriber, request: AsrRequest) -> AsrResult:
+        result = await transcribe(self, request)
+        if not request.is_final and result.text:
+            INTERIMS.append((result.text, result.language))
+        return result
+
+    tapped.tapped = True  # type: ignore[attr-defined]
+    AsrTranscriber.transcribe = tapped  # type: ignore[method-assign]
+
+
 def fmt_ms(values: list[float]) -> str:
     if not values:
         return "-"
@@ -245,6 +278,20 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             )
             vch = await stack.enter_async_context(grpc.aio.insecure_channel(vs.target))
             variants[f"first interim at {ms} ms voiced"] = pb_grpc.VoiceGatewayStub(vch)
+        language_variants: dict[str, dict[str, Any]] = {
+            "detect on every interim (before)": {"learn": False},
+            "short prefixes need a sure detection": {
+                "interim_detect_min_ms": 1500,
+                "interim_min_probability": 0.7,
+            },
+            "interims default to en": {"interim_default": "en"},
+        }
+        for vname, language in language_variants.items() if args.language_variants else ():
+            vs = await stack.enter_async_context(
+                running_server(hub=hub, **overrides, session={"language": language})
+            )
+            vch = await stack.enter_async_context(grpc.aio.insecure_channel(vs.target))
+            variants[vname] = pb_grpc.VoiceGatewayStub(vch)
         print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
         if args.only == "after_words":
             levels = []  # no echo grid: the after_words latencies only
@@ -275,6 +322,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         lat: dict[str, list[float]] = {}
         begin_lat: dict[str, list[float]] = {}
         texts: list[str] = []
+        interims: dict[str, list[int]] = {}  # label -> [interims with text, not in English]
+        tap_interims()
         cases: list[tuple[str, dict[str, Any]]] = [
             ("immediate, today (no echo, guard off)", {"guard": False}),
             ("immediate, now (no echo)", {"guard": True}),
@@ -303,7 +352,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 for label, kw in cases:  # interleaved: every case sees the same machine load
                     call_kw = dict(kw)
                     on = variants[call_kw.pop("variant")] if "variant" in call_kw else stub
+                    first = len(INTERIMS)
                     r = await run_call(on, caller=clip, reply=reply, **call_kw)
+                    seen = INTERIMS[first:]
+                    count = interims.setdefault(label, [0, 0])
+                    count[0] += len(seen)
+                    count[1] += sum(lang != "en" for _, lang in seen)
                     lat.setdefault(label, []).append(r.latency_ms)
                     begin_lat.setdefault(label, []).append(r.begin_latency_ms)
                     if r.caller_text:
@@ -319,6 +373,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             out.setdefault("begin_latency", {})[label] = begin_lat[label]
         for t in texts:
             print(f"    after_words heard {t}")
+        print("\ninterim decodes with text (all calls of the case): how many, how many not English")
+        for label, (n, foreign) in interims.items():
+            print(f"  {label:<72} {n:>3} interims, {foreign} not English")
+        out["interims"] = {k: {"with_text": v[0], "not_english": v[1]} for k, v in interims.items()}
 
         back = await backchannel_audio(stub)
         for label, policy in (
@@ -354,6 +412,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         type=lambda v: [int(x) for x in v.split(",")],
         help="also run the after_words cases on servers whose first interim over the reply "
         "waits for this much voiced audio (comma-separated ms), interleaved with the default",
+    )
+    ap.add_argument(
+        "--language-variants",
+        action="store_true",
+        help="also run the after_words cases on servers that detect the language on every "
+        "interim (as before session.language), that need a sure detection on short prefixes, "
+        "and whose interims default to English",
     )
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args(argv)

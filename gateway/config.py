@@ -446,8 +446,8 @@ class LanguageConfig(_Frozen):
 
     Whisper's language detection on a short interim prefix (a barge-in's first 200-300 ms of
     voiced audio) is unreliable: English callers' prefixes came out Russian or Indonesian. A
-    call therefore learns its language from its own finals, and until it has, short prefixes
-    use ``interim_default`` or must be detected with some confidence.
+    call therefore learns its language from its own finals, and until it has, interims use
+    ``interim_default`` when the server sets one (docs/language.md has the measurements).
     """
 
     learn: bool = Field(
@@ -469,12 +469,14 @@ class LanguageConfig(_Frozen):
         "final taught it one; '' = detect, under the interim_detect_min_ms rule.",
     )
     interim_detect_min_ms: int = Field(
-        1_500,
+        0,
         ge=0,
         le=30_000,
         description="Before the call has a language, an interim on a prefix shorter than this "
         "(ms of audio) is detected but used only if its detection probability is at least "
-        "interim_min_probability; 0 = always used.",
+        "interim_min_probability; 0 = always used (the default: on 200-450 ms prefixes the "
+        "probability does not tell right from wrong detections, and the rule cost after_words "
+        "barge-ins one or two interims; 1500 is the value measured in docs/language.md).",
     )
     interim_min_probability: float = Field(
         0.7,

@@ -28,6 +28,9 @@ def test_barge_in_benchmark_tiny_mode(capsys: pytest.CaptureFixture[str]) -> Non
     }
     assert all(len(v) == 1 for v in out["latency"].values())
     assert out["backchannel"]["after_words"] == {"interrupted": 0, "calls": 1}
+    # Every after_words case counts its interim decodes (the caller's words over the reply).
+    words = out["interims"]["after_words, now (echo -20 dB, 120 ms)"]
+    assert words["with_text"] >= 1 and 0 <= words["not_english"] <= words["with_text"]
 
 
 def test_echo_canceller_benchmark_tiny_mode(capsys: pytest.CaptureFixture[str]) -> None:

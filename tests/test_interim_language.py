@@ -110,8 +110,9 @@ def test_an_unsure_detection_on_a_short_prefix_is_not_used() -> None:
         detected=("ru", 0.4),
         speculate=False,
     )
-    call = two_utterances(asr)
-    min_samples = LanguageConfig().interim_detect_min_ms * 16
+    gate = LanguageConfig(interim_detect_min_ms=1500)
+    call = two_utterances(asr, language=gate)
+    min_samples = gate.interim_detect_min_ms * 16
     asked = [len(r.audio) for r in asr.requests if not r.is_final]
     shown = [int(e.result.text) for _, e in call.of(TranscriptOut) if not e.is_final]
     assert any(n < min_samples for n in asked)  # short prefixes were decoded ...
@@ -123,9 +124,18 @@ def test_a_sure_detection_on_a_short_prefix_is_used() -> None:
     asr = FakeTranscriber(
         lambda r: "final" if r.is_final else "words", detected=("en", 0.9), speculate=False
     )
-    call = two_utterances(asr)
+    call = two_utterances(asr, language=LanguageConfig(interim_detect_min_ms=1500))
     interims = [e for _, e in call.of(TranscriptOut) if not e.is_final]
     assert len(interims) == sum(not r.is_final for r in asr.requests)
+
+
+def test_by_default_every_interim_is_used_however_unsure() -> None:
+    asr = FakeTranscriber(
+        lambda r: "final" if r.is_final else "words", detected=("ru", 0.1), speculate=False
+    )
+    call = two_utterances(asr)
+    interims = [e for _, e in call.of(TranscriptOut) if not e.is_final]
+    assert interims and len(interims) == sum(not r.is_final for r in asr.requests)
 
 
 def test_the_server_config_reaches_the_call() -> None:
