@@ -143,24 +143,27 @@ def read_base(model_dir: Path) -> BaseModel:
         linear(hf + ".fc1", ct2 + "/ffn/linear_0")
         linear(hf + ".fc2", ct2 + "/ffn/linear_1")
 
+    def stack(side: str) -> None:  # what the encoder and the decoder hold beside their layers
+        put(f"model.{side}.embed_positions.weight", v[f"{side}/position_encodings/encodings"])
+        norm(f"model.{side}.layer_norm", f"{side}/layer_norm")
+
+    def self_attention(hf: str, ct2: str) -> None:
+        unfuse(hf + ".self_attn", ct2 + "/self_attention/linear_0", ("q", "k", "v"))
+        linear(hf + ".self_attn.out_proj", ct2 + "/self_attention/linear_1")
+        norm(hf + ".self_attn_layer_norm", ct2 + "/self_attention/layer_norm")
+
     for c in ("conv1", "conv2"):
         linear(f"model.encoder.{c}", f"encoder/{c}")
-    put("model.encoder.embed_positions.weight", v["encoder/position_encodings/encodings"])
-    norm("model.encoder.layer_norm", "encoder/layer_norm")
+    stack("encoder")
     for i in range(dims.encoder_layers):
         hf, ct2 = f"model.encoder.layers.{i}", f"encoder/layer_{i}"
-        unfuse(hf + ".self_attn", ct2 + "/self_attention/linear_0", ("q", "k", "v"))
-        linear(hf + ".self_attn.out_proj", ct2 + "/self_attention/linear_1")
-        norm(hf + ".self_attn_layer_norm", ct2 + "/self_attention/layer_norm")
+        self_attention(hf, ct2)
         ffn(hf, ct2)
     put("model.decoder.embed_tokens.weight", emb)
-    put("model.decoder.embed_positions.weight", v["decoder/position_encodings/encodings"])
-    norm("model.decoder.layer_norm", "decoder/layer_norm")
+    stack("decoder")
     for i in range(dims.decoder_layers):
         hf, ct2 = f"model.decoder.layers.{i}", f"decoder/layer_{i}"
-        unfuse(hf + ".self_attn", ct2 + "/self_attention/linear_0", ("q", "k", "v"))
-        linear(hf + ".self_attn.out_proj", ct2 + "/self_attention/linear_1")
-        norm(hf + ".self_attn_layer_norm", ct2 + "/self_attention/layer_norm")
+        self_attention(hf, ct2)
         unfuse(hf + ".encoder_attn", ct2 + "/attention/linear_0", ("q",))
         unfuse(hf + ".encoder_attn", ct2 + "/attention/linear_1", ("k", "v"))
         linear(hf + ".encoder_attn.out_proj", ct2 + "/attention/linear_2")
@@ -212,26 +215,29 @@ def build_spec(state: Mapping[str, npt.NDArray[Any]], base: BaseModel) -> Any:
         linear(target.linear_0, prefix + ".fc1")
         linear(target.linear_1, prefix + ".fc2")
 
+    def stack(target: Any, side: str) -> None:  # beside the layers, as in read_base
+        target.position_encodings.encodings = get(f"model.{side}.embed_positions.weight")
+        norm(target.layer_norm, f"model.{side}.layer_norm")
+
+    def self_attention(target: Any, prefix: str) -> None:
+        fused(target.linear[0], prefix + ".self_attn", ("q", "k", "v"))
+        linear(target.linear[1], prefix + ".self_attn.out_proj")
+        norm(target.layer_norm, prefix + ".self_attn_layer_norm")
+
     enc = spec.encoder
     linear(enc.conv1, "model.encoder.conv1")
     linear(enc.conv2, "model.encoder.conv2")
-    enc.position_encodings.encodings = get("model.encoder.embed_positions.weight")
-    norm(enc.layer_norm, "model.encoder.layer_norm")
+    stack(enc, "encoder")
     for i, layer in enumerate(enc.layer):
         p = f"model.encoder.layers.{i}"
-        fused(layer.self_attention.linear[0], p + ".self_attn", ("q", "k", "v"))
-        linear(layer.self_attention.linear[1], p + ".self_attn.out_proj")
-        norm(layer.self_attention.layer_norm, p + ".self_attn_layer_norm")
+        self_attention(layer.self_attention, p)
         ffn(layer.ffn, p)
     dec = spec.decoder
     dec.embeddings.weight = get("model.decoder.embed_tokens.weight")
-    dec.position_encodings.encodings = get("model.decoder.embed_positions.weight")
-    norm(dec.layer_norm, "model.decoder.layer_norm")
+    stack(dec, "decoder")
     for i, layer in enumerate(dec.layer):
         p = f"model.decoder.layers.{i}"
-        fused(layer.self_attention.linear[0], p + ".self_attn", ("q", "k", "v"))
-        linear(layer.self_attention.linear[1], p + ".self_attn.out_proj")
-        norm(layer.self_attention.layer_norm, p + ".self_attn_layer_norm")
+        self_attention(layer.self_attention, p)
         fused(layer.attention.linear[0], p + ".encoder_attn", ("q",))
         fused(layer.attention.linear[1], p + ".encoder_attn", ("k", "v"))
         linear(layer.attention.linear[2], p + ".encoder_attn.out_proj")
