@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from adapt.data import Pair, read_audio
-from adapt.evaluate import evaluate, score
+from adapt.evaluate import evaluate, load_engine, score, transcribe
 from adapt.report import write_report
 from adapt.scoring import corpus_wer, term_hits, wer
 
@@ -67,6 +68,10 @@ def test_score_sums_words_edits_and_terms() -> None:
     assert s.recall_by_term() == {"Xarelto": (0, 1), "Eliquis": (1, 1)}
     assert [i.wer for i in s.per_item] == [0.25, 0.0]
     assert np.isnan(score(ps, ["", ""], terms=[]).term_recall)
+    # Each clip keeps its own measured time (the benchmark's latency percentiles read them).
+    timed = score(ps, ["x", "y"], terms=[], seconds=[0.25, 0.5])
+    assert [i.seconds for i in timed.per_item] == [0.25, 0.5]
+    assert [i.seconds for i in s.per_item] == [0.0, 0.0]
     with pytest.raises(ValueError, match="2 pairs but 1 hypotheses"):
         score(ps, ["x"], terms=[])
 
@@ -82,7 +87,7 @@ def run_report(tmp_path: Path, before_hyps: list[str], after_hyps: list[str], **
         held_out_losses=[(3, 1.5)],
         scores_before=before,
         scores_after=after,
-        meta={"name": "pharmacy", "steps": 3, "rank": 8},
+        meta=kw.get("meta", {"name": "pharmacy", "steps": 3, "rank": 8}),
     )
 
 
@@ -104,6 +109,9 @@ def test_report_writes_tables_png_and_json_without_transcripts(tmp_path: Path) -
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "liquid" not in text and "weather" not in text  # no transcript leaves the run
     numbers = json.loads((tmp_path / "report.json").read_text())
+    assert numbers["meta"] == {"name": "pharmacy", "steps": 3, "rank": 8}
+    assert numbers["losses"] == [[1, 2.5], [2, 1.9], [3, 1.2]]
+    assert numbers["held_out_losses"] == [[3, 1.5]]
     assert numbers["after"]["held-out voices"]["term_recall"] == 1.0
     assert numbers["before"]["held-out voices"]["by_term"]["Xarelto"] == [0, 1]
 
@@ -111,8 +119,15 @@ def test_report_writes_tables_png_and_json_without_transcripts(tmp_path: Path) -
 @pytest.mark.unit
 def test_report_without_steps_and_with_mismatched_sets(tmp_path: Path) -> None:
     same = ["refill my xarelto please", "is eliquis covered", "the weather is nice"]
-    md = run_report(tmp_path, same, same, losses=[])
+    meta = {"name": "m", "train_seconds": 12.5, "base": Path("models") / "base", "ok": True}
+    md = run_report(tmp_path, same, same, losses=[], meta=meta)
     assert "No training steps were recorded." in md.read_text()
+    # Every fact of the run is printed as given; report.json keeps JSON values and names the
+    # rest as text.
+    for key, value in meta.items():
+        assert f"| {key} | {value} |" in md.read_text()
+    numbers = json.loads((tmp_path / "report.json").read_text())
+    assert numbers["meta"] == {**meta, "base": str(Path("models") / "base")}
     assert "(no clip changed)" in md.read_text()
     assert not (tmp_path / "loss.png").exists()
     s = score(pairs("a b"), ["a b"], terms=[])
@@ -131,7 +146,18 @@ def test_evaluate_transcribes_with_the_serving_engine(
 ) -> None:
     rows = [r for r in manifest if r["file"].startswith(("jfk_", "ljspeech_"))][:3]
     ps = [Pair(read_audio(speech_dir / r["file"]), r["text"], r["file"]) for r in rows]
-    s = evaluate("base", ps, terms=["country"])
-    assert len(s.per_item) == 3 and all(i.seconds > 0 for i in s.per_item)
-    assert s.wer < 0.15, [i.hypothesis for i in s.per_item]
-    assert all(i.hypothesis for i in s.per_item)
+    engine = load_engine("base")
+    try:
+        t0 = time.perf_counter()
+        s = evaluate("ignored when an engine is given", ps, terms=["country"], engine=engine)
+        wall = time.perf_counter() - t0
+        # Each clip's time is its own decode: together they are the run, never more than it.
+        secs = [i.seconds for i in s.per_item]
+        assert len(secs) == 3 and all(x > 0 for x in secs)
+        assert 0.5 * wall <= sum(secs) <= wall, (secs, wall)
+        assert s.wer < 0.15, [i.hypothesis for i in s.per_item]
+        assert all(i.hypothesis for i in s.per_item)
+        # The caller's engine is left open for the caller.
+        assert transcribe(engine, ps[0].audio)[0] == s.per_item[0].hypothesis
+    finally:
+        engine.close()
