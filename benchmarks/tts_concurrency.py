@@ -105,6 +105,28 @@ def reply_text(kind: str, index: int, probe: int) -> str:
     return " ".join(picked) + f" Reference {index + 1 + 20 * probe}."
 
 
+def play(arrivals: Sequence[tuple[float, int]], rate: int) -> tuple[int, float, int]:
+    """The player every TTS benchmark counts underruns with: (late chunks, starved s, samples).
+
+    Playback starts when the first chunk arrives; a chunk is late when it arrives after the
+    audio before it has played out, and the player then waits for it (the silence is
+    "starved" time) and resumes from its arrival.
+    """
+    first = arrivals[0][0]
+    late, starve, played, clock = 0, 0.0, 0, first
+    for t, n in arrivals:
+        # The player needs this chunk when the audio before it has played out.
+        need = max(first + played / rate, clock)
+        if t > need + 1e-4:
+            late += 1
+            starve += t - need
+            clock = t + n / rate
+        else:
+            clock = need + n / rate
+        played += n
+    return late, starve, played
+
+
 @dataclass
 class Stream:
     """Chunk arrivals of one reply: (seconds since its request, samples)."""
@@ -114,17 +136,7 @@ class Stream:
     def summary(self, rate: int) -> dict[str, float]:
         """First audio, late chunks, starvation and RTF for a player started at chunk one."""
         first = self.arrivals[0][0]
-        late, starve, played, clock = 0, 0.0, 0, first
-        for t, n in self.arrivals:
-            # The player needs this chunk when the audio before it has played out.
-            need = max(first + played / rate, clock)
-            if t > need + 1e-4:
-                late += 1
-                starve += t - need
-                clock = t + n / rate
-            else:
-                clock = need + n / rate
-            played += n
+        late, starve, played = play(self.arrivals, rate)
         audio = played / rate
         return {
             "first_ms": 1000 * first,

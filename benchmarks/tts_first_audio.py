@@ -49,6 +49,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._stats import median, percentile  # noqa: E402
+from benchmarks.tts_concurrency import play, rotate  # noqa: E402
 from engines.tts import SpeakOptions, TtsConfig, VitsStreamer  # noqa: E402
 from engines.tts._session import make_session  # noqa: E402
 from engines.tts._voice import resolve_voice  # noqa: E402
@@ -152,7 +153,7 @@ async def _paths(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     for label, text in TEXTS.items():
         runs: dict[str, list[Run]] = {m: [] for m in methods}
         for r in range(args.repeats + 1):  # the first round warms every path
-            for m in methods[r % len(methods) :] + methods[: r % len(methods)]:
+            for m in rotate(methods, r):
                 await asyncio.sleep(0.1)
                 run = (
                     await asyncio.to_thread(direct, text)
@@ -237,7 +238,7 @@ async def _converse(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         for label, text in TEXTS.items():
             got: dict[str, list[float]] = {m: [] for m in names}
             for r in range(args.repeats + 1):  # the first round warms every path
-                for m in names[r % 2 :] + names[: r % 2]:
+                for m in rotate(names, r):
                     await asyncio.sleep(0.3)  # the cleared reply's last step settles
                     t = await first_audio(stubs[m], text)
                     if r:
@@ -253,19 +254,9 @@ async def _converse(args: argparse.Namespace) -> dict[str, dict[str, float]]:
 
 
 def _played(arrivals: list[tuple[float, int]], rate: int) -> Run:
-    """The player model of :func:`measure` over already timed arrivals."""
-    first = arrivals[0][0]
-    late, starve, played, clock = 0, 0.0, 0, first
-    for t, n in arrivals:
-        need = max(first + played / rate, clock)
-        if t > need + 1e-4:
-            late += 1
-            starve += t - need
-            clock = t + n / rate
-        else:
-            clock = need + n / rate
-        played += n
-    return Run(first, arrivals[-1][0], played / rate, late, 1000 * starve)
+    """The player model of :func:`measure` (tts_concurrency's) over already timed arrivals."""
+    late, starve, played = play(arrivals, rate)
+    return Run(arrivals[0][0], arrivals[-1][0], played / rate, late, 1000 * starve)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -26,6 +26,14 @@ def test_player_counts_late_chunks_and_the_silence_they_leave() -> None:
     assert late["rtf"] == pytest.approx(0.59 / 0.6)
 
 
+def test_single_reply_benchmark_counts_with_the_same_player() -> None:
+    from benchmarks.tts_first_audio import _played
+
+    run = _played([(0.1, 200), (0.4, 200), (0.59, 200)], 1000)
+    assert (run.first_s, run.total_s, run.audio_s) == (0.1, 0.59, 0.6)
+    assert run.late_chunks == 1 and round(run.starve_ms) == 100
+
+
 @pytest.mark.parametrize(("capacity", "max_n"), [(0, 16), (1, 16), (5, 16), (12, 16), (16, 16)])
 def test_search_finds_the_largest_zero_underrun_n(capacity: int, max_n: int) -> None:
     search = Search("m", max_n)
