@@ -79,7 +79,9 @@ class Progress:
         """
         now = time.monotonic()
         if self._step0 is None:
-            self._step0, self._t_step0 = step - 1, now
+            # The clock starts at the first step reported: how long that step itself took is
+            # not known here, so the rate counts only the steps after it.
+            self._step0, self._t_step0 = step, now
         done = step - self._step0
         # The first step this process sees has no measured rate yet: its ETA is unknown (None),
         # not zero.
@@ -98,7 +100,7 @@ class Progress:
                 self._bar_open = False
             self._stream.flush()
             return
-        if step >= steps or step == self._step0 + 1 or now - self._last_json >= self._interval:
+        if step >= steps or step == self._step0 or now - self._last_json >= self._interval:
             self._last_json = now
             self._emit(
                 {

@@ -117,6 +117,30 @@ def test_progress_without_a_terminal_is_json_lines() -> None:
 
 
 @pytest.mark.unit
+def test_progress_rate_and_eta_count_the_steps_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps reported 2 s apart (a fake clock): 2 s per step from the second report on, and
+    the ETA is that rate times the steps left, also for a resumed run starting at step 41."""
+    import types
+
+    import adapt.progress
+
+    clock = types.SimpleNamespace(now=0.0)
+    fake_time = types.SimpleNamespace(monotonic=lambda: clock.now)
+    monkeypatch.setattr(adapt.progress, "time", fake_time)
+    for first in (1, 41):
+        out = io.StringIO()
+        p = Progress(out, tty=False, interval_s=0.0)
+        for s in range(first, first + 4):
+            clock.now += 2.0
+            p.step(s, first + 9, 1.0)
+        lines = [json.loads(line) for line in out.getvalue().splitlines()]
+        assert [x["step"] for x in lines] == list(range(first, first + 4))
+        assert lines[0]["eta_s"] is None
+        assert [x["s_per_step"] for x in lines[1:]] == [2.0, 2.0, 2.0]
+        assert [x["eta_s"] for x in lines[1:]] == [16.0, 14.0, 12.0]
+
+
+@pytest.mark.unit
 def test_progress_on_a_terminal_is_one_redrawn_bar_with_an_eta() -> None:
     out = io.StringIO()
     p = Progress(out, tty=True)
