@@ -270,6 +270,9 @@ class ModelRegistry:
         #: key -> every model in memory, current or retired, for routing by key.
         self._by_key: dict[str, LoadedModel] = {default.key: default}
         self._loading: dict[str, asyncio.Task[LoadedModel]] = {}
+        #: name -> calls awaiting its load; a model retired while it loads leaves memory as soon
+        #: as none of them is left to hold it (all hung up), not never.
+        self._waiters: dict[str, int] = {}
         #: name -> (fingerprint of the files that failed, why), cleared when the files change.
         self._failed: dict[str, tuple[tuple[int, int, int, int], str]] = {}
         self._sha_cache: dict[tuple[int, int, int, int], str] = {}
@@ -412,7 +415,26 @@ class ModelRegistry:
             task = asyncio.create_task(self._run_load(entry), name=f"load-model-{name}")
             self._loading[name] = task
         # shield: a caller who hangs up mid-load must not cancel the load the others wait for.
-        return await asyncio.shield(task)
+        self._waiters[name] = self._waiters.get(name, 0) + 1
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            self._leave(name, task)
+            raise
+        finally:
+            self._waiters[name] -= 1
+            if not self._waiters[name]:
+                del self._waiters[name]
+
+    def _leave(self, name: str, task: asyncio.Task[LoadedModel]) -> None:
+        # A waiter that resumed took its reference synchronously on return, so a retired model
+        # with no reference and no waiter left (this one is the last) has no call to serve.
+        if self._waiters.get(name, 0) > 1 or not task.done() or task.cancelled():
+            return
+        if task.exception() is None:
+            model = task.result()
+            if model.retired and model.refs == 0:
+                self._drop(model)
 
     async def _run_load(self, entry: ModelEntry) -> LoadedModel:
         assert self._loader is not None
@@ -446,6 +468,8 @@ class ModelRegistry:
                 self._loaded[entry.name] = model
             else:  # removed or replaced while it loaded: serve the calls that waited, then go
                 model.retired = True
+                if not self._waiters.get(entry.name):  # every caller hung up mid-load
+                    self._drop(model)
             log.info("models: %s loaded", entry.name)
             self._on_load(entry.name, "ok")
             self._changed()

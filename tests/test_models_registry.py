@@ -298,6 +298,31 @@ async def test_a_model_removed_while_it_loads_serves_its_waiting_calls_then_goes
     assert registry.model(lease.key) is None
 
 
+async def test_a_model_removed_while_it_loads_goes_when_its_waiting_call_hung_up(
+    tmp_path: Path,
+) -> None:
+    model_dir = make_model(tmp_path, "support")
+    loader = FakeLoader()
+    loader.release.clear()
+    registry = ModelRegistry(default_model(), tmp_path, loader)
+    await registry.rescan()
+    waiting = asyncio.create_task(registry.acquire("support"))
+    await asyncio.sleep(0.05)
+    for f in model_dir.iterdir():
+        f.unlink()
+    model_dir.rmdir()
+    await registry.rescan()
+    task = registry._loading["support"]
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    loader.release.set()
+    model = await task
+    # No call holds it and none can ask for it (it is no longer offered): out of memory.
+    assert registry.model(model.key) is None
+    assert registry._waiters == {}
+
+
 async def test_load_names_loads_at_start_and_reports_a_missing_one(tmp_path: Path) -> None:
     make_model(tmp_path, "support")
     loader = FakeLoader()
