@@ -35,10 +35,10 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import onnxruntime as ort
 from piper import PiperVoice
@@ -61,6 +61,8 @@ TEXTS = {
         "The total came to $42.50, including tax. Is there anything else I can help you with?"
     ),
 }
+
+T = TypeVar("T")
 
 # An audio source yields (samples_available_time_s, n_samples) as chunks arrive.
 Source = Callable[[str], Iterator[int]]
@@ -104,6 +106,24 @@ def run_concurrent(source: Source, text: str, rate: int, speakers: int) -> list[
 
 def p95(xs: list[float]) -> float:
     return percentile(xs, 95)
+
+
+async def _interleaved(
+    methods: list[str], repeats: int, pause_s: float, once: Callable[[str], Awaitable[T]]
+) -> dict[str, list[T]]:
+    """``repeats`` rounds of ``once(method)`` for every method, each round in another order
+    (the machine is shared), after one more round first that warms every path and is dropped;
+    ``pause_s`` before each run lets the one before it settle."""
+    import asyncio  # noqa: PLC0415
+
+    got: dict[str, list[T]] = {m: [] for m in methods}
+    for r in range(repeats + 1):
+        for m in rotate(methods, r):
+            await asyncio.sleep(pause_s)
+            result = await once(m)
+            if r:
+                got[m].append(result)
+    return got
 
 
 async def _paths(args: argparse.Namespace) -> dict[str, dict[str, float]]:
@@ -151,17 +171,13 @@ async def _paths(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     )
     print(f"{'reply':<12} {'method':<18}{'first med':>10}{'first p95':>10}{'late':>6}")
     for label, text in TEXTS.items():
-        runs: dict[str, list[Run]] = {m: [] for m in methods}
-        for r in range(args.repeats + 1):  # the first round warms every path
-            for m in rotate(methods, r):
-                await asyncio.sleep(0.1)
-                run = (
-                    await asyncio.to_thread(direct, text)
-                    if m == "streamer"
-                    else await through(synths[m], text)
-                )
-                if r:
-                    runs[m].append(run)
+
+        async def once(m: str, text: str = text) -> Run:
+            if m == "streamer":
+                return await asyncio.to_thread(direct, text)
+            return await through(synths[m], text)
+
+        runs = await _interleaved(methods, args.repeats, 0.1, once)
         for m in methods:
             first = [1000 * x.first_s for x in runs[m]]
             row = {
@@ -184,7 +200,6 @@ async def _paths(args: argparse.Namespace) -> dict[str, dict[str, float]]:
 
 async def _converse(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Single-reply first audio through Converse: a deadline gateway vs a FIFO one."""
-    import asyncio  # noqa: PLC0415
     import contextlib  # noqa: PLC0415
     import os  # noqa: PLC0415
 
@@ -236,13 +251,12 @@ async def _converse(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         )
         print(f"{'reply':<12} {'method':<18}{'first med':>10}{'first p95':>10}")
         for label, text in TEXTS.items():
-            got: dict[str, list[float]] = {m: [] for m in names}
-            for r in range(args.repeats + 1):  # the first round warms every path
-                for m in rotate(names, r):
-                    await asyncio.sleep(0.3)  # the cleared reply's last step settles
-                    t = await first_audio(stubs[m], text)
-                    if r:
-                        got[m].append(1000 * t)
+
+            async def once(m: str, text: str = text) -> float:
+                return 1000 * await first_audio(stubs[m], text)
+
+            # 0.3 s between replies: the cleared reply's last step settles.
+            got = await _interleaved(names, args.repeats, 0.3, once)
             for m in names:
                 row = {"first_med_ms": median(got[m]), "first_p95_ms": p95(got[m])}
                 raw[f"{label}/{m}"] = row
