@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -12,8 +13,13 @@ import numpy as np
 import soxr
 from conftest import read_wav_int16
 
+from gateway.config import load_config
+from gateway.runtime import build_hub
+from gateway.server import GatewayServer
+from gateway.testing.server import running_server
 from pcmcodec import ALAW_ENCODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float
 from voxgate.v1 import voxgate_pb2 as pb
+from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 
 
 def encode_wav(path: Path, encoding: int, rate: int) -> bytes:
@@ -50,6 +56,30 @@ async def requests(
     for m in msgs:
         yield m
         await asyncio.sleep(pace_s)
+
+
+async def recognize(
+    stub: pb_grpc.VoiceGatewayStub, audio: bytes, model: str = ""
+) -> tuple[str, str]:
+    """One StreamingRecognize call: (SessionStarted.model, the finals' text joined)."""
+    msgs = [config(model=model), *chunks(audio, 640)]
+    started, texts = "", []
+    async for r in stub.StreamingRecognize(requests(msgs)):
+        kind = r.WhichOneof("event")
+        if kind == "started":
+            started = r.started.model
+        elif kind == "transcript" and r.transcript.is_final:
+            texts.append(r.transcript.text)
+    return started, " ".join(texts).strip()
+
+
+@contextlib.asynccontextmanager
+async def models_server(models_dir: Path) -> AsyncIterator[GatewayServer]:
+    """A real ASR gateway serving ``models_dir`` beside the default model, paced for tests."""
+    hub = build_hub(load_config(None, {"engines": "asr", "asr": {"models_dir": str(models_dir)}}))
+    fast = {"limits": {"max_realtime_factor": 1000.0}}
+    async with running_server(hub=hub, **fast) as srv:  # type: ignore[arg-type]
+        yield srv
 
 
 def truth(wav: Path) -> list[dict[str, Any]]:

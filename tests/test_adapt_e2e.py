@@ -22,16 +22,13 @@ from typing import Any
 import grpc
 import pytest
 import pytest_asyncio
-from calls import chunks, config, encode_wav, requests
+from calls import encode_wav, models_server, recognize
 
 from adapt.data import load_pairs, split
 from cli._adapt import EXTRA_MISSING
 from cli._main import main
 from engines.asr import resolve_model_dir
-from gateway.config import load_config
-from gateway.runtime import build_hub
 from gateway.server import GatewayServer
-from gateway.testing.server import running_server
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 
@@ -132,23 +129,8 @@ def test_the_command_writes_a_verified_model_with_its_report_and_nothing_else(
 async def server(
     adapted: tuple[Path, dict[str, Any], list[dict[str, Any]]],
 ) -> AsyncIterator[GatewayServer]:
-    models = adapted[0]
-    hub = build_hub(load_config(None, {"engines": "asr", "asr": {"models_dir": str(models)}}))
-    limits = {"limits": {"max_realtime_factor": 1000.0}}
-    async with running_server(hub=hub, **limits) as srv:  # type: ignore[arg-type]
+    async with models_server(adapted[0]) as srv:
         yield srv
-
-
-async def recognize(stub: pb_grpc.VoiceGatewayStub, audio: bytes, model: str) -> tuple[str, str]:
-    msgs = [config(model=model), *chunks(audio, 640)]
-    started, texts = "", []
-    async for r in stub.StreamingRecognize(requests(msgs)):
-        kind = r.WhichOneof("event")
-        if kind == "started":
-            started = r.started.model
-        elif kind == "transcript" and r.transcript.is_final:
-            texts.append(r.transcript.text)
-    return started, " ".join(texts).strip()
 
 
 @pytest.mark.asyncio(loop_scope="module")

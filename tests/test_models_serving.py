@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 import tokenizers
-from calls import chunks, config, encode_wav, requests
+from calls import chunks, config, encode_wav, models_server, recognize, requests
 from conftest import REPO_ROOT
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -38,13 +38,11 @@ from gateway.config import load_config
 from gateway.metrics import GatewayMetrics
 from gateway.runtime import EngineLoadError, build_hub
 from gateway.server import MODEL_HEALTH_PREFIX, GatewayServer
-from gateway.testing.server import running_server
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model, pytest.mark.asyncio(loop_scope="module")]
 
-FAST = {"limits": {"max_realtime_factor": 1000.0}}
 CLIP = "jfk_inaugural_1961.wav"  # "... ask not what your country can do for you ..."
 WORD, OTHER = " country", " garden"
 FILES = ("model.bin", "config.json", "tokenizer.json", "vocabulary.txt")
@@ -141,8 +139,7 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory, base_dir: Path) -> Path
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def server(models_dir: Path) -> AsyncIterator[GatewayServer]:
-    hub = build_hub(load_config(None, {"engines": "asr", "asr": {"models_dir": str(models_dir)}}))
-    async with running_server(hub=hub, **FAST) as srv:  # type: ignore[arg-type]
+    async with models_server(models_dir) as srv:
         yield srv
 
 
@@ -150,21 +147,6 @@ async def server(models_dir: Path) -> AsyncIterator[GatewayServer]:
 async def channel(server: GatewayServer) -> AsyncIterator[grpc.aio.Channel]:
     async with grpc.aio.insecure_channel(server.target) as ch:
         yield ch
-
-
-async def recognize(
-    stub: pb_grpc.VoiceGatewayStub, audio: bytes, model: str = ""
-) -> tuple[str, str]:
-    """One StreamingRecognize call: (SessionStarted.model, the finals' text joined)."""
-    msgs = [config(model=model), *chunks(audio, 640)]
-    started, texts = "", []
-    async for r in stub.StreamingRecognize(requests(msgs)):
-        kind = r.WhichOneof("event")
-        if kind == "started":
-            started = r.started.model
-        elif kind == "transcript" and r.transcript.is_final:
-            texts.append(r.transcript.text)
-    return started, " ".join(texts).strip()
 
 
 async def health(channel: grpc.aio.Channel, name: str) -> int:
