@@ -51,6 +51,11 @@ HELDOUT = REPO / "benchmarks" / "data" / "adapt_heldout.txt"
 VOICES = ("slt", "rms", "awb", "kal16")
 
 
+def flite_cache() -> Path:
+    """Where flite renderings are kept between runs (both adapt benchmarks share them)."""
+    return Path(tempfile.gettempdir()) / "voxgate-adapt-flite"
+
+
 @dataclass
 class Row:
     set: str
@@ -239,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
         elif (args.model / "voxgate-model.json").is_file():
             meta = json.loads((args.model / "voxgate-model.json").read_text())
             train_s = meta.get("training", {}).get("train_seconds")
-        cache = args.cache or Path(tempfile.gettempdir()) / "voxgate-adapt-flite"
+        cache = args.cache or flite_cache()
         wanted = {x for x in args.sets.split(",") if x}
         unknown = wanted - {"held16k", "heldmulaw", "general"}
         if unknown:

@@ -37,7 +37,6 @@ import argparse
 import io
 import json
 import math
-import os
 import sys
 import tempfile
 import time
@@ -56,7 +55,14 @@ from adapt.data import (
 from adapt.evaluate import Scores, evaluate, load_engine
 from adapt.progress import Progress
 from adapt.train import UTTERANCE_WINDOWS, TrainConfig, make_examples, merge, train
-from benchmarks.adapt_quality import EXAMPLE, HELDOUT, SPEECH, flite_pairs, general_pairs
+from benchmarks.adapt_quality import (
+    EXAMPLE,
+    HELDOUT,
+    SPEECH,
+    flite_cache,
+    flite_pairs,
+    general_pairs,
+)
 from engines.asr._model_files import resolve_model_dir
 
 
@@ -109,7 +115,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             phrases, sentences, voices = phrases[:3], sentences[:1], voices[:1]
         pairs = synthesize_phrases(phrases, variants=args.variants, seed=args.seed)
         train_pairs, _ = split(pairs, held_out=0.0, seed=args.seed)
-        cache = args.cache or Path(os.environ.get("TMPDIR", "/tmp")) / "voxgate-adapt-flite"
+        cache = args.cache or flite_cache()
         held = flite_pairs(sentences, voices, cache)
         general = general_pairs(args.general) if args.general > 0 else []
         sets = {"held-out voices": (held, terms), "general": (general, [])}

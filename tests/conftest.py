@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import wave
 from pathlib import Path
 from typing import Any
@@ -49,3 +50,13 @@ def sipp() -> str:
     if path is None:
         pytest.fail("SIPp not found: apt-get install -y sip-tester (.ci/run does this)")
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def flite() -> str:
+    """The flite binary: the benchmarks' held-out voices. Its absence fails the test (CI
+    installs it), so that the voices the training never hears are never silently missing."""
+    path = shutil.which("flite")
+    if path is None:
+        pytest.fail("flite not found: apt-get install -y flite (.ci/run does this)")
+    return path

@@ -8,7 +8,6 @@ pair is equal. Speed is what the benchmark reports, never checked here.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -20,10 +19,8 @@ pytestmark = pytest.mark.model
 
 
 def test_tiny_run_scores_both_sides_of_every_set(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flite: str
 ) -> None:
-    if shutil.which("flite") is None:
-        pytest.fail("flite not found: apt-get install -y flite (.ci/run does this)")
     out = tmp_path / "rows.json"
     base = resolve_model_dir("base")
     main(["--tiny", "--model", str(base), "--json", str(out), "--cache", str(tmp_path / "tts")])

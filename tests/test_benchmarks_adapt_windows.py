@@ -9,7 +9,6 @@ are whole seconds and encode less than the served buckets); never the speed or t
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -20,10 +19,8 @@ pytestmark = pytest.mark.model
 
 
 def test_tiny_run_trains_on_utterance_windows_and_scores_both_servings(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flite: str
 ) -> None:
-    if shutil.which("flite") is None:
-        pytest.fail("flite not found: apt-get install -y flite (.ci/run does this)")
     out = tmp_path / "result.json"
     args = ["--tiny", "--windows", "utterance", "--json", str(out), "--cache", str(tmp_path)]
     args += ["--replay", "2"]  # two general sentences held to the base as served
