@@ -27,6 +27,7 @@ from gateway.models import (
     META_FILE,
     LoadedModel,
     ModelEntry,
+    ModelLease,
     ModelRegistry,
     model_name_of,
     scan_models_dir,
@@ -276,9 +277,10 @@ async def test_a_replaced_model_serves_new_calls_from_the_new_files(tmp_path: Pa
     new.release()
 
 
-async def test_a_model_removed_while_it_loads_serves_its_waiting_calls_then_goes(
+async def removed_while_loading(
     tmp_path: Path,
-) -> None:
+) -> tuple[ModelRegistry, FakeLoader, asyncio.Task[ModelLease]]:
+    """A call waits for model ``support``'s load (held) while a rescan finds it removed."""
     model_dir = make_model(tmp_path, "support")
     loader = FakeLoader()
     loader.release.clear()
@@ -290,6 +292,13 @@ async def test_a_model_removed_while_it_loads_serves_its_waiting_calls_then_goes
         f.unlink()
     model_dir.rmdir()
     await registry.rescan()
+    return registry, loader, waiting
+
+
+async def test_a_model_removed_while_it_loads_serves_its_waiting_calls_then_goes(
+    tmp_path: Path,
+) -> None:
+    registry, loader, waiting = await removed_while_loading(tmp_path)
     loader.release.set()
     lease = await waiting
     assert not registry.is_loaded("support")
@@ -301,17 +310,7 @@ async def test_a_model_removed_while_it_loads_serves_its_waiting_calls_then_goes
 async def test_a_model_removed_while_it_loads_goes_when_its_waiting_call_hung_up(
     tmp_path: Path,
 ) -> None:
-    model_dir = make_model(tmp_path, "support")
-    loader = FakeLoader()
-    loader.release.clear()
-    registry = ModelRegistry(default_model(), tmp_path, loader)
-    await registry.rescan()
-    waiting = asyncio.create_task(registry.acquire("support"))
-    await asyncio.sleep(0.05)
-    for f in model_dir.iterdir():
-        f.unlink()
-    model_dir.rmdir()
-    await registry.rescan()
+    registry, loader, waiting = await removed_while_loading(tmp_path)
     task = registry._loading["support"]
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
