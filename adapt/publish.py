@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import hashlib
 import json
 import os
 import re
@@ -26,6 +25,9 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+# Re-exported: the pipeline writes the digest the gateway's scan checks, with the same helper.
+from engines.asr._model_files import sha256_file
 
 __all__ = [
     "META_FILE",
@@ -74,15 +76,6 @@ def check_name(name: str, models_dir: Path) -> Path:
             f"{target} already exists; pick another --name or remove the old model first"
         )
     return target
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in chunks."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(4 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def verify_model_dir(model_dir: Path, audio: npt.NDArray[np.float32]) -> str:

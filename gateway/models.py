@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import re
@@ -36,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from engines.asr._model_files import sha256_file
 from gateway.base import ModelDescription
 from gateway.errors import CallError, ErrorKind, echo
 
@@ -59,7 +59,6 @@ REQUIRED_FILES = ("model.bin", "config.json", "tokenizer.json")
 META_FILE = "voxgate-model.json"
 #: A model's name is a metric label and part of a health service name: keep it plain.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-_HASH_CHUNK = 4 * 1024 * 1024
 #: Separates a model's name from its load generation in :attr:`LoadedModel.key`.
 _KEY_SEP = "@"
 
@@ -98,14 +97,6 @@ class ScanResult:
 def _fingerprint(path: Path) -> tuple[int, int, int, int]:
     st = path.stat()
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def scan_models_dir(
@@ -163,7 +154,7 @@ def scan_models_dir(
                 meta = loaded
             want = meta.get("model_bin_sha256")
             if want is not None:
-                got = cache.get(fingerprint) or _sha256(child / "model.bin")
+                got = cache.get(fingerprint) or sha256_file(child / "model.bin")
                 cache[fingerprint] = got
                 if got != want:
                     refused[name] = (

@@ -26,6 +26,7 @@ __all__ = [
     "default_cache_dir",
     "join_base_model",
     "resolve_model_dir",
+    "sha256_file",
 ]
 
 #: sha256 of the joined ``model.bin``; byte-identical to Systran/faster-whisper-base.
@@ -90,7 +91,12 @@ def bundled_base_parts() -> tuple[Path, Path]:
     return dirs[0], dirs[1]
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in chunks.
+
+    The one digest model files are checked by: a models directory's ``voxgate-model.json``
+    (written by ``voxgate adapt``, checked by the gateway's scan).
+    """
     h = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(_COPY_CHUNK_BYTES):
