@@ -100,11 +100,18 @@ def test_bad_settings_are_refused_before_anything_loads(
 
 
 @pytest.mark.unit
-def test_progress_without_a_terminal_is_json_lines() -> None:
+def test_progress_without_a_terminal_is_json_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import adapt.progress
+
+    clock = types.SimpleNamespace(now=0.0)  # a fake clock: steps reported 1 s apart
+    monkeypatch.setattr(adapt.progress, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
     out = io.StringIO()
     p = Progress(out, tty=False, interval_s=0.0)
     p.stage("train", steps=3)
     for s in (1, 2, 3):
+        clock.now += 1.0
         p.step(s, 3, 1.0 / s)
     p.note("checkpoint at step 3", step=3)
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
@@ -112,8 +119,10 @@ def test_progress_without_a_terminal_is_json_lines() -> None:
     assert lines[0]["stage"] == "train" and lines[0]["steps"] == 3
     assert [x["step"] for x in lines[1:4]] == [1, 2, 3]
     assert lines[1]["eta_s"] is None  # no rate measured yet: unknown, not zero
-    assert lines[3]["eta_s"] == 0.0 and lines[2]["eta_s"] >= 0.0
-    assert {"loss", "s_per_step", "elapsed_s"} <= set(lines[1])
+    assert [x["eta_s"] for x in lines[2:4]] == [1.0, 0.0]  # 1 s/step, then none left
+    assert [x["s_per_step"] for x in lines[2:4]] == [1.0, 1.0]
+    assert [x["loss"] for x in lines[1:4]] == [1.0, 0.5, pytest.approx(1 / 3, abs=1e-3)]
+    assert [x["elapsed_s"] for x in lines[1:4]] == [1.0, 2.0, 3.0]
 
 
 @pytest.mark.unit
