@@ -15,6 +15,7 @@ from __future__ import annotations
 import shutil
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -134,27 +135,22 @@ def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
 
     base_dir = resolve_model_dir(req.base_model)
     base = read_base(base_dir)
-    examples = make_examples(
+    # Domain and replay clips become examples the same way (windows, encoder policy, prompt).
+    examples_of = partial(
+        make_examples,
         base,
-        train_pairs,
         windows=req.train.windows,
         encoder=req.train.encoder,
         language=req.train.language,
     )
+    examples = examples_of(train_pairs)
     replay: list[d.Pair] = []
     if general_text:
         prog.stage("synthesize-replay", sentences=len(general_text))
         replay = d.synthesize_phrases(
             general_text, variants=1, seed=req.train.seed + 1, label="general"
         )
-        examples += make_examples(
-            base,
-            replay,
-            windows=req.train.windows,
-            encoder=req.train.encoder,
-            language=req.train.language,
-            replay=True,
-        )
+        examples += examples_of(replay, replay=True)
 
     scores: dict[str, Any] = {}
     before: dict[str, Any] = {}
