@@ -119,6 +119,8 @@ def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
     if req.data is None and req.phrases is None:
         raise d.AdaptDataError("give --data (recordings) and/or --phrases (domain phrases)")
     terms = _terms(req)
+    if req.train.focus == "terms" and not terms:
+        raise d.AdaptDataError("--focus terms needs --terms (the words the phrases teach)")
     use_replay = req.replay != 0 and req.train.replay_weight > 0.0
     general_text = d.general_sentences(req.replay, seed=req.train.seed) if use_replay else []
 
@@ -142,6 +144,7 @@ def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
         windows=req.train.windows,
         encoder=req.train.encoder,
         language=req.train.language,
+        terms=terms,
     )
     examples = examples_of(train_pairs)
     replay: list[d.Pair] = []

@@ -41,6 +41,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import time
 import warnings
@@ -56,7 +57,7 @@ import numpy.typing as npt
 from adapt.convert import BaseModel, hf_model
 from adapt.progress import Progress
 from engines.asr._policy import choose_encoder_frames
-from engines.asr.config import EncoderWindowConfig
+from engines.asr.config import UTTERANCE_ENCODER_WINDOWS, EncoderWindowConfig
 
 __all__ = [
     "Adapter",
@@ -80,9 +81,7 @@ FULL_FRAMES = 3000
 #: ``windows="utterance"``: the serving policy with a bucket every second and a 0.5 s margin, so
 #: a clip is encoded on its own length rounded up (clips of one length batch together), and a
 #: model trained so is served with exactly this ``asr.encoder`` setting.
-UTTERANCE_WINDOWS = EncoderWindowConfig(
-    buckets_s=tuple(float(s) for s in range(1, 31)), margin_ms=500
-)
+UTTERANCE_WINDOWS = UTTERANCE_ENCODER_WINDOWS
 CHECKPOINT_NAME = "checkpoint.pt"
 Windows = Literal["served", "full", "utterance"]
 
@@ -119,6 +118,10 @@ class TrainConfig:
     qlora: bool = False
     language: str = "en"
     replay_weight: float = 3.0
+    # "terms": on a domain example that contains a domain term, cross-entropy on the term's
+    # tokens only and the rest of the sentence held to the base (KL, as replay); "text":
+    # cross-entropy on the whole text.
+    focus: Literal["text", "terms"] = "text"
 
     def check(self) -> None:
         """Raise :class:`TrainError` for a setting that cannot work."""
@@ -136,6 +139,8 @@ class TrainConfig:
             )
         if not 0.0 <= self.replay_weight <= 100.0:
             raise TrainError(f"--replay-weight must be within 0..100 (got {self.replay_weight})")
+        if self.focus not in ("text", "terms"):
+            raise TrainError(f"--focus must be text or terms (got {self.focus!r})")
         if self.windows not in ("served", "full", "utterance"):
             raise TrainError(f"windows must be served, full or utterance (got {self.windows!r})")
 
@@ -152,6 +157,9 @@ class Example:
     # Replay under other windows than served: the base's reference forward sees the clip as the
     # gateway serves the base (its own buckets), so what is kept is the base *as served*.
     teacher_features: F32 | None = None
+    # Positions in ``tokens`` that spell a domain term (empty: none found, or no terms given);
+    # with ``TrainConfig.focus == "terms"`` only these are fitted to the text.
+    term_positions: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -234,6 +242,7 @@ def make_examples(
     encoder: EncoderWindowConfig | None = None,
     language: str = "en",
     replay: bool = False,
+    terms: Sequence[str] = (),
 ) -> list[Example]:
     """Turn (audio, text) pairs into training examples with the served prompt.
 
@@ -250,6 +259,8 @@ def make_examples(
         language: the language token of the prompt.
         replay: mark the examples as replay (see the module docstring); with ``windows``
             other than ``served`` they also carry the served window for the base's reference.
+        terms: domain terms; the tokens that spell one (whole words, any case) are recorded in
+            :attr:`Example.term_positions`.
     """
     import tokenizers
     from faster_whisper.tokenizer import Tokenizer
@@ -261,8 +272,11 @@ def make_examples(
     prompt = [*tok.sot_sequence, tok.no_timestamps]
     feats = _Features(base.dims.num_mel_bins)
     out = []
+    term_re = _term_pattern(terms)
     for p in pairs:
-        text_ids = tok.encode(" " + p.text.strip())
+        text = " " + p.text.strip()
+        encoding = hf_tok.encode(text, add_special_tokens=False)
+        text_ids = encoding.ids  # what faster-whisper's Tokenizer.encode returns
         tokens = (*prompt, *text_ids, tok.eot)
         if len(tokens) > base.dims.max_target_positions:
             raise TrainError(
@@ -273,8 +287,37 @@ def make_examples(
         teacher = None
         if replay and windows != "served":
             teacher = feats(p.audio, window_frames(len(p.audio), "served", enc_cfg))
-        out.append(Example(feats(p.audio, frames), tokens, len(prompt), p.origin, replay, teacher))
+        found = () if term_re is None or replay else _spans(term_re, text, encoding.offsets)
+        out.append(
+            Example(
+                feats(p.audio, frames),
+                tokens,
+                len(prompt),
+                p.origin,
+                replay,
+                teacher,
+                tuple(len(prompt) + i for i in found),
+            )
+        )
     return out
+
+
+def _term_pattern(terms: Sequence[str]) -> re.Pattern[str] | None:
+    """One case-insensitive whole-word pattern for all terms, longest first."""
+    words = sorted({t.strip() for t in terms if t.strip()}, key=len, reverse=True)
+    if not words:
+        return None
+    return re.compile(r"(?<!\w)(?:" + "|".join(map(re.escape, words)) + r")(?!\w)", re.I)
+
+
+def _spans(pattern: re.Pattern[str], text: str, offsets: Sequence[tuple[int, int]]) -> list[int]:
+    """Indices of the tokens whose characters overlap a match of ``pattern`` in ``text``."""
+    matches = [m.span() for m in pattern.finditer(text)]
+    return [
+        i
+        for i, (a, b) in enumerate(offsets)
+        if any(a < end and start < b for start, end in matches)
+    ]
 
 
 def _encoder_forward(model: Any, features: Any) -> Any:
@@ -310,6 +353,7 @@ def _fingerprint(cfg: TrainConfig, examples: Sequence[Example], base: BaseModel)
         h.update(ex.features.tobytes())
         h.update(np.asarray(ex.tokens, dtype=np.int64).tobytes())
         h.update(b"r" if ex.replay else b"d")
+        h.update(np.asarray(ex.term_positions, dtype=np.int64).tobytes())
         if ex.teacher_features is not None:
             h.update(ex.teacher_features.tobytes())
     return h.hexdigest()
@@ -437,19 +481,38 @@ class _Pool:
         return [pool[int(i)] for i in idx]
 
 
-def _token_batch(examples: Sequence[Example], batch: Sequence[int]) -> tuple[Any, Any]:
-    """Decoder inputs and labels (-100 outside the text and end token), padded with EOT."""
+def _token_batch(
+    examples: Sequence[Example], batch: Sequence[int], focus: str = "text"
+) -> tuple[Any, Any, Any]:
+    """Decoder inputs, labels and the positions held to the base, padded with EOT.
+
+    Labels are -100 where nothing is fitted to the text: outside the text and end token, on a
+    replay example, and with ``focus="terms"`` on the words around an example's terms. The
+    held mask marks the text positions that are not fitted (replay, those words): there the
+    loss is the KL divergence from the base instead.
+    """
     import torch
 
     longest = max(len(examples[i].tokens) for i in batch)
     eot = examples[batch[0]].tokens[-1]
     ids = torch.full((len(batch), longest - 1), eot, dtype=torch.long)
     labels = torch.full((len(batch), longest - 1), -100, dtype=torch.long)
+    held = torch.zeros((len(batch), longest - 1), dtype=torch.bool)
     for row, i in enumerate(batch):
-        t = torch.tensor(examples[i].tokens, dtype=torch.long)
+        ex = examples[i]
+        t = torch.tensor(ex.tokens, dtype=torch.long)
         ids[row, : len(t) - 1] = t[:-1]
-        labels[row, examples[i].prompt_len - 1 : len(t) - 1] = t[examples[i].prompt_len :]
-    return ids, labels
+        text = slice(ex.prompt_len - 1, len(t) - 1)  # column j predicts token j + 1
+        if ex.replay:
+            held[row, text] = True
+        elif focus == "terms" and ex.term_positions:
+            cols = [p - 1 for p in ex.term_positions]
+            labels[row, cols] = t[list(ex.term_positions)]
+            held[row, text] = True
+            held[row, cols] = False
+        else:
+            labels[row, text] = t[ex.prompt_len :]
+    return ids, labels, held
 
 
 def train(
@@ -582,6 +645,13 @@ def train(
         hidden = model.model.decoder(input_ids=ids, encoder_hidden_states=enc).last_hidden_state
         return model.proj_out(hidden).float()
 
+    def held_kl(out: Any, ids: Any, batch: list[int], held: Any) -> Any:
+        """KL(base || adapted) per held position; the base is this model with adapters off."""
+        with torch.no_grad(), peft_model.disable_adapter():
+            ref = torch.log_softmax(logits(ids, reference_encode(batch))[held], dim=-1)
+        mine = torch.log_softmax(out[held], dim=-1)
+        return torch.nn.functional.kl_div(mine, ref, log_target=True, reduction="batchmean")
+
     prog.stage(
         "train",
         steps=cfg.steps,
@@ -601,21 +671,19 @@ def train(
             batch = domain.draw(rng, cfg.batch_size)
             for g in optim.param_groups:
                 g["lr"] = _lr(cfg, step)
-            ids, labels = _token_batch(examples, batch)
-            ids, labels = ids.to(device), labels.to(device)
+            ids, labels, held = (x.to(device) for x in _token_batch(examples, batch, cfg.focus))
             out = logits(ids, encode(batch))
             loss = torch.nn.functional.cross_entropy(
                 out.reshape(-1, out.shape[-1]), labels.reshape(-1), ignore_index=-100
             )
             value = float(loss.detach())  # the domain loss is what the curve shows
+            if bool(held.any()):  # --focus terms: the words around the terms stay the base's
+                loss = loss + cfg.replay_weight * held_kl(out, ids, batch, held)
             if use_replay:
                 rbatch = replay.draw(rng, cfg.batch_size)
-                rids, rlabels = _token_batch(examples, rbatch)
-                rids, keep = rids.to(device), (rlabels != -100).to(device)
-                with torch.no_grad(), peft_model.disable_adapter():
-                    ref = torch.log_softmax(logits(rids, reference_encode(rbatch))[keep], dim=-1)
-                mine = torch.log_softmax(logits(rids, encode(rbatch))[keep], dim=-1)
-                kl = torch.nn.functional.kl_div(mine, ref, log_target=True, reduction="batchmean")
+                rids, _, rheld = (x.to(device) for x in _token_batch(examples, rbatch))
+                rout = logits(rids, encode(rbatch))
+                kl = held_kl(rout, rids, rbatch, rheld)
                 loss = loss + cfg.replay_weight * kl
                 replay_kl.append((step, float(kl.detach())))
             optim.zero_grad(set_to_none=True)

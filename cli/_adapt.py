@@ -106,6 +106,13 @@ def add_adapt_arguments(p: argparse.ArgumentParser) -> None:
         default=3.0,
         help="weight of the replay's KL divergence from the base beside the domain loss (3.0)",
     )
+    p.add_argument(
+        "--focus",
+        choices=("text", "terms"),
+        default="text",
+        help="what a domain phrase teaches: its whole text (default), or only its --terms, the "
+        "words around them held to the base model like the replay",
+    )
     p.add_argument("--learning-rate", type=float, default=1e-3, help="peak learning rate")
     p.add_argument("--batch-size", type=_positive_int, default=4, help="clips per step (4)")
     p.add_argument(
@@ -166,6 +173,7 @@ def run_adapt(args: argparse.Namespace) -> int:
             threads=args.threads,
             qlora=args.qlora,
             replay_weight=args.replay_weight,
+            focus=args.focus,
         ),
     )
     # Outside the training loop (which checkpoints first), SIGTERM unwinds like Ctrl-C, so a

@@ -177,6 +177,7 @@ def good(tmp_path: Path, speech_dir: Path, manifest: list[dict[str, Any]]) -> li
         (["--name", "m", "--qlora"], "--qlora .* needs a CUDA GPU"),
         (["--name", "m", "--replay", "-1"], "--replay -1: choose 1..157"),
         (["--name", "m", "--replay-weight", "-1"], "--replay-weight must be within 0..100"),
+        (["--name", "m", "--focus", "terms"], "--focus terms needs --terms"),
     ],
 )
 def test_bad_flags_are_refused_in_one_line_before_training(

@@ -25,9 +25,11 @@ from adapt.data import Pair
 from adapt.progress import Progress
 from adapt.train import (
     Adapter,
+    Example,
     TrainConfig,
     TrainError,
     TrainingInterrupted,
+    _token_batch,
     make_examples,
     merge,
     train,
@@ -161,6 +163,37 @@ def test_progress_on_a_terminal_is_one_redrawn_bar_with_an_eta() -> None:
 
 
 # -- with the real model ----------------------------------------------------------------------
+
+
+def _example(tokens: tuple[int, ...], terms: tuple[int, ...] = (), replay: bool = False) -> Example:
+    return Example(np.zeros((80, 8), np.float32), tokens, 3, "t", replay, None, terms)
+
+
+@pytest.mark.unit
+def test_focus_on_terms_fits_only_the_term_tokens_and_holds_the_rest_to_the_base() -> None:
+    #            prompt     text: 10 [11 12 = a term] 13, then EOT 99
+    ex = [_example((1, 2, 3, 10, 11, 12, 13, 99), terms=(4, 5)), _example((1, 2, 3, 20, 99))]
+    ex.append(_example((1, 2, 3, 30, 31, 99), replay=True))
+    # Column j predicts token j + 1; the text starts at column prompt_len - 1 = 2.
+    ids, labels, held = _token_batch(ex, [0, 1, 2], "terms")
+    assert ids.tolist() == [
+        [1, 2, 3, 10, 11, 12, 13],
+        [1, 2, 3, 20, 99, 99, 99],
+        [1, 2, 3, 30, 31, 99, 99],
+    ]
+    assert labels.tolist() == [
+        [-100, -100, -100, 11, 12, -100, -100],  # the term only
+        [-100, -100, 20, 99, -100, -100, -100],  # no term in it: its whole text, as "text"
+        [-100] * 7,  # replay: never fitted to its text
+    ]
+    assert held.int().tolist() == [
+        [0, 0, 1, 0, 0, 1, 1],  # the words around the term and the end token
+        [0] * 7,
+        [0, 0, 1, 1, 1, 0, 0],
+    ]
+    _, labels, held = _token_batch(ex, [0, 1, 2], "text")
+    assert labels.tolist()[0] == [-100, -100, 10, 11, 12, 13, 99]
+    assert held.int().tolist()[:2] == [[0] * 7, [0] * 7]  # only the replay row is held
 
 
 def read_clip(path: Path) -> np.ndarray:
@@ -311,3 +344,30 @@ def test_qlora_without_a_gpu_is_a_clear_error_before_training(
     with pytest.raises(TrainError, match="needs a CUDA GPU"):
         train(base, ex, TrainConfig(qlora=True), tmp_path, progress=quiet())
     assert not (tmp_path / "checkpoint.pt").exists()
+
+
+@pytest.mark.model
+@pytest.mark.component
+def test_terms_are_found_as_whole_words_in_any_case_and_focus_changes_the_loss(
+    base, pairs: list[Pair], tmp_path: Path
+) -> None:
+    import tokenizers
+
+    tok = tokenizers.Tokenizer.from_file(str(base.model_dir / "tokenizer.json"))
+    terms = ["Predecessors", "conflicts of interest", "book"]  # "books" is not "book"
+    ex = make_examples(base, pairs, terms=terms)
+    spelled = [tok.decode([e.tokens[p] for p in e.term_positions]) for e in ex]
+    assert spelled == [" conflicts of interest", " predecessors book"]
+    assert make_examples(base, pairs, replay=True, terms=terms)[0].term_positions == ()
+    cfg = replace(CFG, batch_size=1, steps=2, checkpoint_every=10)
+    focused = train(base, ex[:1], replace(cfg, focus="terms"), tmp_path / "t", progress=quiet())
+    whole = train(base, ex[:1], cfg, tmp_path / "w", progress=quiet())
+    # Step 1: the loss on the term's tokens alone, not the mean over the whole sentence.
+    assert focused.losses[0][1] != pytest.approx(whole.losses[0][1], rel=1e-3)
+    moved = max(
+        float(np.abs(a.b - b.b).max())
+        for a, b in zip(focused.adapters, whole.adapters, strict=True)
+    )
+    assert moved > 1e-6
+    with pytest.raises(TrainError, match="--focus"):
+        train(base, ex, replace(cfg, focus="words"), tmp_path / "bad", progress=quiet())  # type: ignore[arg-type]
