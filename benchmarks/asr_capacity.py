@@ -56,6 +56,15 @@ probed in turn with the others on the same clip schedules. The ``join`` server r
 best). ``--skip-baseline --join`` compares the two gateways alone; the ratio of their
 capacities is printed as ``join / gateway``.
 
+``--model`` and ``--encoder-buckets`` set what the ``gateway`` side serves (``asr.model``: a
+name or a model directory, e.g. one ``benchmarks.adapt_windows --keep`` wrote; ``utterance``
+buckets: 1..30 s every second with a 0.5 s margin, as a model trained with audio-context
+fine-tuning is served). ``--alt-model`` / ``--alt-encoder-buckets`` add a side ``alt``: a second
+gateway server like ``gateway`` but with its own model and buckets, probed in turn with the
+others on the same clip schedules, so two models compare under the same load; the ratio is
+printed as ``alt / gateway``. The table and the JSON (``sides``) name each side's model and
+buckets.
+
 ``--tune`` first measures the CPU plan in-process on a fixed workload (8 utterances queued at
 once into a :class:`~gateway.batcher.Batcher`, real Whisper engine): workers x max_batch_size x
 CTranslate2 (inter_threads, intra_threads), through :func:`gateway.batcher.choose_plan`.
@@ -64,6 +73,8 @@ CTranslate2 (inter_threads, intra_threads), through :func:`gateway.batcher.choos
     .venv/bin/python -m benchmarks.asr_capacity --duration 30 --gateway-start 4 --max-minutes 20
     .venv/bin/python -m benchmarks.asr_capacity --tune-only
     .venv/bin/python -m benchmarks.asr_capacity --skip-baseline --join --duration 30
+    .venv/bin/python -m benchmarks.asr_capacity --skip-baseline --quick \
+        --alt-model MODELS/utterance --alt-encoder-buckets utterance
 
 Other work on the machine skews every number here; the load average is recorded per probe.
 """
@@ -97,6 +108,7 @@ import yaml
 
 from benchmarks._stats import median, percentile
 from benchmarks._wer import corpus_wer
+from engines.asr.config import UTTERANCE_ENCODER_WINDOWS, EncoderWindowConfig
 
 REPO = Path(__file__).resolve().parents[1]
 #: Default speech set: ../shared/data/speech beside the checkout (``--speech-dir`` overrides).
@@ -210,7 +222,7 @@ class UttResult:
 
 @dataclass
 class StepResult:
-    side: str  # "gateway" | "join" | "baseline"
+    side: str  # "gateway" | "join" | "alt" | "baseline"
     k: int
     duration_s: float
     offered: int
@@ -477,7 +489,16 @@ async def _warm_gateway(target: str, clip: Clip) -> None:
 
 
 #: Sides served by a gateway server (the others run in this process).
-GATEWAY_SIDES = ("gateway", "join")
+GATEWAY_SIDES = ("gateway", "join", "alt")
+#: ``--encoder-buckets`` choices: the server's default buckets, or windows sized to the
+#: utterance (what a model trained with audio-context fine-tuning is served on).
+ENCODER_BUCKETS: dict[str, dict[str, Any]] = {
+    "served": {},
+    "utterance": {
+        "buckets_s": list(UTTERANCE_ENCODER_WINDOWS.buckets_s),
+        "margin_ms": UTTERANCE_ENCODER_WINDOWS.margin_ms,
+    },
+}
 #: What the ``join`` side adds to the gateway's config.
 JOIN_OVERRIDES: dict[str, Any] = {
     "asr": {"decode_loop": {"always": True}},
@@ -1046,9 +1067,20 @@ def _probe_line(r: StepResult) -> str:
     )
 
 
-def print_table(cache: Cache, budgets: Sequence[float], sides: Sequence[str]) -> None:
-    """One row per probed K: both sides' pooled p50/p95/done/WER and the budgets p95 met."""
+def print_table(
+    cache: Cache,
+    budgets: Sequence[float],
+    sides: Sequence[str],
+    served: dict[str, dict[str, Any]] | None = None,
+) -> None:
+    """One row per probed K: both sides' pooled p50/p95/done/WER and the budgets p95 met.
+
+    ``served`` (:func:`describe_side` per gateway side) heads the table with each side's model
+    and encoder buckets, so a table is never read without knowing what each column served.
+    """
     print()
+    for side, d in (served or {}).items():
+        print(f"{side}: model {d['model']}, encoder buckets {d['buckets']}")
     ok_head = "/".join(f"<={b:g}s" for b in budgets)
     head = ["K"]
     for side in sides:
@@ -1125,6 +1157,74 @@ def _git_head() -> str:
     return head + (" (working tree has uncommitted changes)" if dirty else "")
 
 
+def _asr_side(model: str | None, buckets: str) -> dict[str, Any]:
+    """The ``asr`` overrides of one gateway side's model and encoder windows."""
+    asr: dict[str, Any] = {}
+    if model is not None:
+        asr["model"] = model
+    if ENCODER_BUCKETS[buckets]:
+        asr["encoder"] = dict(ENCODER_BUCKETS[buckets])
+    return asr
+
+
+def gateway_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Each gateway side's server config overrides, from the command line.
+
+    ``gateway`` takes ``--model``/``--encoder-buckets`` and the plan flags; ``join`` is
+    ``gateway`` plus :data:`JOIN_OVERRIDES`; ``alt`` (only when ``--alt-model`` or
+    ``--alt-encoder-buckets`` is given) is ``gateway``'s plan with its own model and windows, so
+    two models or window policies are compared under the same load, probe by probe.
+    """
+    batcher = {
+        k: v
+        for k, v in (("workers", args.workers), ("max_batch_size", args.max_batch))
+        if v is not None
+    }
+    plan = {
+        k: v
+        for k, v in (("inter_threads", args.inter_threads), ("intra_threads", args.intra_threads))
+        if v is not None
+    }
+
+    def side(asr: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if batcher:
+            out["batcher"] = dict(batcher)
+        if plan or asr:
+            out["asr"] = {**plan, **asr}
+        for key, more in (extra or {}).items():
+            out[key] = {**out.get(key, {}), **more}
+        return out
+
+    main_asr = _asr_side(args.model, args.encoder_buckets)
+    sides: dict[str, dict[str, Any]] = {}
+    if not args.skip_gateway:
+        sides["gateway"] = side(main_asr)
+    if args.join:
+        sides["join"] = side(main_asr, JOIN_OVERRIDES)
+    if args.alt_model is not None or args.alt_encoder_buckets is not None:
+        sides["alt"] = side(_asr_side(args.alt_model, args.alt_encoder_buckets or "served"))
+    return sides
+
+
+def describe_side(overrides: dict[str, Any]) -> dict[str, Any]:
+    """What a gateway side serves, for the header and the JSON: model and encoder buckets."""
+    asr = overrides.get("asr", {})
+    enc = EncoderWindowConfig(**asr.get("encoder", {}))
+    b = enc.buckets_s
+    steps = {round(y - x, 6) for x, y in zip(b, b[1:], strict=False)}
+    if len(b) > 4 and len(steps) == 1:
+        buckets = f"{b[0]:g}..{b[-1]:g} s every {steps.pop():g} s"
+    else:
+        buckets = "/".join(f"{x:g}" for x in b) + " s"
+    return {
+        "model": asr.get("model", "base"),
+        "buckets": f"{buckets}, margin {enc.margin_ms} ms",
+        "buckets_s": list(b),
+        "margin_ms": enc.margin_ms,
+    }
+
+
 def _parse_threads(text: str) -> list[tuple[int, int]]:
     out = []
     for part in text.split(","):
@@ -1133,7 +1233,7 @@ def _parse_threads(text: str) -> list[tuple[int, int]]:
     return out
 
 
-def main() -> None:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--duration", type=float, default=40.0, help="seconds of offered load per K")
     ap.add_argument("--budget", type=float, default=1.0, help="p95 latency budget, s")
@@ -1179,8 +1279,31 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, help="server batcher.max_batch_size")
     ap.add_argument("--inter-threads", type=int, help="server asr.inter_threads")
     ap.add_argument("--intra-threads", type=int, help="server asr.intra_threads")
+    ap.add_argument(
+        "--model", help="server asr.model of the gateway side: a name or a model directory"
+    )
+    ap.add_argument(
+        "--encoder-buckets",
+        choices=tuple(ENCODER_BUCKETS),
+        default="served",
+        help="gateway side's encoder windows: served (the server's default buckets) or "
+        "utterance (1..30 s every second, 0.5 s margin: for a model trained on them)",
+    )
+    ap.add_argument(
+        "--alt-model",
+        help="add the 'alt' side: a second gateway server on this model (a name or directory)",
+    )
+    ap.add_argument(
+        "--alt-encoder-buckets",
+        choices=tuple(ENCODER_BUCKETS),
+        help="the 'alt' side's encoder windows (adds the side; default: served)",
+    )
     ap.add_argument("--out", type=Path, help="write every number as JSON here")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.quick and args.duration == 40.0:
         args.duration = 30.0
     rounds = 2 if args.quick else args.tune_rounds
@@ -1227,6 +1350,7 @@ def main() -> None:
         for side, skip in (
             ("gateway", args.skip_gateway),
             ("join", not args.join),
+            ("alt", args.alt_model is None and args.alt_encoder_buckets is None),
             ("baseline", args.skip_baseline),
         )
         if not skip
@@ -1269,29 +1393,13 @@ def main() -> None:
                 "cpu_threads": chosen_threads[1],
             }
         if any(side in GATEWAY_SIDES for side in sides):
-            overrides: dict[str, Any] = {}
-            batcher = {
-                k: v
-                for k, v in (("workers", args.workers), ("max_batch_size", args.max_batch))
-                if v is not None
-            }
-            asr = {
-                k: v
-                for k, v in (
-                    ("inter_threads", args.inter_threads),
-                    ("intra_threads", args.intra_threads),
-                )
-                if v is not None
-            }
-            if batcher:
-                overrides["batcher"] = batcher
-            if asr:
-                overrides["asr"] = asr
+            all_overrides = gateway_overrides(args)
+            report["sides"] = {}
             for side in (s for s in sides if s in GATEWAY_SIDES):
-                side_overrides = dict(overrides)
-                if side == "join":
-                    for key, extra in JOIN_OVERRIDES.items():
-                        side_overrides[key] = {**overrides.get(key, {}), **extra}
+                side_overrides = all_overrides[side]
+                served = describe_side(side_overrides)
+                report["sides"][side] = served
+                print(f"{side}: model {served['model']}, buckets {served['buckets']}", flush=True)
                 log_path = (
                     Path(tempfile.gettempdir()) / f"voxgate-capacity-{side}-{os.getpid()}.log"
                 )
@@ -1346,6 +1454,7 @@ def main() -> None:
         starts = {
             "gateway": args.gateway_start,
             "join": args.gateway_start,
+            "alt": args.gateway_start,
             "baseline": args.baseline_start,
         }
         searches.update(
@@ -1368,7 +1477,7 @@ def main() -> None:
         for server in servers.values():
             server.stop()
 
-    print_table(cache, budgets, sides)
+    print_table(cache, budgets, sides, report.get("sides"))
     elapsed_min = (time.monotonic() - started) / 60
     n_probes = sum(len(v) for v in cache.values())
     print(
@@ -1389,6 +1498,11 @@ def main() -> None:
             jtext = f"{j.good / g.good:.2f}x ({j.good} / {g.good})" if g.good else "undefined"
             entry["join_ratio_text"] = jtext
             print(f"  join / gateway capacity at {_fmt_budget(b)}: {jtext}")
+        if "gateway" in held and "alt" in held:
+            g, a = held["gateway"], held["alt"]
+            atext = f"{a.good / g.good:.2f}x ({a.good} / {g.good})" if g.good else "undefined"
+            entry["alt_ratio_text"] = atext
+            print(f"  alt / gateway capacity at {_fmt_budget(b)}: {atext}")
         if "gateway" in held and "baseline" in held:
             g, bl = held["gateway"], held["baseline"]
             if bl.good == 0:

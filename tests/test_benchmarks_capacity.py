@@ -17,12 +17,16 @@ from benchmarks.asr_capacity import (
     Search,
     StepResult,
     UttResult,
+    describe_side,
+    gateway_overrides,
     interleave,
+    parse_args,
     pool,
     print_table,
     resolve,
     widen,
 )
+from engines.asr.config import UTTERANCE_ENCODER_WINDOWS, WhisperConfig
 
 pytestmark = pytest.mark.unit
 
@@ -200,3 +204,69 @@ def test_three_sides_alternate_and_the_table_has_the_join_side(
     print_table(cache, [1.0], list(curves))
     head = capsys.readouterr().out.strip().splitlines()[0]
     assert "join p95 s" in head and head.count("server p50/p95 ms") == 2
+
+
+UTTERANCE = {"buckets_s": [float(s) for s in range(1, 31)], "margin_ms": 500}
+
+
+def test_default_sides_keep_the_server_defaults() -> None:
+    assert gateway_overrides(parse_args([])) == {"gateway": {}}
+    assert describe_side({}) == {
+        "model": "base",
+        "buckets": "10/15/20/30 s, margin 2000 ms",
+        "buckets_s": [10.0, 15.0, 20.0, 30.0],
+        "margin_ms": 2000,
+    }
+
+
+def test_model_and_utterance_buckets_map_to_the_gateway_sides_asr_config() -> None:
+    args = parse_args(["--model", "models/acft", "--encoder-buckets", "utterance"])
+    args_plan = ["--workers", "2", "--inter-threads", "2", "--join", "--skip-baseline"]
+    sides = gateway_overrides(
+        parse_args([*args_plan, "--model", "m", "--encoder-buckets", "utterance"])
+    )
+    assert gateway_overrides(args) == {
+        "gateway": {"asr": {"model": "models/acft", "encoder": UTTERANCE}}
+    }
+    assert sides["gateway"] == {
+        "batcher": {"workers": 2},
+        "asr": {"inter_threads": 2, "model": "m", "encoder": UTTERANCE},
+    }
+    # join keeps the gateway's model and windows and adds its own decode loop and batching
+    assert sides["join"]["asr"] == {**sides["gateway"]["asr"], "decode_loop": {"always": True}}
+    assert sides["join"]["batcher"] == {"workers": 2, "join_running": True}
+    # what the server makes of it: exactly the training's utterance windows
+    cfg = WhisperConfig(**sides["gateway"]["asr"])
+    assert cfg.encoder == UTTERANCE_ENCODER_WINDOWS and cfg.model == "m"
+    assert describe_side(sides["gateway"])["buckets"] == "1..30 s every 1 s, margin 500 ms"
+
+
+def test_alt_side_has_its_own_model_and_buckets_and_the_same_plan() -> None:
+    argv = ["--skip-baseline", "--max-batch", "4", "--alt-model", "models/acft"]
+    sides = gateway_overrides(parse_args([*argv, "--alt-encoder-buckets", "utterance"]))
+    assert sides == {
+        "gateway": {"batcher": {"max_batch_size": 4}},
+        "alt": {
+            "batcher": {"max_batch_size": 4},
+            "asr": {"model": "models/acft", "encoder": UTTERANCE},
+        },
+    }
+    only_buckets = gateway_overrides(parse_args(["--alt-encoder-buckets", "utterance"]))
+    assert only_buckets["alt"] == {"asr": {"encoder": UTTERANCE}}
+    assert "alt" not in gateway_overrides(parse_args(["--model", "x"]))
+    assert list(gateway_overrides(parse_args(["--skip-gateway", "--alt-model", "x"]))) == ["alt"]
+
+
+def test_table_names_each_sides_model_and_buckets(capsys: pytest.CaptureFixture[str]) -> None:
+    cache: Cache = {("gateway", 4): [step("gateway", 4, 0.5)], ("alt", 4): [step("alt", 4, 0.4)]}
+    served = {
+        "gateway": describe_side({}),
+        "alt": describe_side({"asr": {"model": "m", "encoder": UTTERANCE}}),
+    }
+    print_table(cache, [1.0], ["gateway", "alt"], served)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[:2] == [
+        "gateway: model base, encoder buckets 10/15/20/30 s, margin 2000 ms",
+        "alt: model m, encoder buckets 1..30 s every 1 s, margin 500 ms",
+    ]
+    assert "alt p95 s" in lines[2] and lines[2].count("server p50/p95 ms") == 2

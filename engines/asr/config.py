@@ -10,7 +10,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["DecodeLoopConfig", "DecodingPolicyConfig", "EncoderWindowConfig", "WhisperConfig"]
+__all__ = [
+    "UTTERANCE_ENCODER_WINDOWS",
+    "DecodeLoopConfig",
+    "DecodingPolicyConfig",
+    "EncoderWindowConfig",
+    "WhisperConfig",
+]
 
 #: Mel frames per second (hop of 10 ms at 16 kHz).
 MEL_FRAMES_PER_S = 100
@@ -68,6 +74,16 @@ class EncoderWindowConfig(BaseModel):
                 "(e.g. (10.0, 15.0, 20.0, 30.0))"
             )
         return self
+
+
+#: Encoder windows sized to the utterance: a bucket every second up to 30 s, 0.5 s margin, so a
+#: clip is encoded on its own length rounded up. The base model loops and hallucinates on them;
+#: a model trained on them (audio-context fine-tuning, ``voxgate adapt`` with utterance
+#: windows) is served with exactly this ``asr.encoder`` setting. Defined here, beside the policy
+#: it parameterises, so that serving and benchmarks need not import the training code (torch).
+UTTERANCE_ENCODER_WINDOWS = EncoderWindowConfig(
+    buckets_s=tuple(float(s) for s in range(1, 31)), margin_ms=500
+)
 
 
 class DecodingPolicyConfig(BaseModel):
