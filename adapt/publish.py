@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 # Re-exported: the pipeline writes the digest the gateway's scan checks, with the same helper.
-from engines.asr._model_files import sha256_file
+from engines.asr._model_files import META_FILE, sha256_file
 
 __all__ = [
     "META_FILE",
@@ -39,7 +39,6 @@ __all__ = [
     "verify_model_dir",
 ]
 
-META_FILE = "voxgate-model.json"
 META_FORMAT = 1
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 #: The bundled models and the names the gateway gives them (the default model's name is not

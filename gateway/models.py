@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from engines.asr._model_files import sha256_file
+from engines.asr._model_files import META_FILE, REQUIRED_FILES, sha256_file
 from gateway.base import ModelDescription
 from gateway.errors import CallError, ErrorKind, echo
 
@@ -53,10 +53,6 @@ __all__ = [
 
 log = logging.getLogger("voxgate.models")
 
-#: Files every served model directory must hold (what CTranslate2 and the tokenizer read).
-REQUIRED_FILES = ("model.bin", "config.json", "tokenizer.json")
-#: What ``voxgate adapt`` writes beside the weights: base model, sha256, steps, data summary.
-META_FILE = "voxgate-model.json"
 #: A model's name is a metric label and part of a health service name: keep it plain.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 #: Separates a model's name from its load generation in :attr:`LoadedModel.key`.

