@@ -28,7 +28,13 @@ are indicative only; the accuracy figures do not depend on load.
         --train-on speakers --windows utterance,served --encoder-too --steps 60
     .venv/bin/python -m benchmarks.adapt_windows --windows utterance --encoder-too \
         --replay 157 --general 40 --voices slt     # ACFT held to the base as served
+    .venv/bin/python -m benchmarks.adapt_windows --windows utterance --encoder-too \
+        --replay 157 --general 40 --voices slt --keep MODELS   # then serve MODELS/utterance
     .venv/bin/python -m benchmarks.adapt_windows --tiny        # smoke run
+
+``--keep DIR`` keeps each merged model as ``DIR/<windows>`` (refused before training if that
+directory exists), so the capacity it buys can be measured on a real gateway:
+``benchmarks.asr_capacity --alt-model DIR/utterance --alt-encoder-buckets utterance``.
 """
 
 from __future__ import annotations
@@ -93,7 +99,23 @@ def speaker_split(min_clips: int) -> tuple[list[Pair], list[Pair]]:
     return trained, held
 
 
+def kept_dirs(keep: Path | None, windows: list[str]) -> dict[str, Path]:
+    """Where ``--keep`` puts each run's merged model: ``keep/<windows>``; empty without it.
+
+    Checked before any training starts: a directory already there is an error rather than a
+    model silently mixed with an older run's files after minutes of training.
+    """
+    if keep is None:
+        return {}
+    dirs = {w: keep / w for w in windows}
+    there = [str(d) for d in dirs.values() if d.exists()]
+    if there:
+        raise SystemExit(f"--keep: already exists, remove it or pick another: {', '.join(there)}")
+    return dirs
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    kept = kept_dirs(args.keep, args.windows.split(","))
     base_dir = resolve_model_dir("base")
     base = read_base(base_dir)
     t0 = time.monotonic()
@@ -176,7 +198,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 progress=Progress(io.StringIO(), tty=False),
             )
             tail = [v for _, v in result.losses[-max(1, args.steps // 5) :]]
-            out = Path(tmp) / windows
+            out = kept.get(windows, Path(tmp) / windows)
+            out.parent.mkdir(parents=True, exist_ok=True)
             write_ct2_dir(merge(base.state, result.adapters), base, out)
             info = {
                 "windows": windows,
@@ -185,6 +208,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "final_loss": sum(tail) / len(tail),
                 "frames": result.windows,
                 "prep_s": round(prep_s, 1),
+                "kept": str(out) if windows in kept else None,
             }
             runs.append(info)
             print(f"trained {windows}: {json.dumps(info)}", file=sys.stderr)
@@ -265,6 +289,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replay-weight", type=float, default=3.0, help="their KL weight")
     ap.add_argument("--tiny", action="store_true", help="3 phrases, 1 sentence, 1 voice")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument(
+        "--keep",
+        type=Path,
+        metavar="DIR",
+        help="keep each merged model as DIR/<windows> (a CTranslate2 directory the gateway can "
+        "serve: asr.model=DIR/utterance) instead of a temporary directory",
+    )
     args = ap.parse_args(argv)
     if args.tiny:
         args.steps, args.variants, args.general = min(args.steps, 2), 1, min(args.general, 1)
