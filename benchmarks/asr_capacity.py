@@ -5,7 +5,9 @@ K simulated callers on loopback each stream real clips from the shared speech se
 on an absolute clock, with a seeded random pause of 1-3 s (digital silence) between clips. The
 gateway runs in its own process (``python -m cli serve --engines asr``, its default config: on
 2 cores 2 batcher workers over one CTranslate2 model, inter_threads 2 x intra_threads 1); the
-callers run here, one Converse stream each over one loopback channel.
+callers run here, one Converse stream each over one loopback channel. Admission and load shedding
+are off on the server (``UNGUARDED``): it must serve every offered call as asked, or the search
+would measure where it starts refusing callers rather than where latency crosses the budget.
 
 Latency, per clip: the wall time at which the final transcript (the last final overlapping the
 clip, when the VAD split it) was received, minus the wall time at which the chunk holding the
@@ -310,6 +312,17 @@ def summarise(
 # ------------------------------------------------------------------------------------------------
 
 
+#: Admission and load shedding off on every gateway side: capacity is where p95 crosses the
+#: budget with every offered call served as asked, so the server must neither refuse a caller
+#: (RESOURCE_EXHAUSTED once its recent p95 passes 0.7 of its own 1 s budget) nor cheapen decodes.
+UNGUARDED: dict[str, Any] = {"admission": {"enabled": False}, "degrade": {"enabled": False}}
+
+
+def server_config(overrides: dict[str, Any]) -> dict[str, Any]:
+    """A gateway side's whole config: loopback on a free port, :data:`UNGUARDED`, ``overrides``."""
+    return {"server": {"host": "127.0.0.1", "port": 0, "grace_s": 1.0}, **UNGUARDED, **overrides}
+
+
 class ServerProcess:
     """``python -m cli serve --engines asr`` with a YAML config, on a free port."""
 
@@ -317,7 +330,7 @@ class ServerProcess:
         self, overrides: dict[str, Any], log_path: Path, env: dict[str, str] | None = None
     ) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="voxgate-capacity-")
-        cfg = {"server": {"host": "127.0.0.1", "port": 0, "grace_s": 1.0}, **overrides}
+        cfg = server_config(overrides)
         cfg_path = Path(self._dir.name) / "config.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg))
         self.log_path = log_path

@@ -24,9 +24,11 @@ from benchmarks.asr_capacity import (
     pool,
     print_table,
     resolve,
+    server_config,
     widen,
 )
 from engines.asr.config import UTTERANCE_ENCODER_WINDOWS, WhisperConfig
+from gateway.config import GatewayConfig
 
 pytestmark = pytest.mark.unit
 
@@ -270,3 +272,12 @@ def test_table_names_each_sides_model_and_buckets(capsys: pytest.CaptureFixture[
         "alt: model m, encoder buckets 1..30 s every 1 s, margin 500 ms",
     ]
     assert "alt p95 s" in lines[2] and lines[2].count("server p50/p95 ms") == 2
+
+
+def test_every_gateway_side_serves_all_offered_calls_unshed() -> None:
+    """Capacity is where p95 crosses the budget: admission must not refuse the callers first."""
+    args = ["--alt-model", "m", "--alt-encoder-buckets", "utterance", "--join", "--workers", "1"]
+    for overrides in gateway_overrides(parse_args(args)).values():
+        cfg = GatewayConfig.model_validate(server_config(overrides))
+        assert not cfg.admission.enabled and not cfg.degrade.enabled
+        assert cfg.batcher.workers == 1 and cfg.server.port == 0
