@@ -95,6 +95,9 @@ def _report_meta(req: AdaptRequest, meta: dict[str, Any]) -> dict[str, object]:
         "replay": f"{data['replay']['pairs']} general sentences, KL weight {lora['replay_weight']}"
         if data["replay"]["pairs"]
         else "off",
+        "domain loss": "the terms' tokens; the words around them held to the base"
+        if lora["focus"] == "terms"
+        else "the whole text",
     }
 
 
@@ -188,6 +191,7 @@ def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
             "learning_rate": req.train.learning_rate,
             "batch_size": req.train.batch_size,
             "replay_weight": req.train.replay_weight if replay else 0.0,
+            "focus": req.train.focus,
             "windows": req.train.windows,
             "seed": req.train.seed,
         },
