@@ -267,8 +267,15 @@ class AsrTranscriber:
         self._default_model = default_model
 
     async def transcribe(self, request: AsrRequest) -> AsrResult:
-        """Queue one utterance; finals are due ``deadline_s`` after they are queued."""
-        if request.is_final:
+        """Queue one utterance; finals are due ``deadline_s`` after they are queued.
+
+        Interims share ``workers - 1`` slots (one worker stays free for finals) and yield to
+        finals, except an urgent one (a barge-in check): it neither waits for a slot nor behind
+        other calls' interims, since the bot talks over the caller until it comes back. A call
+        has at most one interim in flight, so urgent ones are bounded by the calls talking over
+        a reply.
+        """
+        if request.is_final or request.urgent:
             return await self._submit(request)
         if self._interim_slots.locked():
             raise CallError.exhausted(
@@ -288,13 +295,14 @@ class AsrTranscriber:
     async def _submit(self, request: AsrRequest) -> AsrResult:
         loop = asyncio.get_running_loop()
         began = loop.time()
-        deadline = began + (self._deadline_s if request.is_final else 4 * self._deadline_s)
+        first_rank = request.is_final or request.urgent
+        deadline = began + (self._deadline_s if first_rank else 4 * self._deadline_s)
         # Counted by model name (a replaced model's generations share it).
         model = model_name_of(request.options.model) or self._default_model
         kind = "final" if request.is_final else "interim"
         try:
             fut = self.batcher.submit(
-                request, key=request.batch_key, is_final=request.is_final, deadline=deadline
+                request, key=request.batch_key, is_final=first_rank, deadline=deadline
             )
         except QueueFullError as exc:
             self._metrics.asr_model_requests.labels(model, kind, "refused").inc()

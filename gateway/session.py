@@ -702,7 +702,7 @@ class CallSession:
                 # Only barge-in reads this interim: its words' times would be aligned for no
                 # one (the alignment pass is part of the interrupt's latency).
                 options = replace(options, word_timestamps=False)
-            req = AsrRequest(utt.audio, utt.stats, options, is_final=False)
+            req = AsrRequest(utt.audio, utt.stats, options, is_final=False, urgent=fast)
             try:
                 result = await self._transcriber.transcribe(req)
             except CallError:

@@ -225,6 +225,25 @@ def test_after_words_interrupts_on_the_first_interim_with_words() -> None:
     # No one reads their words' times: the alignment pass is skipped (the final keeps it).
     assert not any(r.options.word_timestamps for r in interims)
     assert all(r.options.word_timestamps for r in call.transcriber.requests if r.is_final)
+    # While they may stop the reply, they are scheduled as finals (tests/test_urgent_interims.py).
+    assert all(r.urgent for r in interims)
+    assert not any(r.urgent for r in call.transcriber.requests if r.is_final)
+
+
+@pytest.mark.component
+def test_interims_with_no_reply_to_stop_are_not_urgent() -> None:
+    call = Call(FakeTranscriber(["wait stop"] * 20, delay_s=0.1), {"interim_results": True})
+
+    async def main() -> None:
+        runner = asyncio.create_task(call.run())
+        await call.say(tone(1500) + silence(1000))
+        await call.inbox.put(None)
+        await asyncio.wait_for(runner, 600)
+
+    run_virtual(main())
+    assert call.transcriber is not None
+    interims = [r for r in call.transcriber.requests if not r.is_final]
+    assert interims and not any(r.urgent for r in interims)
 
 
 @pytest.mark.component

@@ -77,6 +77,9 @@ class AsrRequest:
         voiced_spans_ms: the VAD's voiced spans (start, end) in ms from the utterance start,
             for the silence-aware end-of-text processor; empty = only the leading and
             trailing silence from ``stats`` are known.
+        urgent: an interim whose words may stop the bot's reply (``after_words`` barge-in):
+            while it waits the caller and the bot talk at once, so it is scheduled as a final
+            is. The engine decodes it like any interim.
     """
 
     audio: FloatArray
@@ -84,6 +87,7 @@ class AsrRequest:
     options: AsrOptions = field(default_factory=AsrOptions)
     is_final: bool = True
     voiced_spans_ms: tuple[tuple[int, int], ...] = ()
+    urgent: bool = False
 
     @property
     def batch_key(self) -> Hashable:
