@@ -21,6 +21,9 @@ Rows:
 
 Every interim decode of those calls is counted, with those that came out in a language other
 than English (every caller is English; the calls set no language, so the gateway detects).
+``--background K`` keeps K other callers talking on the same gateway (interims on) while the
+barge-in calls run, and runs the after_words cases also on a server whose barge-in interims are
+ranked as any other interim (``session.barge_in.urgent_interims: false``), interleaved.
 ``--language-variants`` also runs the after_words cases on a server that detects the language
 on every interim (the gateway before ``session.language``), on one that uses a short prefix's
 interim only when its detection is sure (``interim_detect_min_ms``), and on one whose interims
@@ -213,6 +216,60 @@ async def backchannel_audio(stub: pb_grpc.VoiceGatewayStub) -> np.ndarray:
     return unmulaw(data)
 
 
+#: Shared clips the background callers of ``--background`` talk with (other speakers than
+#: the barge-in callers).
+BACKGROUND_CLIPS = (
+    "librispeech_1988-24833-0000.wav",
+    "vctk_p238_165.wav",
+    "fleurs_en_us_test_003.wav",
+    "ljspeech_LJ001-0001.wav",
+    "librispeech_2412-153948-0000.wav",
+    "vctk_p376_193.wav",
+)
+
+
+async def background_caller(stub: pb_grpc.VoiceGatewayStub, index: int) -> None:
+    """Another call on the same gateway: talks without end (clips, 1 s pauses), asks interims.
+
+    Its interims and finals compete for the same batcher as the measured call's barge-in
+    interims, which is the case ``session.barge_in.urgent_interims`` is for. Runs until
+    cancelled, then hangs up.
+    """
+    order = BACKGROUND_CLIPS[index % len(BACKGROUND_CLIPS) :] + BACKGROUND_CLIPS
+    pause = np.zeros(8000, np.float32)
+    audio = np.concatenate([part for name in order for part in (load_caller(name), pause)])
+    audio = np.concatenate([np.zeros(index * 2000, np.float32), audio])  # staggered starts
+    rpc = stub.Converse()
+    cfg = pb.SessionConfig(
+        input_audio=pb.AudioFormat(encoding=pb.MULAW, sample_rate_hertz=8000),
+        interim_results=True,
+    )
+    await rpc.write(pb.ConverseRequest(config=cfg))
+
+    async def drain() -> None:
+        while await rpc.read() is not grpc.aio.EOF:
+            pass
+
+    reader = asyncio.create_task(drain())
+    t0, k = time.monotonic(), 0
+    try:
+        while True:
+            t = t0 + k * FRAME / 8000
+            await asyncio.sleep(max(0.0, t - time.monotonic()))
+            lo = (k * FRAME) % (len(audio) - FRAME)
+            await rpc.write(
+                pb.ConverseRequest(audio=pb.AudioChunk(data=mulaw(audio[lo : lo + FRAME])))
+            )
+            k += 1
+    except asyncio.CancelledError:
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            await rpc.write(pb.ConverseRequest(hangup=pb.Hangup()))
+            await rpc.done_writing()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(reader, 30)
+        raise
+
+
 #: (text, language) of every interim decode with text, in order: the observation tap below.
 INTERIMS: list[tuple[str, str]] = []
 
@@ -286,6 +343,16 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             },
             "interims default to en": {"interim_default": "en"},
         }
+        if args.background:
+            # The same server but with barge-in interims ranked as any interim (before
+            # session.barge_in.urgent_interims), so both are measured under the same load.
+            vs = await stack.enter_async_context(
+                running_server(
+                    hub=hub, **overrides, session={"barge_in": {"urgent_interims": False}}
+                )
+            )
+            vch = await stack.enter_async_context(grpc.aio.insecure_channel(vs.target))
+            variants["interims not urgent (before)"] = pb_grpc.VoiceGatewayStub(vch)
         for vname, language in language_variants.items() if args.language_variants else ():
             vs = await stack.enter_async_context(
                 running_server(hub=hub, **overrides, session={"language": language})
@@ -347,6 +414,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         for vname in variants:
             cases += [(f"{label}, {vname}", {**kw, "variant": vname}) for label, kw in words]
         clips = {name: load_caller(name) for name in callers}
+        background = [
+            asyncio.create_task(background_caller(stub, i)) for i in range(args.background)
+        ]
+        if background:
+            print(f"{len(background)} background callers talking (interims on) during these calls")
+            await asyncio.sleep(3.0)  # let them reach speech
         for _ in range(repeats):
             for name, clip in clips.items():
                 for label, kw in cases:  # interleaved: every case sees the same machine load
@@ -362,6 +435,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     begin_lat.setdefault(label, []).append(r.begin_latency_ms)
                     if r.caller_text:
                         texts.append(f"{label} | {name}: {r.caller_text!r}")
+        for task in background:
+            task.cancel()
+        for task in background:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         print("\ntrue barge-in: caller's first word -> interrupted, ms (median / p95)")
         for label, values in lat.items():
             print(
@@ -374,6 +452,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         for t in texts:
             print(f"    after_words heard {t}")
         print("\ninterim decodes with text (all calls of the case): how many, how many not English")
+        if background:
+            print("  (counted in this process: the background callers' interims are included)")
         for label, (n, foreign) in interims.items():
             print(f"  {label:<72} {n:>3} interims, {foreign} not English")
         out["interims"] = {k: {"with_text": v[0], "not_english": v[1]} for k, v in interims.items()}
@@ -419,6 +499,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="also run the after_words cases on servers that detect the language on every "
         "interim (as before session.language), that need a sure detection on short prefixes, "
         "and whose interims default to English",
+    )
+    ap.add_argument(
+        "--background",
+        type=int,
+        default=0,
+        help="other callers talking on the same gateway (interims on) during the barge-in "
+        "calls; also runs the after_words cases with barge-in interims not urgent, interleaved",
     )
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args(argv)

@@ -434,6 +434,12 @@ class BargeInConfig(_Frozen):
         "holds this much voiced audio, ms (asr.policy.min_speech_ms skips less as too short); "
         "the rest follow at interim_interval_ms.",
     )
+    urgent_interims: bool = Field(
+        True,
+        description="after_words: schedule those interims as finals (no interim slot to wait "
+        "for, ahead of other calls' interims): until one comes back, the caller and the bot "
+        "talk at once.",
+    )
     echo_guard: bool = Field(
         True,
         description="Suppress inbound audio that is the echo of the reply just played (line "

@@ -594,6 +594,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             barge_in_policy=self._barge_in_policy(cfg.barge_in),
             barge_in_interim_ms=self.config.session.barge_in.interim_interval_ms,
             barge_in_first_interim_speech_ms=self.config.session.barge_in.first_interim_speech_ms,
+            barge_in_urgent_interims=self.config.session.barge_in.urgent_interims,
             echo_guard=self.config.session.barge_in.echo_guard
             and not cfg.barge_in.echo_guard_disabled,
             mode=mode,

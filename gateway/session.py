@@ -102,6 +102,8 @@ class CallConfig:
     barge_in_interim_ms: int = 250
     #: Voiced audio after which the first such interim runs, ms.
     barge_in_first_interim_speech_ms: int = 200
+    #: Schedule those interims as finals (``AsrRequest.urgent``).
+    barge_in_urgent_interims: bool = True
     #: Suppress the echo of the bot's own replies in the caller's audio (gateway/echo.py).
     echo_guard: bool = True
     mode: Literal["converse", "recognize"] = "converse"
@@ -702,7 +704,8 @@ class CallSession:
                 # Only barge-in reads this interim: its words' times would be aligned for no
                 # one (the alignment pass is part of the interrupt's latency).
                 options = replace(options, word_timestamps=False)
-            req = AsrRequest(utt.audio, utt.stats, options, is_final=False, urgent=fast)
+            urgent = fast and self.config.barge_in_urgent_interims
+            req = AsrRequest(utt.audio, utt.stats, options, is_final=False, urgent=urgent)
             try:
                 result = await self._transcriber.transcribe(req)
             except CallError:

@@ -231,6 +231,18 @@ def test_after_words_interrupts_on_the_first_interim_with_words() -> None:
 
 
 @pytest.mark.component
+def test_urgent_interims_can_be_turned_off() -> None:
+    texts = lambda r: "wait, stop" if not r.is_final else "x"  # noqa: E731
+    cfg = {**after_words(), "barge_in_urgent_interims": False}
+    call = Call(FakeTranscriber(texts, delay_s=0.1), cfg)
+    talk_over_reply(call, REPLY)
+    assert call.of(InterruptedOut)
+    assert call.transcriber is not None
+    interims = [r for r in call.transcriber.requests if not r.is_final]
+    assert interims and not any(r.urgent for r in interims)
+
+
+@pytest.mark.component
 def test_interims_with_no_reply_to_stop_are_not_urgent() -> None:
     call = Call(FakeTranscriber(["wait stop"] * 20, delay_s=0.1), {"interim_results": True})
 
