@@ -231,8 +231,13 @@ async def call_up(
     call_id: str,
     record_routes: list[str],
     contact: str | None = None,
+    *,
+    ack: bool = True,
 ) -> Dialog:
-    """INVITE (with the given Record-Route, as if proxies were on the path) → 200 → ACK."""
+    """INVITE (with the given Record-Route, as if proxies were on the path) → 200 → ACK.
+
+    With ``ack=False`` the call is left answered and the test sends :func:`send_ack` itself.
+    """
     invite = caller.request(
         "INVITE",
         f"sip:bot@{bridge.address[0]}:{bridge.address[1]}",
@@ -248,19 +253,27 @@ async def call_up(
     caller.send(invite, bridge.address)
     ok, _ = await caller.expect(lambda m: m.status == 200, "200 to the INVITE")
     dialog = Dialog(caller, bridge, ok, call_id)
-    ack = caller.request(
+    if ack:
+        await send_ack(dialog)
+    return dialog
+
+
+async def send_ack(dialog: Dialog) -> None:
+    """ACK the INVITE's 200 and wait until the bridge has confirmed the call."""
+    bridge = dialog.bridge
+    ack = dialog.caller.request(
         "ACK",
         f"sip:voxgate@{bridge.address[0]}:{bridge.address[1]}",
-        call_id=call_id,
+        call_id=dialog.call_id,
         from_tag="caller",
         to=dialog.to,
         cseq=1,
     )
-    caller.send(ack, bridge.address)
+    dialog.caller.send(ack, bridge.address)
     for _ in range(200):  # event-based: the bridge marks the call confirmed on the ACK
-        call = bridge.calls.get(call_id)
+        call = bridge.calls.get(dialog.call_id)
         if call is not None and call.state == "confirmed":
-            return dialog
+            return
         await asyncio.sleep(0.02)
     raise AssertionError("the bridge never confirmed the call")
 
@@ -417,6 +430,33 @@ async def test_refer_success_sends_refer_to_and_referred_by_then_bye() -> None:
                 break
             await asyncio.sleep(0.02)
         assert [r for c, r in bridge.ended if c == "refer-1"] == ["transferred (200 OK)"]
+
+
+@pytest.mark.e2e
+async def test_a_transfer_asked_before_the_ack_waits_for_it() -> None:
+    """A bot starts on the 200 OK: a transfer it asks for at once must not fail as 481."""
+    async with SipPeer() as caller, bridge_with_gateway() as (bridge, _):
+        dialog = await call_up(caller, bridge, "refer-early", [], ack=False)
+        assert bridge.calls["refer-early"].state == "answered"
+        transfer = asyncio.ensure_future(bridge.transfer("refer-early", "sip:agent@192.0.2.10"))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not transfer.done()
+        assert not [m for m, _ in caller.received if m.method == "REFER"]  # not before the ACK
+        await send_ack(dialog)
+        await _refer_exchange(caller, [b"SIP/2.0 200 OK\r\n"])
+        result = await transfer
+        assert (result.ok, result.status) == (True, 200)
+
+
+@pytest.mark.e2e
+async def test_a_transfer_waiting_for_an_ack_that_never_comes_fails_with_the_call() -> None:
+    async with SipPeer() as caller, bridge_with_gateway(t1_ms=20) as (bridge, _):
+        await call_up(caller, bridge, "refer-noack", [], ack=False)
+        result = await bridge.transfer("refer-noack", "sip:agent@192.0.2.10")
+        assert (result.ok, result.status) == (False, 481)
+        assert "refer-noack" not in bridge.calls or bridge.calls["refer-noack"].ended.is_set()
+        assert not [m for m, _ in caller.received if m.method == "REFER"]
 
 
 @pytest.mark.e2e

@@ -327,6 +327,7 @@ class _Call:
         default_factory=lambda: asyncio.Queue(maxsize=500)
     )
     ended: asyncio.Event = field(default_factory=asyncio.Event)
+    confirmed: asyncio.Event = field(default_factory=asyncio.Event)  # set by the ACK
     end_reason: str = ""
     send_bye: bool = False
     local_cseq: int = field(default_factory=lambda: secrets.randbelow(10_000) + 1)
@@ -667,6 +668,7 @@ class SipBridge:
             retrans.cancel()
         if call is not None and call.state == "answered" and num == call.invite.cseq()[0]:
             call.state = "confirmed"
+            call.confirmed.set()
             log.info("call %s confirmed (ACK)", call.call_id)
             if call.media is not None:
                 call.media.arm()  # the first moment we may send RTP
@@ -1134,6 +1136,11 @@ class SipBridge:
             timeout_s: how long to wait for the final NOTIFY after the 202.
         """
         call = self.calls.get(call_id)
+        if call is not None and call.state == "answered":
+            # The bot starts on our 200 OK, so it may ask before the caller's ACK is in; the
+            # REFER waits for it (the 200's retransmissions end the call if it never comes).
+            with contextlib.suppress(_Ended):
+                await self._until_ended(call, call.confirmed.wait(), None)
         if call is None or call.state != "confirmed" or call.ended.is_set():
             self.stats["transfer_failed"] += 1
             return ReferOutcome(False, 481, "call is not up")
