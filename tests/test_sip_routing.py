@@ -31,7 +31,7 @@ from clients.sip._message import (
     uri_param,
 )
 from clients.sip.testing import SipPeer
-from clients.voxgate_client import Dtmf, ServerEvent
+from clients.voxgate_client import Dtmf, ServerEvent, VoiceCall
 from gateway.testing.server import running_server
 
 SDP = (
@@ -205,6 +205,7 @@ class Dialog:
 
 @asynccontextmanager
 async def bridge_with_gateway(
+    bot: Any = None,
     **cfg: Any,
 ) -> AsyncIterator[tuple[SipBridge, dict[str, list[ServerEvent]]]]:
     events: dict[str, list[ServerEvent]] = defaultdict(list)
@@ -217,7 +218,9 @@ async def bridge_with_gateway(
             rtp_port_max=39999,
             **cfg,
         )
-        bridge = SipBridge(config, SilentBot(), on_event=lambda cid, m: events[cid].append(m))
+        bridge = SipBridge(
+            config, bot or SilentBot(), on_event=lambda cid, m: events[cid].append(m)
+        )
         await bridge.start()
         try:
             yield bridge, events
@@ -258,8 +261,8 @@ async def call_up(
     return dialog
 
 
-async def send_ack(dialog: Dialog) -> None:
-    """ACK the INVITE's 200 and wait until the bridge has confirmed the call."""
+async def send_ack(dialog: Dialog, *, wait: bool = True) -> None:
+    """ACK the INVITE's 200 and (``wait``) wait until the bridge has confirmed the call."""
     bridge = dialog.bridge
     ack = dialog.caller.request(
         "ACK",
@@ -270,6 +273,8 @@ async def send_ack(dialog: Dialog) -> None:
         cseq=1,
     )
     dialog.caller.send(ack, bridge.address)
+    if not wait:
+        return
     for _ in range(200):  # event-based: the bridge marks the call confirmed on the ACK
         call = bridge.calls.get(dialog.call_id)
         if call is not None and call.state == "confirmed":
@@ -457,6 +462,28 @@ async def test_a_transfer_waiting_for_an_ack_that_never_comes_fails_with_the_cal
         assert (result.ok, result.status) == (False, 481)
         assert "refer-noack" not in bridge.calls or bridge.calls["refer-noack"].ended.is_set()
         assert not [m for m, _ in caller.received if m.method == "REFER"]
+
+
+@pytest.mark.e2e
+async def test_a_bot_hanging_up_before_the_ack_says_bye_only_after_it() -> None:
+    """RFC 3261 15: the callee's BYE waits for the ACK of its 2xx."""
+    hung_up = asyncio.Event()
+
+    async def impatient_bot(call: VoiceCall) -> None:
+        await call.hangup()
+        hung_up.set()
+        async for _ in call:
+            pass
+
+    async with SipPeer() as caller, bridge_with_gateway(impatient_bot) as (bridge, _):
+        dialog = await call_up(caller, bridge, "bye-early", [], ack=False)
+        await asyncio.wait_for(hung_up.wait(), 10)
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+        assert not [m for m, _ in caller.received if m.method == "BYE"]
+        await send_ack(dialog, wait=False)  # the call ends as soon as it is confirmed
+        bye, src = await caller.expect(lambda m: m.method == "BYE", "BYE after the ACK")
+        caller.reply(bye, src, 200, "OK", to_tag="caller")
 
 
 @pytest.mark.e2e

@@ -1110,6 +1110,9 @@ class SipBridge:
             raise OSError(f"route host {_short(hop.host)} has no address")
         return str(infos[0][4][0]), int(infos[0][4][1])
 
+    def _awaiting_ack(self, call: _Call) -> bool:
+        return (call.call_id, call.invite.cseq()[0]) in self._await_ack
+
     def _send_bye(self, call: _Call) -> None:
         req, branch = self._in_dialog_request(call, "BYE")
         self.stats["bye_sent"] += 1
@@ -1541,6 +1544,11 @@ class SipBridge:
                 log.exception("on_event observer failed")
 
     async def _teardown(self, call: _Call) -> None:
+        if call.send_bye and call.state == "answered" and self._awaiting_ack(call):
+            # RFC 3261 15: no BYE before the ACK of our 2xx (a bot may hang up at once); the
+            # 200 keeps being resent meanwhile, and its 64*T1 timeout bounds the wait.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(call.confirmed.wait(), 64 * self.config.t1_ms / 1000)
         prev, call.state = call.state, "ended"
         for handle in call.timers.values():
             handle.cancel()
