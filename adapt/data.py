@@ -23,7 +23,7 @@ import csv
 import json
 import math
 import wave
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -216,12 +216,17 @@ def _read_text_file(path: Path) -> str:
         raise AdaptDataError(f"{path}: cannot read: {e.strerror or e}") from e
 
 
-def _from_folder(folder: Path) -> list[Pair]:
-    files = sorted(
+def _folder_files(folder: Path) -> list[Path]:
+    """Every file under ``folder``, sorted; names starting with "." (and their contents) skipped."""
+    return sorted(
         p
         for p in folder.rglob("*")
         if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
     )
+
+
+def _from_folder(folder: Path) -> list[Pair]:
+    files = _folder_files(folder)
     wavs = {p.with_suffix(""): p for p in files if p.suffix.lower() == ".wav"}
     texts = {p.with_suffix(""): p for p in files if p.suffix.lower() == ".txt"}
     for p in files:
@@ -246,22 +251,25 @@ def _from_folder(folder: Path) -> list[Pair]:
     return pairs
 
 
-def _row_pair(row: dict[str, Any], base: Path, where: str) -> Pair:
+def _row_audio(row: dict[str, Any], base: Path, where: str) -> F32:
     audio_field = next((k for k in ("audio", "file", "audio_filepath") if k in row), None)
     if audio_field is None:
         raise AdaptDataError(f"{where}: missing field 'audio' (the path of the clip)")
-    if "text" not in row:
-        raise AdaptDataError(f"{where}: missing field 'text' (the transcript)")
     name = row[audio_field]
     if not isinstance(name, str) or not name.strip():
         raise AdaptDataError(f"{where}: field '{audio_field}' must be a non-empty path")
     path = Path(name)
-    audio = read_audio(path if path.is_absolute() else base / path, f"{where}: {name}")
+    return read_audio(path if path.is_absolute() else base / path, f"{where}: {name}")
+
+
+def _row_pair(row: dict[str, Any], base: Path, where: str) -> Pair:
+    if "text" not in row:
+        raise AdaptDataError(f"{where}: missing field 'text' (the transcript)")
+    audio = _row_audio(row, base, where)
     return Pair(audio, _clean_text(row["text"], where, audio), where)
 
 
-def _from_jsonl(manifest: Path) -> list[Pair]:
-    pairs = []
+def _jsonl_rows(manifest: Path) -> Iterator[tuple[dict[str, Any], str]]:
     for lineno, line in enumerate(_read_text_file(manifest).splitlines(), start=1):
         if not line.strip():
             continue
@@ -272,25 +280,63 @@ def _from_jsonl(manifest: Path) -> list[Pair]:
             raise AdaptDataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from e
         if not isinstance(row, dict):
             raise AdaptDataError(f'{where}: expected an object {{"audio": ..., "text": ...}}')
-        pairs.append(_row_pair(row, manifest.parent, where))
-    return pairs
+        yield row, where
 
 
-def _from_csv(manifest: Path) -> list[Pair]:
+def load_recordings(source: Path) -> list[tuple[F32, str]]:
+    """Read untranscribed recordings: (audio, origin) for ``--replay-audio``.
+
+    The same sources as :func:`load_pairs` (a folder of ``.wav`` files, or a ``.jsonl`` / ``.csv``
+    manifest's audio column) and the same checks on every clip, but no transcript is needed
+    (one that is there is not read): the base model writes the text these clips are held to.
+
+    Raises:
+        AdaptDataError: at the first unusable file or line, naming it.
+    """
+    if source.is_dir():
+        wavs = [p for p in _folder_files(source) if p.suffix.lower() == ".wav"]
+        clips = [(read_audio(p, str(p)), str(p.relative_to(source))) for p in wavs]
+    elif not source.exists():
+        raise AdaptDataError(f"{source}: no such file or folder")
+    elif source.suffix.lower() == ".jsonl":
+        clips = [(_row_audio(row, source.parent, w), w) for row, w in _jsonl_rows(source)]
+    elif source.suffix.lower() == ".csv":
+        clips = [(_row_audio(row, source.parent, w), w) for row, w in _csv_rows(source, "")]
+    else:
+        raise AdaptDataError(
+            f"{source}: expected a folder of .wav files or a .jsonl or .csv manifest"
+        )
+    if not clips:
+        raise AdaptDataError(f"{source}: holds no .wav recordings")
+    return clips
+
+
+def _from_jsonl(manifest: Path) -> list[Pair]:
+    return [_row_pair(row, manifest.parent, where) for row, where in _jsonl_rows(manifest)]
+
+
+def _csv_rows(manifest: Path, text_column: str) -> Iterator[tuple[dict[str, Any], str]]:
     reader = csv.DictReader(_read_text_file(manifest).splitlines())
     fields = set(reader.fieldnames or ())
-    if "text" not in fields or not fields & {"audio", "file", "audio_filepath"}:
+    if (text_column and text_column not in fields) or not fields & {
+        "audio",
+        "file",
+        "audio_filepath",
+    }:
+        need = f"an 'audio' and a '{text_column}' column" if text_column else "an 'audio' column"
         raise AdaptDataError(
-            f"{manifest.name}:1: the header must name an 'audio' and a 'text' column "
+            f"{manifest.name}:1: the header must name {need} "
             f"(found {', '.join(sorted(fields)) or 'none'})"
         )
-    pairs = []
     for row in reader:
         where = f"{manifest.name}:{reader.line_num}"
         if None in row or any(v is None for v in row.values()):
             raise AdaptDataError(f"{where}: expected {len(fields)} columns as in the header")
-        pairs.append(_row_pair(dict(row), manifest.parent, where))
-    return pairs
+        yield dict(row), where
+
+
+def _from_csv(manifest: Path) -> list[Pair]:
+    return [_row_pair(row, manifest.parent, where) for row, where in _csv_rows(manifest, "text")]
 
 
 def load_pairs(source: Path) -> list[Pair]:

@@ -42,6 +42,7 @@ class AdaptRequest:
     base_model: str = "base"
     variants: int = 4
     replay: int = 157
+    replay_audio: Path | None = None
     held_out: float = 0.2
     work_dir: Path | None = None
     resume: bool = False
@@ -95,6 +96,11 @@ def _report_meta(req: AdaptRequest, meta: dict[str, Any]) -> dict[str, object]:
         "replay": f"{data['replay']['pairs']} general sentences, KL weight {lora['replay_weight']}"
         if data["replay"]["pairs"]
         else "off",
+        "replay recordings": f"{data['replay_audio']['pairs']} of "
+        f"{data['replay_audio']['recordings']} ({data['replay_audio']['audio_s']} s), held to "
+        "the base's transcripts"
+        if data["replay_audio"]["recordings"]
+        else "none",
         "domain loss": "the terms' tokens; the words around them held to the base"
         if lora["focus"] == "terms"
         else "the whole text",
@@ -126,6 +132,8 @@ def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
         raise d.AdaptDataError("--focus terms needs --terms (the words the phrases teach)")
     use_replay = req.replay != 0 and req.train.replay_weight > 0.0
     general_text = d.general_sentences(req.replay, seed=req.train.seed) if use_replay else []
+    if req.replay_audio is not None and req.train.replay_weight <= 0.0:
+        raise d.AdaptDataError("--replay-audio needs a --replay-weight above 0")
 
     prog.stage("load")
     pairs: list[d.Pair] = []
@@ -137,6 +145,7 @@ def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
         pairs += d.synthesize_phrases(phrases, variants=req.variants, seed=req.train.seed)
     train_pairs, held = d.split(pairs, held_out=req.held_out, seed=req.train.seed)
     general = d.load_pairs(req.general) if req.general is not None else []
+    recordings = d.load_recordings(req.replay_audio) if req.replay_audio is not None else []
 
     base_dir = resolve_model_dir(req.base_model)
     base = read_base(base_dir)
@@ -157,6 +166,21 @@ def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
             general_text, variants=1, seed=req.train.seed + 1, label="general"
         )
         examples += examples_of(replay, replay=True)
+    heard: list[d.Pair] = []
+    if recordings:
+        from adapt.evaluate import load_engine, transcribe
+
+        # The base's own transcript is what these clips are held to: the real line's audio
+        # (not the bundled voice's) stays decoded as the base decodes it, with no transcripts
+        # needed. A clip the base hears nothing in has nothing to hold.
+        prog.stage("transcribe-replay", clips=len(recordings))
+        engine = load_engine(base_dir)
+        for audio, origin in recordings:
+            text = " ".join(transcribe(engine, audio)[0].split())
+            if any(ch.isalnum() for ch in text):
+                heard.append(d.Pair(audio, text, f"replay-audio:{origin}"))
+        del engine
+        examples += examples_of(heard, replay=True, recorded=True)
 
     scores: dict[str, Any] = {}
     before: dict[str, Any] = {}
@@ -190,7 +214,7 @@ def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
             "qlora": req.train.qlora,
             "learning_rate": req.train.learning_rate,
             "batch_size": req.train.batch_size,
-            "replay_weight": req.train.replay_weight if replay else 0.0,
+            "replay_weight": req.train.replay_weight if replay or heard else 0.0,
             "focus": req.train.focus,
             "windows": req.train.windows,
             "seed": req.train.seed,
@@ -200,6 +224,7 @@ def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
             "train": d.summarize(train_pairs),
             "held_out": d.summarize(held),
             "replay": d.summarize(replay),
+            "replay_audio": d.summarize(heard) | {"recordings": len(recordings)},
             "phrases_file": req.phrases.name if req.phrases is not None else None,
             "variants": req.variants if req.phrases is not None else 0,
         },

@@ -170,6 +170,9 @@ class Example:
     # Positions in ``tokens`` that spell a domain term (empty: none found, or no terms given);
     # with ``TrainConfig.focus == "terms"`` only these are fitted to the text.
     term_positions: tuple[int, ...] = ()
+    # Replay from the user's own recordings (``--replay-audio``), held to the base's transcript:
+    # drawn on alternate steps with the bundled sentences, however many there are of each.
+    recorded: bool = False
 
 
 @dataclass(frozen=True)
@@ -253,6 +256,7 @@ def make_examples(
     language: str = "en",
     replay: bool = False,
     terms: Sequence[str] = (),
+    recorded: bool = False,
 ) -> list[Example]:
     """Turn (audio, text) pairs into training examples with the served prompt.
 
@@ -271,6 +275,7 @@ def make_examples(
             other than ``served`` they also carry the served window for the base's reference.
         terms: domain terms; the tokens that spell one (whole words, any case) are recorded in
             :attr:`Example.term_positions`.
+        recorded: replay from the user's recordings (:attr:`Example.recorded`).
     """
     import tokenizers
     from faster_whisper.tokenizer import Tokenizer
@@ -307,6 +312,7 @@ def make_examples(
                 replay,
                 teacher,
                 tuple(len(prompt) + i for i in found),
+                replay and recorded,
             )
         )
     return out
@@ -362,7 +368,7 @@ def _fingerprint(cfg: TrainConfig, examples: Sequence[Example], base: BaseModel)
     for ex in examples:
         h.update(ex.features.tobytes())
         h.update(np.asarray(ex.tokens, dtype=np.int64).tobytes())
-        h.update(b"r" if ex.replay else b"d")
+        h.update(b"a" if ex.recorded else b"r" if ex.replay else b"d")
         h.update(np.asarray(ex.term_positions, dtype=np.int64).tobytes())
         if ex.teacher_features is not None:
             h.update(ex.teacher_features.tobytes())
@@ -627,10 +633,19 @@ def train(
                 _encoder_forward(model, f[None].to(device)).squeeze(0).float().cpu() for f in feats
             ]
     domain = _Pool([i for i, ex in enumerate(examples) if not ex.replay], examples)
-    replay = _Pool([i for i, ex in enumerate(examples) if ex.replay], examples)
+    # The bundled sentences and the user's recordings take turns, step by step: a few
+    # recordings beside 157 sentences would otherwise be drawn once in ten replay batches.
+    replay_pools = [
+        pool
+        for pool in (
+            _Pool([i for i, ex in enumerate(examples) if ex.replay and not ex.recorded], examples),
+            _Pool([i for i, ex in enumerate(examples) if ex.recorded], examples),
+        )
+        if pool.groups
+    ]
     if not domain.groups:
         raise TrainError("no training examples besides the replay set")
-    use_replay = bool(replay.groups) and cfg.replay_weight > 0.0
+    use_replay = bool(replay_pools) and cfg.replay_weight > 0.0
 
     def encode(batch: list[int]) -> Any:
         if cached is not None:
@@ -666,7 +681,7 @@ def train(
         "train",
         steps=cfg.steps,
         examples=len(domain.indices),
-        replay=len(replay.indices) if use_replay else 0,
+        replay=sum(len(p.indices) for p in replay_pools) if use_replay else 0,
         device=device,
     )
     peft_model.train()
@@ -690,7 +705,7 @@ def train(
             if bool(held.any()):  # --focus terms: the words around the terms stay the base's
                 loss = loss + cfg.replay_weight * held_kl(out, ids, batch, held)
             if use_replay:
-                rbatch = replay.draw(rng, cfg.batch_size)
+                rbatch = replay_pools[step % len(replay_pools)].draw(rng, cfg.batch_size)
                 rids, _, rheld = (x.to(device) for x in _token_batch(examples, rbatch))
                 rout = logits(rids, encode(rbatch))
                 kl = held_kl(rout, rids, rbatch, rheld)

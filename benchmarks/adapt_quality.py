@@ -95,12 +95,56 @@ def mulaw_8k(x: np.ndarray) -> np.ndarray:
     return soxr.resample(back, 8000, 16000).astype(np.float32)
 
 
-def general_pairs(quick: int) -> list[Pair]:
+def general_pairs(quick: int, half: int | None = None) -> list[Pair]:
+    """The 40 shared clips (every n-th with ``quick``), or one of :func:`general_halves`."""
     manifest = SPEECH / "manifest.jsonl"
     if not manifest.is_file():
         sys.exit(f"shared speech set not found at {SPEECH}")
     pairs = load_pairs(manifest)
+    if half is not None:
+        keep = set(general_halves()[half])
+        files = [json.loads(line)["file"] for line in manifest.read_text().splitlines() if line]
+        pairs = [p for p, f in zip(pairs, files, strict=True) if f in keep]
     return pairs[:: max(1, len(pairs) // quick)][:quick] if quick else pairs
+
+
+def _speaker(file: str) -> str:
+    """Who speaks a shared clip, as far as its name says (LibriSpeech: the reader's id)."""
+    if file.startswith("librispeech_"):
+        return file.split("-", 1)[0]
+    if file.startswith(("ljspeech_", "librivox_")):  # one reader each
+        return file.split("_", 1)[0]
+    return file
+
+
+def general_halves() -> tuple[list[str], list[str]]:
+    """The 40 shared clips in two halves with no speaker in both, about equal in words.
+
+    For ``--replay-audio``: a model held to the base on one half's recordings is scored on the
+    other half, so no clip is scored by a model that heard it (or its speaker). Deterministic:
+    speakers by falling word count, each to the half with fewer words so far.
+    """
+    rows = [json.loads(line) for line in (SPEECH / "manifest.jsonl").read_text().splitlines()]
+    by_speaker: dict[str, list[dict[str, str]]] = {}
+    for r in rows:
+        by_speaker.setdefault(_speaker(r["file"]), []).append(r)
+    halves: tuple[list[str], list[str]] = ([], [])
+    words = [0, 0]
+    # Stable sort: speakers with equal word counts keep the manifest's order.
+    for _, clips in sorted(
+        by_speaker.items(), key=lambda kv: -sum(len(r["text"].split()) for r in kv[1])
+    ):
+        side = 0 if words[0] <= words[1] else 1
+        halves[side].extend(r["file"] for r in clips)
+        words[side] += sum(len(r["text"].split()) for r in clips)
+    return halves
+
+
+def write_half(half: int, path: Path) -> None:
+    """Write one half's clips as an audio-only manifest (the input of ``--replay-audio``)."""
+    with path.open("w") as f:
+        for file in general_halves()[half]:
+            f.write(json.dumps({"audio": str(SPEECH / file)}) + "\n")
 
 
 def side_by_side(
@@ -220,6 +264,20 @@ def main(argv: list[str] | None = None) -> None:
         help="which sets to run, comma-separated: held16k (held-out voices at 16 kHz), heldmulaw "
         "(the same after mu-law 8 kHz), general (the 40 shared clips); split a long run in parts",
     )
+    ap.add_argument(
+        "--general-half",
+        type=int,
+        choices=(0, 1),
+        help="score general speech on one half of the 40 clips (speakers disjoint; see "
+        "--write-half)",
+    )
+    ap.add_argument(
+        "--write-half",
+        nargs=2,
+        metavar=("HALF", "PATH"),
+        help="write half 0 or 1 of the 40 clips as an audio-only manifest for voxgate adapt "
+        "--replay-audio, and exit",
+    )
     ap.add_argument("--tiny", action="store_true", help="3 sentences, 1 voice, 2 general clips")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--cache", type=Path, help="where flite renderings are kept")
@@ -227,6 +285,11 @@ def main(argv: list[str] | None = None) -> None:
         "--models-dir", type=Path, help="with --train: keep the model here (default: discarded)"
     )
     args = ap.parse_args(argv)
+    if args.write_half is not None:
+        if args.write_half[0] not in ("0", "1"):
+            ap.error("--write-half: the half is 0 or 1")
+        write_half(int(args.write_half[0]), Path(args.write_half[1]))
+        return
     if args.train == (args.model is not None):
         ap.error("give exactly one of --model DIR or --train")
 
@@ -257,7 +320,9 @@ def main(argv: list[str] | None = None) -> None:
             phone = [Pair(mulaw_8k(p.audio), p.text, p.origin) for p in held]
             sets.append(("held-out voices mulaw", phone, terms))
         if "general" in wanted:
-            sets.append(("general 16k", general_pairs(2 if args.tiny else 0), []))
+            half = args.general_half
+            label = "general 16k" if half is None else f"general 16k, half {half}"
+            sets.append((label, general_pairs(2 if args.tiny else 0, half), []))
         print(
             f"held-out: {len(sentences)} sentences x {len(voices)} voices; terms: {len(terms)}; "
             f"model: {model}",

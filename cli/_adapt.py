@@ -102,6 +102,13 @@ def add_adapt_arguments(p: argparse.ArgumentParser) -> None:
         "the base model's while training, so general speech stays as accurate (157 = all; 0 off)",
     )
     p.add_argument(
+        "--replay-audio",
+        type=Path,
+        help="untranscribed recordings from your own calls (a folder of .wav or a manifest's "
+        "audio column): the base model transcribes them and training holds them to that, "
+        "beside the --replay sentences",
+    )
+    p.add_argument(
         "--replay-weight",
         type=float,
         default=3.0,
@@ -166,6 +173,7 @@ def run_adapt(args: argparse.Namespace) -> int:
         base_model=args.base_model,
         variants=args.variants,
         replay=args.replay,
+        replay_audio=args.replay_audio,
         held_out=args.held_out,
         work_dir=args.work_dir,
         resume=args.resume,

@@ -23,6 +23,7 @@ from adapt.data import (
     Pair,
     general_sentences,
     load_pairs,
+    load_recordings,
     phone_line,
     read_audio,
     read_phrases,
@@ -211,6 +212,35 @@ def test_unknown_sources_and_empty_sources(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(AdaptDataError, match="holds no"):
         load_pairs(tmp_path / "empty")
+
+
+def test_recordings_need_no_transcript_and_get_the_same_checks(tmp_path: Path) -> None:
+    calls = tmp_path / "calls"
+    (calls / "day2").mkdir(parents=True)
+    write_wav(calls / "b.wav", tone(1.0, rate=8000), rate=8000)
+    write_wav(calls / "day2" / "a.wav", tone(2.0))
+    (calls / "b.txt").write_text("a transcript beside it is not read")
+    (calls / ".hidden.wav").write_text("not audio")
+    got = load_recordings(calls)
+    assert [(origin, len(audio)) for audio, origin in got] == [
+        ("b.wav", SAMPLE_RATE_HZ),  # 8 kHz read as 16 kHz
+        ("day2/a.wav", 2 * SAMPLE_RATE_HZ),
+    ]
+    (tmp_path / "m.jsonl").write_text('{"audio": "calls/b.wav"}\n\n{"file": "calls/day2/a.wav"}\n')
+    assert [o for _, o in load_recordings(tmp_path / "m.jsonl")] == ["m.jsonl:1", "m.jsonl:3"]
+    (tmp_path / "m.csv").write_text("audio\ncalls/b.wav\n")
+    assert [o for _, o in load_recordings(tmp_path / "m.csv")] == ["m.csv:2"]
+    (tmp_path / "m.csv").write_text("text\nhello\n")
+    with pytest.raises(AdaptDataError, match=r"m\.csv:1: the header must name an 'audio' column"):
+        load_recordings(tmp_path / "m.csv")
+    write_wav(calls / "long.wav", tone(MAX_CLIP_S + 1))
+    with pytest.raises(AdaptDataError, match=r"long\.wav: .* longer than Whisper's 30 s window"):
+        load_recordings(calls)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AdaptDataError, match="holds no .wav recordings"):
+        load_recordings(tmp_path / "empty")
+    with pytest.raises(AdaptDataError, match="no such file or folder"):
+        load_recordings(tmp_path / "nope")
 
 
 def test_errors_never_quote_the_transcript(tmp_path: Path) -> None:

@@ -46,6 +46,7 @@ CLIPS = (
 )
 NAME = "zyn"
 HELD_OUT = 0.34  # 2 of the 6 clips
+RECORDING = "vctk_p301_102.wav"  # an untranscribed "call" for --replay-audio (not in CLIPS)
 
 
 def write_manifest(
@@ -70,11 +71,13 @@ def adapted(
     terms = root / "terms.txt"
     terms.write_text(f"# the domain's terms\n{TERM}\n")
     models = root / "models"
+    calls = root / "calls.csv"
+    calls.write_text(f"audio\n{speech_dir / RECORDING}\n")
     proc = subprocess.run(
         [sys.executable, "-m", "cli", "adapt", "--data", str(data), "--terms", str(terms)]
         + ["--name", NAME, "--models-dir", str(models), "--steps", "8", "--decoder-only"]
         + ["--learning-rate", "5e-3", "--held-out", str(HELD_OUT), "--threads", "2"]
-        + ["--replay", "4"],
+        + ["--replay", "2", "--replay-audio", str(calls)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -113,17 +116,22 @@ def test_the_command_writes_a_verified_model_with_its_report_and_nothing_else(
     stages = [p["stage"] for p in progress if p["event"] == "stage"]
     assert stages[0] == "load" and stages[-1] == "done"
     assert {"train", "write", "evaluate-base", "evaluate-adapted"} <= set(stages)
-    # Four general sentences replayed beside the four training clips, held to the base.
-    assert "synthesize-replay" in stages and meta["data"]["replay"]["pairs"] == 4
+    # Two general sentences and one recording (transcribed by the base) replayed beside the
+    # four training clips, held to the base.
+    assert "synthesize-replay" in stages and meta["data"]["replay"]["pairs"] == 2
+    assert "transcribe-replay" in stages
+    heard = meta["data"]["replay_audio"]
+    assert (heard["recordings"], heard["pairs"], heard["recorded"]) == (1, 1, 1)
+    assert heard["words"] == 8  # the base's "I am sure all schools would accept that."
     train_stage = next(p for p in progress if p.get("stage") == "train")
-    assert train_stage["examples"] == 4 and train_stage["replay"] == 4
+    assert train_stage["examples"] == 4 and train_stage["replay"] == 3
     assert meta["training"]["replay_kl_last"] > 0 and meta["lora"]["replay_weight"] == 3.0
     assert meta["lora"]["focus"] == "terms"  # --terms given: only the term's tokens are fitted
     steps = [p for p in progress if p["event"] == "step"]
     assert steps[-1]["step"] == 8 and steps[-1]["eta_s"] == 0.0
     assert set(summary["scores"]) == {"held_out"}
     report = (model / "report.md").read_text()
-    assert NAME in report and "| steps |" in report
+    assert NAME in report and "| steps |" in report and "| replay recordings | 1 of 1" in report
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -179,6 +187,10 @@ def good(tmp_path: Path, speech_dir: Path, manifest: list[dict[str, Any]]) -> li
         (["--name", "m", "--replay", "-1"], "--replay -1: choose 1..157"),
         (["--name", "m", "--replay-weight", "-1"], "--replay-weight must be within 0..100"),
         (["--name", "m", "--focus", "terms"], "--focus terms needs --terms"),
+        (
+            ["--name", "m", "--replay-audio", "calls", "--replay-weight", "0"],
+            "--replay-audio needs a --replay-weight above 0",
+        ),
     ],
 )
 def test_bad_flags_are_refused_in_one_line_before_training(
@@ -226,6 +238,14 @@ def test_bad_data_names_the_line_and_nothing_is_written(
     assert not models.exists()
     code, err = run_cli(["--name", "m", "--models-dir", str(models)], capsys)
     assert code == 2 and "--data" in err and "--phrases" in err
+    calls = tmp_path / "calls.csv"
+    calls.write_text(f"audio\n{clip}\nnot-there.wav\n")
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"audio": clip, "text": "fine"}) + "\n")
+    args = ["--data", str(good), "--held-out", "0", "--name", "m", "--models-dir", str(models)]
+    code, err = run_cli([*args, "--replay-audio", str(calls)], capsys)
+    assert code == 2 and "calls.csv:3: not-there.wav: audio file not found" in err, err
+    assert not models.exists()
 
 
 def test_without_the_extra_the_command_says_how_to_install_it(

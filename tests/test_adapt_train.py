@@ -308,6 +308,35 @@ def test_replay_holds_general_speech_to_the_base_not_to_its_text(
 
 @pytest.mark.model
 @pytest.mark.component
+def test_recorded_replay_takes_turns_with_the_bundled_sentences(
+    base, pairs: list[Pair], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from adapt import train as train_mod
+
+    domain = make_examples(base, pairs[:1])
+    sentences = make_examples(base, pairs[1:], replay=True)
+    recorded = make_examples(base, pairs[:1], replay=True, recorded=True)
+    assert [(e.replay, e.recorded) for e in sentences + recorded] == [(True, False), (True, True)]
+    assert make_examples(base, pairs[:1], recorded=True)[0].recorded is False  # replay only
+    drawn: list[list[int]] = []
+    real_draw = train_mod._Pool.draw
+
+    def draw(self: Any, rng: np.random.Generator, size: int) -> list[int]:
+        got = real_draw(self, rng, size)
+        drawn.append(got)
+        return got
+
+    monkeypatch.setattr(train_mod._Pool, "draw", draw)
+    cfg = replace(CFG, steps=4, batch_size=1, checkpoint_every=10)
+    result = train(base, domain + sentences + recorded, cfg, tmp_path, progress=quiet())
+    # Each step draws the domain batch (index 0), then a replay batch: the recording (2) on
+    # odd steps, the sentence (1) on even ones, though each pool holds one clip.
+    assert drawn == [[0], [2], [0], [1], [0], [2], [0], [1]]
+    assert [s for s, _ in result.replay_kl] == [1, 2, 3, 4]
+
+
+@pytest.mark.model
+@pytest.mark.component
 def test_replay_under_utterance_windows_is_held_to_the_base_as_served(
     base, pairs: list[Pair], tmp_path: Path
 ) -> None:

@@ -43,3 +43,24 @@ def test_tiny_run_scores_both_sides_of_every_set(
 def test_exactly_one_model_source_is_required() -> None:
     with pytest.raises(SystemExit):
         main(["--tiny"])
+
+
+def test_the_general_halves_share_no_clip_and_no_speaker(tmp_path: Path) -> None:
+    from adapt.data import load_recordings
+    from benchmarks.adapt_quality import SPEECH, _speaker, general_halves, general_pairs
+
+    a, b = general_halves()
+    rows = [json.loads(line) for line in (SPEECH / "manifest.jsonl").read_text().splitlines()]
+    assert sorted(a + b) == sorted(r["file"] for r in rows) and len(rows) == 40
+    assert not {_speaker(f) for f in a} & {_speaker(f) for f in b}
+    assert {_speaker(f) for f in a if f.startswith("librispeech_")} != set()  # speakers grouped
+    words = {r["file"]: len(r["text"].split()) for r in rows}
+    wa, wb = sum(words[f] for f in a), sum(words[f] for f in b)
+    assert abs(wa - wb) <= 0.05 * (wa + wb)
+    assert general_halves() == (a, b)  # deterministic
+    main(["--write-half", "1", str(tmp_path / "half1.jsonl")])
+    recordings = load_recordings(tmp_path / "half1.jsonl")
+    assert len(recordings) == len(b)
+    assert [p.text for p in general_pairs(0, 1)] == [
+        r["text"].strip() for r in rows if r["file"] in set(b)
+    ]
