@@ -175,11 +175,13 @@ def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
         # needed. A clip the base hears nothing in has nothing to hold.
         prog.stage("transcribe-replay", clips=len(recordings))
         engine = load_engine(base_dir)
-        for audio, origin in recordings:
-            text = " ".join(transcribe(engine, audio)[0].split())
-            if any(ch.isalnum() for ch in text):
-                heard.append(d.Pair(audio, text, f"replay-audio:{origin}"))
-        del engine
+        try:
+            for audio, origin in recordings:
+                text = " ".join(transcribe(engine, audio)[0].split())
+                if any(ch.isalnum() for ch in text):
+                    heard.append(d.Pair(audio, text, f"replay-audio:{origin}"))
+        finally:
+            engine.close()
         examples += examples_of(heard, replay=True, recorded=True)
 
     scores: dict[str, Any] = {}

@@ -19,6 +19,12 @@ falls on both alike; latency is the wall time of one ``infer_batch`` per clip.
     .venv/bin/python -m benchmarks.adapt_quality --tiny --model DIR        # smoke run
 
 The full run decodes 720 clips (about 8 minutes on 2 cores); ``--sets`` splits it in parts.
+
+``voxgate adapt --replay-audio`` holds the model to the base on recordings of real speech; the
+only real speech here is the 40 clips, so they are split into two halves with no speaker in both
+(``--write-half H PATH`` writes half H as an audio-only manifest), a model is held on one half
+and scored on the other (``--sets general --general-half 1-H``), and the two halves' edits add
+up to a WER over all 40 clips in which no clip was scored by a model that heard it.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """``voxgate adapt`` end to end: a tiny real adaptation whose model a real gateway then serves.
 
 The real command (a subprocess, so its progress is the JSON lines a job runner sees), the real
-bundled base, torch and peft, five real clips whose transcripts spell one word as a made-up
-term ("Zyntriva"). Eight decoder-only steps at a high learning rate are enough for the merged
+bundled base, torch and peft, six real clips whose transcripts spell one word as a made-up
+term ("Zyntriva"), and one untranscribed recording as replay. Eight decoder-only steps of two
+clips (with two replayed) at a high learning rate are enough for the merged
 model to write the term where the base writes the real word, so a call that names the new model
 through ``config.model`` on a real grpc.aio gateway over a models directory gets the term, and a
 call on the default model does not: the call reached the adapted model, and its output differs
@@ -77,7 +78,7 @@ def adapted(
         [sys.executable, "-m", "cli", "adapt", "--data", str(data), "--terms", str(terms)]
         + ["--name", NAME, "--models-dir", str(models), "--steps", "8", "--decoder-only"]
         + ["--learning-rate", "5e-3", "--held-out", str(HELD_OUT), "--threads", "2"]
-        + ["--replay", "2", "--replay-audio", str(calls)],
+        + ["--replay", "2", "--replay-audio", str(calls), "--batch-size", "2"],
         capture_output=True,
         text=True,
         timeout=300,
