@@ -23,10 +23,10 @@ import csv
 import json
 import math
 import wave
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -55,6 +55,7 @@ __all__ = [
 ]
 
 F32 = npt.NDArray[np.float32]
+_T = TypeVar("_T")
 
 #: Whisper's input rate; every Pair's audio is at this rate.
 SAMPLE_RATE_HZ = 16_000
@@ -293,36 +294,51 @@ def load_recordings(source: Path) -> list[tuple[F32, str]]:
     Raises:
         AdaptDataError: at the first unusable file or line, naming it.
     """
+
+    def folder(path: Path) -> list[tuple[F32, str]]:
+        wavs = [p for p in _folder_files(path) if p.suffix.lower() == ".wav"]
+        return [(read_audio(p, str(p)), str(p.relative_to(path))) for p in wavs]
+
+    return _read_source(
+        source,
+        folder=folder,
+        row=lambda r, base, where: (_row_audio(r, base, where), where),
+        text_column="",
+        folder_kind="a folder of .wav files",
+        nothing=".wav recordings",
+    )
+
+
+def _read_source(
+    source: Path,
+    *,
+    folder: Callable[[Path], list[_T]],
+    row: Callable[[dict[str, Any], Path, str], _T],
+    text_column: str,
+    folder_kind: str,
+    nothing: str,
+) -> list[_T]:
+    """A folder, a ``.jsonl`` or a ``.csv`` manifest, read item by item (paths relative to it)."""
     if source.is_dir():
-        wavs = [p for p in _folder_files(source) if p.suffix.lower() == ".wav"]
-        clips = [(read_audio(p, str(p)), str(p.relative_to(source))) for p in wavs]
+        items = folder(source)
     elif not source.exists():
         raise AdaptDataError(f"{source}: no such file or folder")
     elif source.suffix.lower() == ".jsonl":
-        clips = [(_row_audio(row, source.parent, w), w) for row, w in _jsonl_rows(source)]
+        items = [row(r, source.parent, where) for r, where in _jsonl_rows(source)]
     elif source.suffix.lower() == ".csv":
-        clips = [(_row_audio(row, source.parent, w), w) for row, w in _csv_rows(source, "")]
+        items = [row(r, source.parent, where) for r, where in _csv_rows(source, text_column)]
     else:
-        raise AdaptDataError(
-            f"{source}: expected a folder of .wav files or a .jsonl or .csv manifest"
-        )
-    if not clips:
-        raise AdaptDataError(f"{source}: holds no .wav recordings")
-    return clips
-
-
-def _from_jsonl(manifest: Path) -> list[Pair]:
-    return [_row_pair(row, manifest.parent, where) for row, where in _jsonl_rows(manifest)]
+        raise AdaptDataError(f"{source}: expected {folder_kind} or a .jsonl or .csv manifest")
+    if not items:
+        raise AdaptDataError(f"{source}: holds no {nothing}")
+    return items
 
 
 def _csv_rows(manifest: Path, text_column: str) -> Iterator[tuple[dict[str, Any], str]]:
     reader = csv.DictReader(_read_text_file(manifest).splitlines())
     fields = set(reader.fieldnames or ())
-    if (text_column and text_column not in fields) or not fields & {
-        "audio",
-        "file",
-        "audio_filepath",
-    }:
+    has_audio = bool(fields & {"audio", "file", "audio_filepath"})
+    if not has_audio or (text_column and text_column not in fields):
         need = f"an 'audio' and a '{text_column}' column" if text_column else "an 'audio' column"
         raise AdaptDataError(
             f"{manifest.name}:1: the header must name {need} "
@@ -333,10 +349,6 @@ def _csv_rows(manifest: Path, text_column: str) -> Iterator[tuple[dict[str, Any]
         if None in row or any(v is None for v in row.values()):
             raise AdaptDataError(f"{where}: expected {len(fields)} columns as in the header")
         yield dict(row), where
-
-
-def _from_csv(manifest: Path) -> list[Pair]:
-    return [_row_pair(row, manifest.parent, where) for row, where in _csv_rows(manifest, "text")]
 
 
 def load_pairs(source: Path) -> list[Pair]:
@@ -354,21 +366,14 @@ def load_pairs(source: Path) -> list[Pair]:
     Raises:
         AdaptDataError: at the first unusable file or line, naming it (see :func:`read_audio`).
     """
-    if source.is_dir():
-        pairs = _from_folder(source)
-    elif not source.exists():
-        raise AdaptDataError(f"{source}: no such file or folder")
-    elif source.suffix.lower() == ".jsonl":
-        pairs = _from_jsonl(source)
-    elif source.suffix.lower() == ".csv":
-        pairs = _from_csv(source)
-    else:
-        raise AdaptDataError(
-            f"{source}: expected a folder of .wav + .txt files or a .jsonl or .csv manifest"
-        )
-    if not pairs:
-        raise AdaptDataError(f"{source}: holds no (audio, transcript) pairs")
-    return pairs
+    return _read_source(
+        source,
+        folder=_from_folder,
+        row=_row_pair,
+        text_column="text",
+        folder_kind="a folder of .wav + .txt files",
+        nothing="(audio, transcript) pairs",
+    )
 
 
 def read_phrases(path: Path) -> list[str]:
