@@ -16,8 +16,9 @@ Rows:
   ``interrupted`` event arriving. today: no echo (the only case in which today's gateway lets a
   reply run long enough to be interrupted by the caller); now: over the echo as well.
 * after_words: the same callers under ``BARGE_IN_AFTER_WORDS`` (default one word), which waits
-  for an interim transcript; and a caller who only says backchannels ("Yeah. Okay.", spoken by
-  the bundled voice), which must not interrupt.
+  for an interim transcript; and callers who only say backchannels ("Yeah. Okay.", "Mm-hmm.",
+  "Uh-huh, right.", "Okay.", spoken by the bundled voice), which must not interrupt (on every
+  variant server too).
 
 Every interim decode of those calls is counted, with those that came out in a language other
 than English (every caller is English; the calls set no language, so the gateway detects).
@@ -28,6 +29,10 @@ ranked as any other interim (``session.barge_in.urgent_interims: false``), inter
 on every interim (the gateway before ``session.language``), on one that uses a short prefix's
 interim only when its detection is sure (``interim_detect_min_ms``), and on one whose interims
 default to English (``session.language.interim_default``), interleaved call by call.
+``--barge-in-model tiny.en`` loads that model as ``asr.barge_in_model`` and runs the after_words
+cases with the interims only barge-in reads decoded by it, interleaved with the same cases on
+the call's own model (the default server turns it off: ``session.barge_in.barge_in_model``);
+the interim counts then say which model decoded them.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ if __package__ in (None, ""):
 from benchmarks._stats import median, percentile  # noqa: E402
 from engines.asr.base import AsrRequest, AsrResult  # noqa: E402
 from gateway.config import GatewayConfig, load_config  # noqa: E402
+from gateway.models import BARGE_IN_KEY  # noqa: E402
 from gateway.runtime import AsrTranscriber, build_hub  # noqa: E402
 from gateway.testing.echo_line import EchoLine  # noqa: E402
 from gateway.testing.server import running_server  # noqa: E402
@@ -207,10 +213,14 @@ async def run_call(
     return res
 
 
-async def backchannel_audio(stub: pb_grpc.VoiceGatewayStub) -> np.ndarray:
-    """A caller who only says "Yeah. Okay." (the bundled voice), μ-law 8 kHz as float."""
+#: What the backchannel callers say (the bundled voice): listening, not interrupting.
+BACKCHANNELS = ("Yeah. Okay.", "Mm-hmm.", "Uh-huh, right.", "Okay.")
+
+
+async def backchannel_audio(stub: pb_grpc.VoiceGatewayStub, text: str) -> np.ndarray:
+    """A caller who only says ``text`` (the bundled voice), μ-law 8 kHz as float."""
     req = pb.SynthesizeRequest(
-        text="Yeah. Okay.", output_audio=pb.AudioFormat(encoding=pb.MULAW, sample_rate_hertz=8000)
+        text=text, output_audio=pb.AudioFormat(encoding=pb.MULAW, sample_rate_hertz=8000)
     )
     data = b"".join([r.data async for r in stub.Synthesize(req)])
     return unmulaw(data)
@@ -270,8 +280,8 @@ async def background_caller(stub: pb_grpc.VoiceGatewayStub, index: int) -> None:
         raise
 
 
-#: (text, language) of every interim decode with text, in order: the observation tap below.
-INTERIMS: list[tuple[str, str]] = []
+#: (text, language, routing key) of every interim decode with text, in order: the tap below.
+INTERIMS: list[tuple[str, str, str]] = []
 
 
 def tap_interims() -> None:
@@ -288,7 +298,7 @@ def tap_interims() -> None:
     async def tapped(self: AsrTranscriber, request: AsrRequest) -> AsrResult:
         result = await transcribe(self, request)
         if not request.is_final and result.text:
-            INTERIMS.append((result.text, result.language))
+            INTERIMS.append((result.text, result.language, request.options.model))
         return result
 
     tapped.tapped = True  # type: ignore[attr-defined]
@@ -309,28 +319,36 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     callers = CALLERS[:1] if args.tiny else CALLERS
     repeats = 1 if args.tiny else args.repeats
     reply = SHORT_REPLY if args.tiny else REPLY
-    cfg = load_config(None, {"engines": "asr,tts"})
+    asr: dict[str, Any] = {"barge_in_model": args.barge_in_model} if args.barge_in_model else {}
+    cfg = load_config(None, {"engines": "asr,tts", "asr": asr})
     hub = build_hub(cfg)
     # One caller at a time on a shared machine: load shedding and admission would only blur
     # the comparison (and refuse calls when other processes load the CPU).
     overrides: dict[str, Any] = {"limits": {"idle_timeout_s": 0}}
+    own_model = {"barge_in": {"barge_in_model": False}}  # the hub's barge-in model is a variant
     for section in ("admission", "degrade"):
         if section in GatewayConfig.model_fields:
             overrides[section] = {"enabled": False}
     out: dict[str, Any] = {"echo": [], "latency": {}, "backchannel": {}}
     async with contextlib.AsyncExitStack() as stack:
-        srv = await stack.enter_async_context(running_server(hub=hub, **overrides))
+        srv = await stack.enter_async_context(
+            running_server(hub=hub, **overrides, session=own_model)
+        )
         ch = await stack.enter_async_context(grpc.aio.insecure_channel(srv.target))
         stub = pb_grpc.VoiceGatewayStub(ch)
         # --first-interim-ms: one more server per value over the same engines, so that the
         # after_words variants are interleaved call by call (same load, same models).
         variants: dict[str, pb_grpc.VoiceGatewayStub] = {}
+        if args.barge_in_model:
+            vs = await stack.enter_async_context(running_server(hub=hub, **overrides))
+            vch = await stack.enter_async_context(grpc.aio.insecure_channel(vs.target))
+            variants[f"word count by {args.barge_in_model}"] = pb_grpc.VoiceGatewayStub(vch)
         for ms in args.first_interim_ms or []:
             vs = await stack.enter_async_context(
                 running_server(
                     hub=hub,
                     **overrides,
-                    session={"barge_in": {"first_interim_speech_ms": ms}},
+                    session={"barge_in": {"first_interim_speech_ms": ms, "barge_in_model": False}},
                 )
             )
             vch = await stack.enter_async_context(grpc.aio.insecure_channel(vs.target))
@@ -348,14 +366,16 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             # session.barge_in.urgent_interims), so both are measured under the same load.
             vs = await stack.enter_async_context(
                 running_server(
-                    hub=hub, **overrides, session={"barge_in": {"urgent_interims": False}}
+                    hub=hub,
+                    **overrides,
+                    session={"barge_in": {"urgent_interims": False, "barge_in_model": False}},
                 )
             )
             vch = await stack.enter_async_context(grpc.aio.insecure_channel(vs.target))
             variants["interims not urgent (before)"] = pb_grpc.VoiceGatewayStub(vch)
         for vname, language in language_variants.items() if args.language_variants else ():
             vs = await stack.enter_async_context(
-                running_server(hub=hub, **overrides, session={"language": language})
+                running_server(hub=hub, **overrides, session={"language": language, **own_model})
             )
             vch = await stack.enter_async_context(grpc.aio.insecure_channel(vs.target))
             variants[vname] = pb_grpc.VoiceGatewayStub(vch)
@@ -389,7 +409,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         lat: dict[str, list[float]] = {}
         begin_lat: dict[str, list[float]] = {}
         texts: list[str] = []
-        interims: dict[str, list[int]] = {}  # label -> [interims with text, not in English]
+        # label -> [interims with text, not in English, decoded by the barge-in model]
+        interims: dict[str, list[int]] = {}
         tap_interims()
         cases: list[tuple[str, dict[str, Any]]] = [
             ("immediate, today (no echo, guard off)", {"guard": False}),
@@ -428,9 +449,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     first = len(INTERIMS)
                     r = await run_call(on, caller=clip, reply=reply, **call_kw)
                     seen = INTERIMS[first:]
-                    count = interims.setdefault(label, [0, 0])
+                    count = interims.setdefault(label, [0, 0, 0])
                     count[0] += len(seen)
-                    count[1] += sum(lang != "en" for _, lang in seen)
+                    count[1] += sum(lang != "en" for _, lang, _ in seen)
+                    count[2] += sum(key == BARGE_IN_KEY for _, _, key in seen)
                     lat.setdefault(label, []).append(r.latency_ms)
                     begin_lat.setdefault(label, []).append(r.begin_latency_ms)
                     if r.caller_text:
@@ -454,26 +476,44 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         print("\ninterim decodes with text (all calls of the case): how many, how many not English")
         if background:
             print("  (counted in this process: the background callers' interims are included)")
-        for label, (n, foreign) in interims.items():
-            print(f"  {label:<72} {n:>3} interims, {foreign} not English")
-        out["interims"] = {k: {"with_text": v[0], "not_english": v[1]} for k, v in interims.items()}
+        for label, (n, foreign, by_word_model) in interims.items():
+            by = f", {by_word_model} by the barge-in model" if args.barge_in_model else ""
+            print(f"  {label:<72} {n:>3} interims, {foreign} not English{by}")
+        out["interims"] = {
+            k: {"with_text": v[0], "not_english": v[1], "barge_in_model": v[2]}
+            for k, v in interims.items()
+        }
 
-        back = await backchannel_audio(stub)
-        for label, policy in (
-            ("immediate", pb.BARGE_IN_IMMEDIATE),
-            ("after_words", pb.BARGE_IN_AFTER_WORDS),
-        ):
-            runs = [
-                await run_call(
-                    stub, guard=True, caller=back, policy=policy, level_db=-20, reply=reply
-                )
-                for _ in range(repeats)
-            ]
-            n = sum(r.interrupted_at is not None for r in runs)
-            out["backchannel"][label] = {"interrupted": n, "calls": len(runs)}
-        print('\ncaller says only "Yeah. Okay." over the reply (echo -20 dB): calls interrupted')
+        phrases = BACKCHANNELS[:1] if args.tiny else BACKCHANNELS
+        backs = [await backchannel_audio(stub, text) for text in phrases]
+        back_cases = [
+            ("immediate", stub, pb.BARGE_IN_IMMEDIATE),
+            ("after_words", stub, pb.BARGE_IN_AFTER_WORDS),
+        ]
+        back_cases += [
+            (f"after_words, {vname}", vstub, pb.BARGE_IN_AFTER_WORDS)
+            for vname, vstub in variants.items()
+        ]
+        heard: list[str] = []
+        for _ in range(repeats):
+            for text, back in zip(phrases, backs, strict=True):
+                for label, on, policy in back_cases:
+                    r = await run_call(
+                        on, guard=True, caller=back, policy=policy, level_db=-20, reply=reply
+                    )
+                    cell = out["backchannel"].setdefault(label, {"interrupted": 0, "calls": 0})
+                    cell["calls"] += 1
+                    if r.interrupted_at is not None:
+                        cell["interrupted"] += 1
+                        if policy == pb.BARGE_IN_AFTER_WORDS:
+                            heard.append(f"{label} | {text!r} heard as {r.caller_text!r}")
+        said = ", ".join(repr(t) for t in phrases)
+        print(f"\ncaller says only {said} over the reply (echo -20 dB): calls interrupted")
         for label, v in out["backchannel"].items():
-            print(f"  {label:<12} {v['interrupted']}/{v['calls']}")
+            print(f"  {label:<60} {v['interrupted']}/{v['calls']}")
+        for line in heard:
+            print(f"    {line}")
+        out["backchannel_heard"] = heard
     return out
 
 
@@ -506,6 +546,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=0,
         help="other callers talking on the same gateway (interims on) during the barge-in "
         "calls; also runs the after_words cases with barge-in interims not urgent, interleaved",
+    )
+    ap.add_argument(
+        "--barge-in-model",
+        help="also run the after_words cases with their word-count interims decoded by this "
+        "model (asr.barge_in_model, e.g. tiny.en), interleaved with the call's own model",
     )
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args(argv)

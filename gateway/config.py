@@ -440,6 +440,12 @@ class BargeInConfig(_Frozen):
         "for, ahead of other calls' interims): until one comes back, the caller and the bot "
         "talk at once.",
     )
+    barge_in_model: bool = Field(
+        True,
+        description="after_words: decode the interims only this policy reads (the call did "
+        "not ask for interims) with asr.barge_in_model when the server loads one and the call's "
+        "language is one it speaks; False = with the call's own model.",
+    )
     echo_guard: bool = Field(
         True,
         description="Suppress inbound audio that is the echo of the reply just played (line "

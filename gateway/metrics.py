@@ -67,8 +67,8 @@ class GatewayMetrics:
         )
         self.asr_model_requests = Counter(
             "voxgate_asr_model_requests_total",
-            "Recognition requests by model (the default's name or a named model's), kind "
-            "(final, interim) and outcome (ok, failed, refused).",
+            "Recognition requests by model (the default's name, a named model's, or _barge-in "
+            "for asr.barge_in_model), kind (final, interim) and outcome (ok, failed, refused).",
             ["model", "kind", "outcome"],
             registry=r,
         )

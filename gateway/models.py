@@ -40,6 +40,7 @@ from gateway.base import ModelDescription
 from gateway.errors import CallError, ErrorKind, echo
 
 __all__ = [
+    "BARGE_IN_KEY",
     "META_FILE",
     "REQUIRED_FILES",
     "LoadedModel",
@@ -57,6 +58,8 @@ log = logging.getLogger("voxgate.models")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 #: Separates a model's name from its load generation in :attr:`LoadedModel.key`.
 _KEY_SEP = "@"
+#: Routing key (and metric label) of ``asr.barge_in_model``: no models-directory name can be it.
+BARGE_IN_KEY = "_barge-in"
 
 
 def model_name_of(key: str) -> str:
@@ -234,6 +237,8 @@ class ModelRegistry:
         on_change: called on the loop after anything ListModels or health reports changed.
         on_load: called on the loop after each load attempt with the name and the outcome
             (``ok`` or ``failed``), for metrics.
+        barge_in: ``asr.barge_in_model``, loaded at start-up: routed under
+            :data:`BARGE_IN_KEY` for as long as the registry lives, never offered to calls.
     """
 
     def __init__(
@@ -244,8 +249,12 @@ class ModelRegistry:
         *,
         on_change: Callable[[], None] | None = None,
         on_load: Callable[[str, str], None] | None = None,
+        barge_in: LoadedModel | None = None,
     ) -> None:
         self.default = default
+        self.barge_in = barge_in
+        if barge_in is not None:
+            barge_in.key = BARGE_IN_KEY
         self.root = root
         self._loader = loader
         #: Called on the loop after anything ListModels or health reports changed.
@@ -255,7 +264,7 @@ class ModelRegistry:
         #: name -> the model new calls get (loaded from the entry of that name).
         self._loaded: dict[str, LoadedModel] = {}
         #: key -> every model in memory, current or retired, for routing by key.
-        self._by_key: dict[str, LoadedModel] = {default.key: default}
+        self._by_key: dict[str, LoadedModel] = self._pinned()
         self._loading: dict[str, asyncio.Task[LoadedModel]] = {}
         #: name -> calls awaiting its load; a model retired while it loads leaves memory as soon
         #: as none of them is left to hold it (all hung up), not never.
@@ -265,6 +274,13 @@ class ModelRegistry:
         self._sha_cache: dict[tuple[int, int, int, int], str] = {}
         self._generation = 0
         self._rescan_lock = asyncio.Lock()
+
+    def _pinned(self) -> dict[str, LoadedModel]:
+        """The models routed for the registry's whole life: the default and the barge-in one."""
+        pinned = {self.default.key: self.default}
+        if self.barge_in is not None:
+            pinned[self.barge_in.key] = self.barge_in
+        return pinned
 
     def _changed(self) -> None:
         for listener in self.listeners:
@@ -493,5 +509,5 @@ class ModelRegistry:
             with contextlib.suppress(CallError, asyncio.CancelledError):
                 await task
         self._loaded.clear()
-        self._by_key = {self.default.key: self.default}
+        self._by_key = self._pinned()
         self._entries = {}

@@ -51,7 +51,13 @@ from gateway.config import GatewayConfig
 from gateway.errors import CallError, ErrorKind
 from gateway.events import SpeakIn
 from gateway.metrics import GatewayMetrics
-from gateway.models import LoadedModel, ModelEntry, ModelRegistry, model_name_of
+from gateway.models import (
+    BARGE_IN_KEY,
+    LoadedModel,
+    ModelEntry,
+    ModelRegistry,
+    model_name_of,
+)
 from gateway.synthesis import ReplyStats, SynthesisScheduler, policy_for
 
 __all__ = [
@@ -442,13 +448,18 @@ class EngineHubImpl:
 
         A wrong ``--model`` used to fail only after the voice had loaded, with a traceback.
         """
+        asr = self.config.asr
+        field = "asr.model"
         try:
-            if "asr" in names and self.config.asr.model not in BUNDLED_MODELS:
-                resolve_model_dir(self.config.asr.model)
+            if "asr" in names and asr.model not in BUNDLED_MODELS:
+                resolve_model_dir(asr.model)
+            field = "asr.barge_in_model"
+            if "asr" in names and asr.barge_in_model is not None:
+                resolve_model_dir(asr.barge_in_model)
             if "tts" in names:
                 resolve_voice(self.config.tts.voice)
         except ModelFilesError as exc:
-            raise EngineLoadError(f"asr.model: {exc}") from None
+            raise EngineLoadError(f"{field}: {exc}") from None
         except FileNotFoundError as exc:
             raise EngineLoadError(f"tts.voice: {exc}") from None
 
@@ -537,12 +548,16 @@ class EngineHubImpl:
         ]
 
     def _load_named(self, entry: ModelEntry) -> LoadedModel:
-        """Load a named model with the default model's settings (threads, device, policy).
+        """Load a named model with the default model's settings (threads, device, policy)."""
+        return self._load_model(entry.name, str(entry.path))
+
+    def _load_model(self, name: str, model: str) -> LoadedModel:
+        """Load ``model`` (a bundled name or a directory) with the default model's settings.
 
         The same CTranslate2 thread split as the default: the batcher's workers take turns
         over every model, so each model's replica needs as many CTranslate2 workers.
         """
-        cfg = self._asr_cfg_used.model_copy(update={"model": str(entry.path)})
+        cfg = self._asr_cfg_used.model_copy(update={"model": model, "barge_in_model": None})
         engine = WhisperEngine.load(cfg)
         try:
             engine.warmup()
@@ -550,9 +565,9 @@ class EngineHubImpl:
             engine.close()
             raise
         return LoadedModel(
-            name=entry.name,
+            name=name,
             description=ModelDescription(
-                name=entry.name,
+                name=name,
                 family="whisper",
                 languages=engine.languages,
                 device=cfg.device,
@@ -582,12 +597,23 @@ class EngineHubImpl:
         """
         cfg = self.config.asr
         default = self._asr_engines[0]
+        barge_in = None
+        if cfg.barge_in_model is not None:
+            try:
+                barge_in = await asyncio.to_thread(
+                    self._load_model, BARGE_IN_KEY, cfg.barge_in_model
+                )
+            except (ModelFilesError, OSError, RuntimeError) as exc:
+                await self.aclose()
+                raise EngineLoadError(f"asr.barge_in_model: {exc}") from exc
+            log.info("barge-in model: %s", barge_in.engine.name)
         self.models = ModelRegistry(
             LoadedModel(name=default.name, description=self.info.models[0], engine=default),
             _models_root(cfg.models_dir),
             self._load_named,
             on_change=self._models_changed,
             on_load=self._count_load,
+            barge_in=barge_in,
         )
         await self.models.rescan()
         self._models_changed()

@@ -22,7 +22,7 @@ from engines.asr.base import AsrOptions
 from engines.vad import SileroVad
 from gateway.admission import AdmissionPolicy, LoadSnapshot, Refusal, StreamKind
 from gateway.audio import OutputEncoder
-from gateway.barge_in import BargeInMode, BargeInPolicy
+from gateway.barge_in import BargeInMode, BargeInModel, BargeInPolicy
 from gateway.base import EngineInfo, Synthesizer, Transcriber
 from gateway.config import ConfigError, GatewayConfig, VadConfig
 from gateway.degrade import QualityLevel
@@ -595,6 +595,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             barge_in_interim_ms=self.config.session.barge_in.interim_interval_ms,
             barge_in_first_interim_speech_ms=self.config.session.barge_in.first_interim_speech_ms,
             barge_in_urgent_interims=self.config.session.barge_in.urgent_interims,
+            barge_in_model=self._barge_in_model(),
             echo_guard=self.config.session.barge_in.echo_guard
             and not cfg.barge_in.echo_guard_disabled,
             mode=mode,
@@ -602,6 +603,13 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             language=self.config.session.language,
             playout_lead_ms=self.config.session.playout_lead_ms,
         )
+
+    def _barge_in_model(self) -> BargeInModel | None:
+        """The model for interims only ``after_words`` reads (``asr.barge_in_model``), if on."""
+        model = self.models.barge_in if self.models is not None else None
+        if model is None or not self.config.session.barge_in.barge_in_model:
+            return None
+        return BargeInModel(model.key, tuple(model.description.languages))
 
     def _barge_in_policy(self, req: pb.BargeInConfig) -> BargeInPolicy:
         """The call's barge-in policy: the server's defaults, as ``config.barge_in`` sets it."""

@@ -31,7 +31,7 @@ import numpy as np
 from engines.asr.base import AsrOptions, AsrRequest, AsrResult
 from engines.base import ASR_SAMPLE_RATE_HZ
 from gateway.audio import AudioFormatError, InputDecoder, OutputEncoder
-from gateway.barge_in import BargeInPolicy
+from gateway.barge_in import BargeInModel, BargeInPolicy
 from gateway.base import Synthesizer, Transcriber, TtsPiece
 from gateway.config import DtmfConfig, LanguageConfig, LimitsConfig, VadConfig
 from gateway.degrade import QualityLevel
@@ -104,6 +104,8 @@ class CallConfig:
     barge_in_first_interim_speech_ms: int = 200
     #: Schedule those interims as finals (``AsrRequest.urgent``).
     barge_in_urgent_interims: bool = True
+    #: Decodes the interims only ``after_words`` reads; None = the call's own model.
+    barge_in_model: BargeInModel | None = None
     #: Suppress the echo of the bot's own replies in the caller's audio (gateway/echo.py).
     echo_guard: bool = True
     mode: Literal["converse", "recognize"] = "converse"
@@ -702,8 +704,12 @@ class CallSession:
             options, min_language_prob = self._interim_language(self._asr_options(), len(utt.audio))
             if not wanted:
                 # Only barge-in reads this interim: its words' times would be aligned for no
-                # one (the alignment pass is part of the interrupt's latency).
+                # one (the alignment pass is part of the interrupt's latency), and a smaller
+                # model may count its words sooner.
                 options = replace(options, word_timestamps=False)
+                word_model = self.config.barge_in_model
+                counted = word_model.options(options) if word_model is not None else None
+                options = counted or options
             urgent = fast and self.config.barge_in_urgent_interims
             req = AsrRequest(utt.audio, utt.stats, options, is_final=False, urgent=urgent)
             try:

