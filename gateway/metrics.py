@@ -79,6 +79,14 @@ class GatewayMetrics:
             buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0),
             registry=r,
         )
+        self.asr_model_fallbacks = Counter(
+            "voxgate_asr_fallbacks_total",
+            "Decoding retries by model, kind (final, interim) and step: window (re-encoded on "
+            "the full 30 s window), temperature (sampled hotter), language (the runner-up "
+            "detected language); each costs about one more decode.",
+            ["model", "kind", "step"],
+            registry=r,
+        )
         self.asr_model_loaded = Gauge(
             "voxgate_asr_model_loaded",
             "1 for each model in memory, 0 for a named model offered but not loaded yet (or "

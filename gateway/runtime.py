@@ -324,6 +324,8 @@ class AsrTranscriber:
             self._metrics.asr_model_requests.labels(model, kind, "failed").inc()
             raise
         self._metrics.asr_model_requests.labels(model, kind, "ok").inc()
+        for step in result.fallbacks:
+            self._metrics.asr_model_fallbacks.labels(model, kind, step).inc()
         self._metrics.asr_model_latency.labels(model, kind).observe(loop.time() - began)
         if request.is_final:  # interim re-decodes are not utterances
             self._metrics.utterances.labels(result.dropped_reason or "text").inc()

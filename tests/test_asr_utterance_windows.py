@@ -58,6 +58,9 @@ def test_a_degenerate_final_is_re_encoded_on_the_full_window(
     engine.counters.reset()
     (res,) = engine.infer_batch([AsrRequest(clip, stats_for(clip), AsrOptions())])
     assert engine.counters.window_fallbacks == 1
+    # The result says so too (the gateway counts it per model: voxgate_asr_fallbacks_total).
+    assert res.fallbacks[0] == "window" and res.fallbacks.count("window") == 1
+    assert len(res.fallbacks) == 1 + engine.counters.temperature_fallbacks
     # the utterance window first, then the 30 s window (hotter retries reuse the full window)
     first = utterance_frames(clip)
     assert res.encoded_frames >= first + FULL_WINDOW_FRAMES
@@ -67,5 +70,5 @@ def test_a_degenerate_final_is_re_encoded_on_the_full_window(
 def test_an_interim_stays_on_its_utterance_window(engine: WhisperEngine, clip: np.ndarray) -> None:
     engine.counters.reset()
     (res,) = engine.infer_batch([AsrRequest(clip, stats_for(clip), AsrOptions(), is_final=False)])
-    assert engine.counters.window_fallbacks == 0
+    assert engine.counters.window_fallbacks == 0 and res.fallbacks == ()
     assert res.encoded_frames == utterance_frames(clip)

@@ -166,6 +166,8 @@ class _Job:
     #: The VAD's voiced spans (ms), for the silence-aware end of text; single-chunk jobs only.
     voiced_spans_ms: tuple[tuple[int, int], ...] = ()
     attempts: list[_Attempt] = field(default_factory=list)
+    #: The retry steps taken, in order (``AsrResult.fallbacks``).
+    fallbacks: list[str] = field(default_factory=list)
     encoded_frames: int = 0
     done: bool = False
 
@@ -681,6 +683,7 @@ class WhisperEngine:
             job.language = job.alt_languages.pop(0)
             job.temp_idx = 0
             self.counters.language_fallbacks += 1
+            job.fallbacks.append("language")
         elif (
             job.frames < FULL_WINDOW_FRAMES
             and self.config.encoder.fallback_to_full_window
@@ -689,9 +692,11 @@ class WhisperEngine:
             job.frames = FULL_WINDOW_FRAMES
             job.temp_idx = 0
             self.counters.window_fallbacks += 1
+            job.fallbacks.append("window")
         elif job.temp_idx + 1 < len(job.plan.temperatures):
             job.temp_idx += 1
             self.counters.temperature_fallbacks += 1
+            job.fallbacks.append("temperature")
         else:
             job.done = True
 
@@ -1045,4 +1050,5 @@ class WhisperEngine:
             alternatives=alternatives,
             dropped_reason="" if text else (reasons[0] if reasons else "no_speech"),
             encoded_frames=sum(j.encoded_frames for j in jobs),
+            fallbacks=tuple(step for j in jobs for step in j.fallbacks),
         )

@@ -142,6 +142,11 @@ class AsrResult:
         dropped_reason: why the text is empty (``too_short``, ``too_quiet``, ``no_speech``,
             ``low_logprob``, ``repetition``, ``hallucination``), or ``""``.
         encoded_frames: mel frames the encoder ran on (cost accounting for benchmarks).
+        fallbacks: the retry steps the decode took, in order: ``window`` (re-encoded on the
+            full 30 s window: the bucket was too short for the model), ``temperature`` (sampled
+            again, hotter) and ``language`` (the runner-up detected language). Each costs
+            about one more decode; a model trained on the serving windows needs fewer
+            ``window`` steps (docs/adapt.md), which the gateway's metrics show per model.
     """
 
     text: str
@@ -155,6 +160,7 @@ class AsrResult:
     alternatives: tuple[AsrAlternative, ...] = ()
     dropped_reason: str = ""
     encoded_frames: int = 0
+    fallbacks: tuple[str, ...] = ()
 
 
 class AsrEngine(Protocol):
