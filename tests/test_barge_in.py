@@ -355,23 +355,18 @@ def test_only_the_interims_barge_in_alone_reads_go_to_the_barge_in_model() -> No
     finals = [r for r in call.transcriber.requests if r.is_final]
     assert interims and all(r.options.model == "_barge-in" for r in interims)
     assert finals and all(r.options.model == "" for r in finals)
+
+    def models_of(extra: dict[str, Any]) -> set[str]:
+        """The models every request of such a call went to (the call was interrupted)."""
+        other = Call(FakeTranscriber(texts, delay_s=0.1), {**after_words(), **word, **extra})
+        talk_over_reply(other, REPLY)
+        assert other.of(InterruptedOut) and other.transcriber is not None
+        return {r.options.model for r in other.transcriber.requests}
+
     # Interims the client asked for are its transcript: the call's model decodes them.
-    shown = Call(
-        FakeTranscriber(texts, delay_s=0.1), {**after_words(), **word, "interim_results": True}
-    )
-    talk_over_reply(shown, REPLY)
-    assert shown.of(InterruptedOut)
-    assert shown.transcriber is not None
-    assert all(r.options.model == "" for r in shown.transcriber.requests)
+    assert models_of({"interim_results": True}) == {""}
     # A call in a language the barge-in model does not speak keeps its own model.
-    german = AsrOptions(language="de")
-    other = Call(
-        FakeTranscriber(texts, delay_s=0.1), {**after_words(), **word, "asr_options": german}
-    )
-    talk_over_reply(other, REPLY)
-    assert other.of(InterruptedOut)
-    assert other.transcriber is not None
-    assert all(r.options.model == "" for r in other.transcriber.requests)
+    assert models_of({"asr_options": AsrOptions(language="de")}) == {""}
 
 
 @pytest.mark.component
