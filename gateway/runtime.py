@@ -451,17 +451,17 @@ class EngineHubImpl:
         A wrong ``--model`` used to fail only after the voice had loaded, with a traceback.
         """
         asr = self.config.asr
-        field = "asr.model"
+        setting = "asr.model"
         try:
             if "asr" in names and asr.model not in BUNDLED_MODELS:
                 resolve_model_dir(asr.model)
-            field = "asr.barge_in_model"
+            setting = "asr.barge_in_model"
             if "asr" in names and asr.barge_in_model is not None:
                 resolve_model_dir(asr.barge_in_model)
             if "tts" in names:
                 resolve_voice(self.config.tts.voice)
         except ModelFilesError as exc:
-            raise EngineLoadError(f"{field}: {exc}") from None
+            raise EngineLoadError(f"{setting}: {exc}") from None
         except FileNotFoundError as exc:
             raise EngineLoadError(f"tts.voice: {exc}") from None
 
