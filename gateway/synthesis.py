@@ -94,8 +94,9 @@ class _Done:
 _DONE = _Done()
 
 #: A worker's answer: per reply its chunks (or its error), decoder seconds, decoder input
-#: frames, front-end seconds.
-_RunResult = tuple[list[list[TtsChunk] | BaseException], float, int, float]
+#: frames, front-end seconds, and whether a front end went straight on to its first window
+#: (then the reply's ``front_running`` was already cleared by ``_front_done``).
+_RunResult = tuple[list[list[TtsChunk] | BaseException], float, int, float, bool]
 
 
 @dataclass(eq=False)
@@ -403,11 +404,11 @@ class SynthesisScheduler:
             try:
                 chunks = job.run_front_end()
             except Exception as exc:  # noqa: BLE001 - fails that reply only
-                return [exc], 0.0, 0, time.perf_counter() - t0
+                return [exc], 0.0, 0, time.perf_counter() - t0, False
             front_s = time.perf_counter() - t0
             fuse = reply.origin is None and not chunks and job.samples_planned == 0
             if not fuse or job.unit_frames == 0:
-                return [chunks], 0.0, 0, front_s
+                return [chunks], 0.0, 0, front_s, False
             plan = job.plan(first)
             loop.call_soon_threadsafe(self._front_done, reply, first)
             items = [(job, plan)]
@@ -422,7 +423,7 @@ class SynthesisScheduler:
             ]
         except Exception as exc:  # noqa: BLE001 - a failing batch fails its own replies
             result = [exc for _ in replies]
-        return result, time.perf_counter() - t0, frames, front_s
+        return result, time.perf_counter() - t0, frames, front_s, plans[0] is None
 
     def _front_done(self, reply: _Reply, first: int) -> None:
         """On the loop: a first front end is done and its first window is decoding."""
@@ -450,9 +451,13 @@ class SynthesisScheduler:
             self._idle += 1
         if self._wake is not None:
             self._wake.set()
+        # A front end that went on to its first window handed the reply back when the window
+        # was planned (_front_done): by now the reply's *next* front end may be running on
+        # another worker, and its flag is that run's, not this one's.
+        fused = not fut.cancelled() and fut.exception() is None and fut.result()[4]
         for reply in replies:
             reply.inflight -= 1
-            if front:
+            if front and not fused:
                 reply.front_running = False
         if fut.cancelled():
             return
@@ -461,7 +466,7 @@ class SynthesisScheduler:
             for reply in replies:
                 self._fail(reply, exc)
             return
-        results, seconds, frames, front_s = fut.result()
+        results, seconds, frames, front_s, _ = fut.result()
         if frames:
             self.cost.observe_window(frames, seconds)
             if self._metrics is not None:

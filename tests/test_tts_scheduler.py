@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -501,6 +502,66 @@ async def test_a_lone_replys_first_window_runs_alone_when_the_policy_says_so(
             # Two workers: which of the two decoder calls gets a core first is the OS's choice.
             assert {first[2], second[2]} == {0, policy.first_window_frames}
             assert second[0] < first[1]
+    finally:
+        await scheduler.aclose()
+
+
+@pytest.mark.model
+async def test_a_first_window_that_ends_last_never_lets_two_front_ends_of_a_reply_run(
+    streamer: VitsStreamer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fused first run (front end, then first window) ending after the reply's next front
+    end started must leave that front end's flag alone.
+
+    It once cleared it: the reply looked free, a second front end of it started beside the
+    running one, the two raced over the reply's units and the reply never ended (found by
+    ``benchmarks/tts_concurrency`` hanging on a faster machine). Gates force that order here:
+    the first window's decoder call waits until the second sentence's front end is running,
+    which then waits until the first window is done.
+    """
+    scheduler = SynthesisScheduler(streamer, 2, policy_for(streamer))
+    decode, front = streamer.decode_windows, streamer._run_front_end
+    second_front_started, first_window_done = threading.Event(), threading.Event()
+    fronts = {"running": 0, "most": 0, "calls": 0}
+    lock = threading.Lock()
+
+    def gated_decode(windows: list[tuple[ReplyJob, WindowPlan]]) -> list[np.ndarray]:
+        first = any(
+            plan.start == 0 and plan.unit is not None and plan.unit.index == 0
+            for _, plan in windows
+        )
+        if first:
+            second_front_started.wait(10.0)
+        out = decode(windows)
+        if first:
+            first_window_done.set()
+        return out
+
+    def counted_front(*args: Any) -> Any:
+        with lock:
+            fronts["calls"] += 1
+            fronts["running"] += 1
+            fronts["most"] = max(fronts["most"], fronts["running"])
+            call = fronts["calls"]
+        try:
+            if call == 2:  # the second sentence's front end
+                second_front_started.set()
+                first_window_done.wait(10.0)
+                time.sleep(0.2)  # the moment a wrongly freed reply would start another
+            return front(*args)
+        finally:
+            with lock:
+                fronts["running"] -= 1
+
+    monkeypatch.setattr(streamer, "decode_windows", gated_decode)
+    monkeypatch.setattr(streamer, "_run_front_end", counted_front)
+    try:
+        text = "Sure, I can help you with that right away. Reference 1."
+        audio = await asyncio.wait_for(_collect(scheduler, text), 30.0)
+        assert second_front_started.is_set() and first_window_done.is_set()
+        assert fronts["most"] == 1 and fronts["calls"] == 3
+        ref = streamer.synthesize_oneshot(text, QUIET).samples
+        assert len(audio) == len(ref) and snr_db(ref, audio) >= 60.0
     finally:
         await scheduler.aclose()
 
