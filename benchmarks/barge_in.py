@@ -60,7 +60,7 @@ from engines.asr.base import AsrRequest, AsrResult  # noqa: E402
 from gateway.config import GatewayConfig, load_config  # noqa: E402
 from gateway.models import BARGE_IN_KEY  # noqa: E402
 from gateway.runtime import AsrTranscriber, build_hub  # noqa: E402
-from gateway.testing.echo_line import EchoLine  # noqa: E402
+from gateway.testing.echo_line import EchoLine, dispersive_path  # noqa: E402
 from gateway.testing.server import running_server  # noqa: E402
 from pcmcodec import MULAW_DECODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float  # noqa: E402
 from voxgate.v1 import voxgate_pb2 as pb  # noqa: E402
@@ -141,9 +141,13 @@ async def run_call(
     caller: np.ndarray | None = None,
     max_s: float = 20.0,
     reply: str = REPLY,
+    path: np.ndarray | None = None,
 ) -> CallResult:
-    """One call: the reply plays, the line echoes it, and maybe a caller talks over it."""
-    line = EchoLine(8000, level_db if level_db is not None else -200.0, delay_ms)
+    """One call: the reply plays, the line echoes it, and maybe a caller talks over it.
+
+    ``path``: the echo path's impulse response at 8 kHz (None: flat).
+    """
+    line = EchoLine(8000, level_db if level_db is not None else -200.0, delay_ms, path=path)
     res = CallResult()
     rpc = stub.Converse()
     first_audio = asyncio.Event()
@@ -379,18 +383,36 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             )
             vch = await stack.enter_async_context(grpc.aio.insecure_channel(vs.target))
             variants[vname] = pb_grpc.VoiceGatewayStub(vch)
+        # --echo-canceller aec3: the same engines behind a server whose calls cancel echo
+        # with AEC3; its column and cases run interleaved with the guard's.
+        columns: list[tuple[str, pb_grpc.VoiceGatewayStub, bool]] = [
+            ("today", stub, False),
+            ("now", stub, True),
+        ]
+        aec_stub: pb_grpc.VoiceGatewayStub | None = None
+        if args.echo_canceller == "aec3":
+            aec_session = {"barge_in": {"barge_in_model": False, "echo_canceller": "aec3"}}
+            asrv = await stack.enter_async_context(
+                running_server(hub=hub, **overrides, session=aec_session)
+            )
+            ach = await stack.enter_async_context(grpc.aio.insecure_channel(asrv.target))
+            aec_stub = pb_grpc.VoiceGatewayStub(ach)
+            columns.append(("aec3", aec_stub, True))
+        path = None if not args.echo_path_ms else dispersive_path(args.echo_path_ms)
         print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
+        if path is not None:
+            print(f"echo path: spread over 12 ms, decaying with tau {args.echo_path_ms} ms")
         if args.only == "after_words":
             levels = []  # no echo grid: the after_words latencies only
         print("echo only: false barge-ins (calls interrupted / calls), SPEECH_BEGIN events")
-        print(f"{'level':>6} {'delay':>6} | {'today':>14} | {'now':>14}")
+        print(f"{'level':>6} {'delay':>6} | " + " | ".join(f"{c[0]:>14}" for c in columns))
         for level in levels:
             for delay in delays:
                 row: dict[str, Any] = {"level_db": level, "delay_ms": delay}
-                for name, guard in (("today", False), ("now", True)):
+                for name, on, guard in columns:
                     runs = [
                         await run_call(
-                            stub, guard=guard, level_db=level, delay_ms=delay, reply=reply
+                            on, guard=guard, level_db=level, delay_ms=delay, reply=reply, path=path
                         )
                         for _ in range(repeats)
                     ]
@@ -401,10 +423,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     }
                 out["echo"].append(row)
                 cells = [
-                    f"{c['false_barge_ins']}/{c['calls']}, {c['speech_begins']:>2} begins"
-                    for c in (row["today"], row["now"])
+                    f"{row[c]['false_barge_ins']}/{row[c]['calls']}, "
+                    f"{row[c]['speech_begins']:>2} begins"
+                    for c, _, _ in columns
                 ]
-                print(f"{level:>4}dB {delay:>4}ms | {cells[0]:>14} | {cells[1]:>14}")
+                print(f"{level:>4}dB {delay:>4}ms | " + " | ".join(f"{c:>14}" for c in cells))
 
         lat: dict[str, list[float]] = {}
         begin_lat: dict[str, list[float]] = {}
@@ -420,6 +443,16 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             (f"immediate, now (echo {lv} dB, 120 ms)", {"guard": True, "level_db": lv})
             for lv in levels
         ]
+        if aec_stub is not None:
+            variants["aec3"] = aec_stub
+            cases += [("immediate, aec3 (no echo)", {"guard": True, "variant": "aec3"})]
+            cases += [
+                (
+                    f"immediate, aec3 (echo {lv} dB, 120 ms)",
+                    {"guard": True, "level_db": lv, "variant": "aec3"},
+                )
+                for lv in levels
+            ]
         if args.only == "after_words":
             cases = [
                 ("immediate, now (no echo)", {"guard": True}),
@@ -434,6 +467,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         words = [(label, kw) for label, kw in cases if "policy" in kw]
         for vname in variants:
             cases += [(f"{label}, {vname}", {**kw, "variant": vname}) for label, kw in words]
+        if args.only == "echo":
+            cases = [(label, kw) for label, kw in cases if "policy" not in kw]
         clips = {name: load_caller(name) for name in callers}
         background = [
             asyncio.create_task(background_caller(stub, i)) for i in range(args.background)
@@ -447,7 +482,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     call_kw = dict(kw)
                     on = variants[call_kw.pop("variant")] if "variant" in call_kw else stub
                     first = len(INTERIMS)
-                    r = await run_call(on, caller=clip, reply=reply, **call_kw)
+                    r = await run_call(on, caller=clip, reply=reply, path=path, **call_kw)
                     seen = INTERIMS[first:]
                     count = interims.setdefault(label, [0, 0, 0])
                     count[0] += len(seen)
@@ -484,6 +519,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             for k, v in interims.items()
         }
 
+        if args.only == "echo":
+            return out
         phrases = BACKCHANNELS[:1] if args.tiny else BACKCHANNELS
         backs = [await backchannel_audio(stub, text) for text in phrases]
         back_cases = [
@@ -523,9 +560,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--tiny", action="store_true", help="one cell of each kind (for the test)")
     ap.add_argument(
         "--only",
-        choices=("all", "after_words"),
+        choices=("all", "after_words", "echo"),
         default="all",
-        help="after_words: only the true barge-in latencies under after_words (and immediate)",
+        help="after_words: only the true barge-in latencies under after_words (and immediate); "
+        "echo: only the echo grid and the immediate latencies",
+    )
+    ap.add_argument(
+        "--echo-canceller",
+        choices=("guard", "aec3"),
+        default="guard",
+        help="aec3: also run the echo grid and the immediate cases on a server that cancels "
+        "echo with AEC3 (session.barge_in.echo_canceller), interleaved with the guard",
+    )
+    ap.add_argument(
+        "--echo-path-ms",
+        type=float,
+        default=0.0,
+        help="echo through a path that spreads (decay time constant, ms; "
+        "benchmarks.echo_canceller.dispersive_path) instead of a flat one",
     )
     ap.add_argument(
         "--first-interim-ms",

@@ -2,6 +2,7 @@
 
 Run:  .venv/bin/python -m benchmarks.echo_canceller [--tiny]
       .venv/bin/python -m benchmarks.echo_canceller --correlations   (the quiet-caller limit)
+      .venv/bin/python -m benchmarks.echo_canceller --dispersion     (echo paths that spread)
 
 The measurement behind gateway/echo.py's design. No server: the bundled Piper voice speaks a
 reply, which is sent as μ-law 8 kHz, comes back from the line at each level × delay of the
@@ -38,6 +39,7 @@ from gateway.audio import InputDecoder, OutputEncoder  # noqa: E402
 from gateway.config import VadConfig  # noqa: E402
 from gateway.echo import EchoGuard  # noqa: E402
 from gateway.segmenter import Segmenter, SpeechBegin  # noqa: E402
+from gateway.testing.echo_line import dispersive_path  # noqa: E402
 from pcmcodec import (  # noqa: E402
     MULAW_DECODE,
     MULAW_ENCODE,
@@ -68,12 +70,23 @@ class Line:
         self.heard8 = pcm16_to_float(MULAW_DECODE[np.frombuffer(wire, np.uint8)])
         self.ref16 = InputDecoder(WireEncoding.MULAW, 8000).decode(wire)
 
-    def inbound(self, level_db: float | None, delay_ms: int, caller: np.ndarray | None) -> bytes:
+    def inbound(
+        self,
+        level_db: float | None,
+        delay_ms: int,
+        caller: np.ndarray | None,
+        path: np.ndarray | None = None,
+    ) -> bytes:
+        """What the gateway receives: the echo (through ``path``, an 8 kHz impulse response
+        scaled to unit energy, if given), the caller from ``CALLER_AT_MS``, through μ-law."""
         n = len(self.heard8) + 8000
         x = np.zeros(n, np.float32)
         if level_db is not None:
             d = delay_ms * 8
-            x[d : d + len(self.heard8)] += self.heard8 * 10 ** (level_db / 20)
+            echo = self.heard8
+            if path is not None:
+                echo = np.convolve(echo, path / np.sqrt(np.sum(path**2)))[: len(echo)]
+            x[d : d + len(echo)] += echo * 10 ** (level_db / 20)
         if caller is not None:
             at = CALLER_AT_MS * 8
             c = caller[: n - at]
@@ -86,8 +99,8 @@ def segment(line: Line, wire: bytes, mode: str) -> tuple[list[int], float]:
     dec = InputDecoder(WireEncoding.MULAW, 8000)
     seg = Segmenter(VadConfig())
     aec: Any = None
-    guard = EchoGuard() if mode == "echo guard" else None
-    if mode == "AEC3":
+    guard = EchoGuard() if mode in ("echo guard", "AEC3 + guard") else None
+    if mode in ("AEC3", "AEC3 + guard"):
         from pywebrtc_audio import EchoCanceller  # noqa: PLC0415
 
         aec = EchoCanceller(16000, 1, 0)
@@ -98,15 +111,15 @@ def segment(line: Line, wire: bytes, mode: str) -> tuple[list[int], float]:
         s = dec.decode(wire[i : i + 160])
         now = (i + 160) / 8000
         t0 = time.process_time()
+        if aec is not None:
+            far = line.ref16[2 * i : 2 * i + len(s)]
+            far = np.pad(far, (0, len(s) - len(far)))
+            s = np.asarray(aec.process(s.astype(np.float32), far.astype(np.float32)), np.float32)
         if guard is not None:
             while played < len(line.ref16) and played / 16000 <= now:
                 guard.played(line.ref16[played : played + 320], played / 16000 + LEAD_S)
                 played += 320
             s = guard.process(s, now)
-        elif aec is not None:
-            far = line.ref16[2 * i : 2 * i + len(s)]
-            far = np.pad(far, (0, len(s) - len(far)))
-            s = aec.process(s.astype(np.float32), far.astype(np.float32))
         cpu += time.process_time() - t0
         begins += [ev.offset_ms for ev in seg.push(s) if isinstance(ev, SpeechBegin)]
     return begins, cpu
@@ -125,12 +138,12 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     try:
         import pywebrtc_audio  # noqa: F401, PLC0415
 
-        modes.insert(1, "AEC3")
+        modes[1:1] = ["AEC3", "AEC3 + guard"]
     except ImportError:
-        print("pywebrtc-audio is not installed: the AEC3 row is left out (pip install it)")
+        print("pywebrtc-audio is not installed: the AEC3 rows are left out (pip install it)")
     out: dict[str, dict[str, float]] = {}
     later = "  ".join(f"{f'later @{lv} dB':>13}" for lv in levels)
-    print(f"{'':<11} {'false begins':>12}  {later}  {'CPU per audio s':>16}")
+    print(f"{'':<12} {'false begins':>12}  {later}  {'CPU per audio s':>16}")
     for mode in modes:
         false_begins, cpu, calls = 0, 0.0, 0
         worst_at: dict[int, float] = {}
@@ -158,8 +171,41 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         r = out[mode]
         cells = "  ".join(f"{worst_at[lv]:>10.0f} ms" for lv in levels)
         print(
-            f"{mode:<11} {r['false_begins']:>12.0f}  {cells}  {r['cpu_ms_per_audio_s']:>13.2f} ms"
+            f"{mode:<12} {r['false_begins']:>12.0f}  {cells}  {r['cpu_ms_per_audio_s']:>13.2f} ms"
         )
+    return out
+
+
+def dispersion_main(tiny: bool = False) -> dict[str, dict[str, int]]:
+    """False SPEECH_BEGINs on echo alone through dispersive paths (120 ms, each level).
+
+    ``tiny``: one level (-10 dB) and one spreading path (tau 1.33 ms), for the test.
+    """
+    line = Line(REPLY)
+    levels = LEVELS_DB[:1] if tiny else LEVELS_DB
+    modes = ["none", "echo guard"]
+    try:
+        import pywebrtc_audio  # noqa: F401, PLC0415
+
+        modes[1:1] = ["AEC3", "AEC3 + guard"]
+    except ImportError:
+        print("pywebrtc-audio is not installed: the AEC3 rows are left out (pip install it)")
+    taus = (1.33,) if tiny else (0.0, 0.67, 1.33, 2.67)
+    shown = " / ".join(str(lv) for lv in levels)
+    print(f"false SPEECH_BEGIN on echo alone (120 ms), by the path's decay; {shown} dB")
+    print(f"{'':<12} " + "  ".join(f"{'flat' if t == 0 else f'tau {t} ms':>14}" for t in taus))
+    out: dict[str, dict[str, int]] = {}
+    for mode in modes:
+        cells = []
+        for tau in taus:
+            path = None if tau == 0 else dispersive_path(tau)
+            counts = [
+                len(segment(line, line.inbound(level, 120, None, path), mode)[0])
+                for level in levels
+            ]
+            out.setdefault(mode, {})[f"tau_{tau}"] = sum(counts)
+            cells.append(" / ".join(str(c) for c in counts))
+        print(f"{mode:<12} " + "  ".join(f"{c:>14}" for c in cells))
     return out
 
 
@@ -213,5 +259,7 @@ def correlations_main() -> None:
 if __name__ == "__main__":
     if "--correlations" in sys.argv:
         correlations_main()
+    elif "--dispersion" in sys.argv:
+        dispersion_main(tiny="--tiny" in sys.argv)
     else:
         main()

@@ -451,6 +451,13 @@ class BargeInConfig(_Frozen):
         description="Suppress inbound audio that is the echo of the reply just played (line "
         "echo, speakerphones), so that it neither barges in nor opens utterances.",
     )
+    echo_canceller: Literal["guard", "aec3"] = Field(
+        "guard",
+        description="How echo_guard does it: 'guard', a gate that silences inbound blocks the "
+        "reply explains at one delay (no convergence, no onset delay on a flat echo path), or "
+        "'aec3', WebRTC's adaptive echo canceller, which also takes out echo a hybrid spreads "
+        "over milliseconds (docs/barge-in.md compares them).",
+    )
 
 
 class LanguageConfig(_Frozen):

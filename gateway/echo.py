@@ -10,14 +10,17 @@ silences blocks that the reply explains (echo suppression, the "non-linear proce
 echo canceller). A block the reply does not explain, such as the caller talking over the echo,
 passes unchanged, so the VAD hears that caller as it would without the guard.
 
-Why this and not an adaptive echo canceller (measured by ``benchmarks/echo_canceller.py``, see
-docs/barge-in.md): WebRTC's AEC3 (``pywebrtc-audio``) removed the echo too, at about the same CPU
-(~1.6-2% of a core per call while a reply plays, like this guard), but while it adapts during
-double talk its suppressor held back a caller's own speech onset by up to 340 ms, and it must
+Why this and not an adaptive echo canceller, by default (measured by
+``benchmarks/echo_canceller.py`` and ``benchmarks/barge_in.py``, see docs/barge-in.md): WebRTC's
+AEC3 (``pywebrtc-audio``) removes the echo too, at about the same CPU, but on a line that
+returns no echo at all (a digital line) its suppressor held a caller back 0.7-6 s, and it must
 converge on every call. The gate needs no convergence (the first echo of a reply is caught),
 handles any delay in its range without a hint, and passes the caller's speech as it is. Its
-limit: a caller quieter than the bot's own echo (a -10 dB echo and a soft talker) is heard only
-once they are louder than the echo, since a block that the echo explains is silenced.
+limits: a caller quieter than the bot's own echo (a -10 dB echo and a soft talker) is heard
+only once they are louder than the echo, since a block that the echo explains is silenced;
+and echo that a hybrid spreads over a millisecond or more is not one delay and gain, so the
+gate recognises only parts of it. For such lines :class:`LineEchoCanceller` runs AEC3 instead
+(``session.barge_in.echo_canceller: aec3``).
 
 Pure and synchronous (no asyncio, no I/O): the session stamps both directions with its loop
 clock, which the virtual clock of the tests drives exactly.
@@ -33,7 +36,7 @@ import numpy.typing as npt
 
 from engines.base import ASR_SAMPLE_RATE_HZ, FloatArray
 
-__all__ = ["EchoGuard", "EchoGuardStats", "echo_similarity"]
+__all__ = ["EchoGuard", "EchoGuardStats", "LineEchoCanceller", "echo_similarity"]
 
 #: Analysis rate: call audio is band-limited to 4 kHz on a phone line, and half the samples make
 #: the correlation four times cheaper.
@@ -122,7 +125,6 @@ class EchoGuard:
     """
 
     RAMP_SAMPLES = 40  # 2.5 ms at 16 kHz: gain changes without a click
-    CLOCK_WINDOW_S = 1.0  # how far back the inbound clock looks for the least-delayed chunk
     LEVEL_SPAN_MS = 150  # the level test looks this far either side of the last delay
     LEVEL_MARGIN = 1.0  # and lets a block be no louder than the loudest echo there
     LEVEL_HOLD_S = 2.0  # for this long after a delay last explained a block clearly:
@@ -162,8 +164,7 @@ class EchoGuard:
         # Offset into the correlated reference span of the last echo found (a delay), and how
         # far around it the cheap search looks: +-10 ms of jitter.
         self._lag_index: int | None = None
-        self._samples_in = 0
-        self._offsets: deque[tuple[float, float]] = deque()
+        self._clock = _SteadyClock()
         self._echo_gain = 0.0  # measured on blocks a delay explained; 0 = not yet
         self._last_echo = False  # the block before was echo
         self._t_end = 0.0  # the block being decided
@@ -233,17 +234,7 @@ class EchoGuard:
         line. A client sends its audio at real time, so ``arrival - audio time`` is constant
         up to that delay: its smallest value over the last second is the line's clock.
         """
-        self._samples_in += n
-        audio_t = self._samples_in / ASR_SAMPLE_RATE_HZ
-        offset = now - audio_t
-        offsets = self._offsets
-        # A monotonic deque: offsets increase from the front, which holds the window's minimum.
-        while offsets and offsets[-1][1] >= offset:
-            offsets.pop()
-        offsets.append((now, offset))
-        while offsets[0][0] < now - self.CLOCK_WINDOW_S:
-            offsets.popleft()
-        return offsets[0][1] + audio_t
+        return self._clock.steady(now, n)
 
     def _remember(self, block8: npt.NDArray[np.float64]) -> None:
         self._ctx = np.concatenate([self._ctx, block8])[-self._window :]
@@ -357,3 +348,105 @@ class EchoGuard:
             g[:ramp] = np.linspace(self._gain, gain, ramp, endpoint=False, dtype=np.float32)
         out[lo:hi] *= g
         self._gain = gain
+
+
+class LineEchoCanceller:
+    """WebRTC's AEC3 on the inbound audio, fed the reply as the caller heard it. One per call.
+
+    The same interface and clocks as :class:`EchoGuard` (``session.barge_in.echo_canceller:
+    aec3``). Where the guard asks "is this block the reply at one delay and gain?", an
+    adaptive canceller models the whole echo path, so it also takes out echo that a hybrid
+    spreads over milliseconds, which no single delay explains: measured offline
+    (``benchmarks/echo_canceller.py --dispersion``), echo through a path decaying over
+    0.7-2.7 ms opened 2-5 utterances per reply through the guard and none through AEC3. Its
+    cost: ~0.8% of a core per call while a reply can echo, about 40 ms more before a caller
+    over the echo is heard, and, on a line that returns no echo at all, a suppressor that held
+    the caller back 0.7-6 s (measured through the gateway, docs/barge-in.md): for lines known
+    to echo, not the default.
+
+    AEC3 finds the echo's delay itself (it is given the reply at the moment it played at the
+    far end, and estimates the rest); it adapts on every frame it is shown, so it sees the
+    inbound audio only while an echo of a reply can arrive, and audio passes untouched (the
+    same array) otherwise.
+    """
+
+    def __init__(self, *, max_delay_ms: int = 700, history_ms: int = 1500) -> None:
+        from pywebrtc_audio import EchoCanceller  # noqa: PLC0415 - optional at import time
+
+        self._aec = EchoCanceller(ASR_SAMPLE_RATE_HZ, 1, 0)
+        self._max_delay_s = max_delay_ms / 1000.0
+        self._history = history_ms * ASR_SAMPLE_RATE_HZ // 1000
+        self._ref = np.zeros(0, np.float32)  # played audio: _ref[i] plays at _ref_t0 + i / fs
+        self._ref_t0 = 0.0
+        self._ref_last_t = -math.inf
+        self._clock = _SteadyClock()
+        self.stats = EchoGuardStats()
+
+    def played(self, samples: FloatArray, at: float) -> None:
+        """Record reply audio (16 kHz) whose first sample plays to the caller at ``at``."""
+        x = np.asarray(samples, np.float32)
+        if len(x) == 0:
+            return
+        fs = ASR_SAMPLE_RATE_HZ
+        if len(self._ref) == 0 or at > self._ref_last_t + 1.0:
+            self._ref = np.zeros(0, np.float32)
+            self._ref_t0 = at
+        start = round((at - self._ref_t0) * fs)
+        if start < 0:
+            x, start = x[-start:], 0
+        end = start + len(x)
+        if end > len(self._ref):
+            self._ref = np.concatenate([self._ref, np.zeros(end - len(self._ref), np.float32)])
+        self._ref[start:end] = x
+        self._ref_last_t = max(self._ref_last_t, self._ref_t0 + end / fs)
+        excess = len(self._ref) - self._history
+        if excess > 0:
+            self._ref = self._ref[excess:]
+            self._ref_t0 += excess / fs
+
+    def active(self, now: float) -> bool:
+        """Whether an echo of played audio can still arrive at ``now``."""
+        return now <= self._ref_last_t + self._max_delay_s
+
+    def process(self, samples: FloatArray, now: float) -> FloatArray:
+        """Return inbound 16 kHz ``samples`` (last one arrived at ``now``), echo cancelled."""
+        n = len(samples)
+        if n == 0:
+            return samples
+        now = self._clock.steady(now, n)
+        if not self.active(now):
+            return samples
+        # The far end's playout over the same span of time as these samples.
+        fs = ASR_SAMPLE_RATE_HZ
+        first = round((now - self._ref_t0) * fs) - n
+        far = np.zeros(n, np.float32)
+        lo, hi = max(first, 0), min(first + n, len(self._ref))
+        if hi > lo:
+            far[lo - first : hi - first] = self._ref[lo:hi]
+        self.stats.blocks_checked += 1
+        out = self._aec.process(np.asarray(samples, np.float32), far)
+        return np.asarray(out, np.float32)
+
+
+class _SteadyClock:
+    """Arrival times with the network's jitter taken out (see :meth:`EchoGuard._steady`)."""
+
+    WINDOW_S = 1.0  # how far back it looks for the least-delayed chunk
+
+    def __init__(self) -> None:
+        self._samples_in = 0
+        self._offsets: deque[tuple[float, float]] = deque()
+
+    def steady(self, now: float, n: int) -> float:
+        """The arrival time of a chunk's last sample if it had not waited in any queue."""
+        self._samples_in += n
+        audio_t = self._samples_in / ASR_SAMPLE_RATE_HZ
+        offset = now - audio_t
+        offsets = self._offsets
+        # A monotonic deque: offsets increase from the front, which holds the window's minimum.
+        while offsets and offsets[-1][1] >= offset:
+            offsets.pop()
+        offsets.append((now, offset))
+        while offsets[0][0] < now - self.WINDOW_S:
+            offsets.popleft()
+        return offsets[0][1] + audio_t

@@ -598,6 +598,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             barge_in_model=self._barge_in_model(),
             echo_guard=self.config.session.barge_in.echo_guard
             and not cfg.barge_in.echo_guard_disabled,
+            echo_canceller=self.config.session.barge_in.echo_canceller,
             mode=mode,
             speculative_finals=self.config.session.speculative_finals,
             language=self.config.session.language,

@@ -36,7 +36,7 @@ from gateway.base import Synthesizer, Transcriber, TtsPiece
 from gateway.config import DtmfConfig, LanguageConfig, LimitsConfig, VadConfig
 from gateway.degrade import QualityLevel
 from gateway.dtmf import DtmfDigit, DtmfGate
-from gateway.echo import EchoGuard
+from gateway.echo import EchoGuard, LineEchoCanceller
 from gateway.errors import CallError, ErrorKind
 from gateway.events import (
     AudioIn,
@@ -108,6 +108,8 @@ class CallConfig:
     barge_in_model: BargeInModel | None = None
     #: Suppress the echo of the bot's own replies in the caller's audio (gateway/echo.py).
     echo_guard: bool = True
+    #: How: the correlation gate (``guard``) or WebRTC's AEC3 (``aec3``).
+    echo_canceller: Literal["guard", "aec3"] = "guard"
     mode: Literal["converse", "recognize"] = "converse"
     playout_lead_ms: int = 60
     speculative_finals: bool = True
@@ -225,11 +227,9 @@ class CallSession:
         self._seq = 0
         self._barge_pending_from: int | None = None
         # The echo guard hears what the caller heard: output frames decoded back to 16 kHz.
-        self._echo = (
-            EchoGuard()
-            if config.echo_guard and config.mode == "converse" and synthesizer is not None
-            else None
-        )
+        self._echo: EchoGuard | LineEchoCanceller | None = None
+        if config.echo_guard and config.mode == "converse" and synthesizer is not None:
+            self._echo = LineEchoCanceller() if config.echo_canceller == "aec3" else EchoGuard()
         self._echo_decoder = (
             InputDecoder(config.output_encoding, config.output_rate_hz)
             if self._echo is not None

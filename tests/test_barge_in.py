@@ -20,7 +20,7 @@ from benchmarks.barge_in import load_caller, run_call
 from engines.asr.base import AsrOptions
 from gateway.barge_in import DEFAULT_BACKCHANNELS, BargeInModel, BargeInPolicy, content_words
 from gateway.config import LimitsConfig, VadConfig, load_config
-from gateway.echo import EchoGuard, echo_similarity
+from gateway.echo import EchoGuard, LineEchoCanceller, echo_similarity
 from gateway.events import (
     AudioIn,
     AudioOutEvent,
@@ -34,7 +34,7 @@ from gateway.events import (
 )
 from gateway.runtime import build_hub
 from gateway.session import CallConfig, CallSession
-from gateway.testing.echo_line import EchoLine
+from gateway.testing.echo_line import EchoLine, dispersive_path
 from gateway.testing.fake_engines import EnergyVoiceDetector, FakeToneSynthesizer, FakeTranscriber
 from gateway.testing.server import running_server
 from gateway.testing.virtual_time import run_virtual
@@ -623,6 +623,68 @@ def test_unrelated_audio_and_audio_without_a_reply_pass_untouched() -> None:
     assert guard.process(x, 1.0) is x  # nothing played: not even a copy
 
 
+def spread_echo_of(reply: np.ndarray, level_db: float, delay_ms: float, tau_ms: float) -> Any:
+    """As :func:`echo_of`, through a path that spreads the echo over milliseconds (16 kHz)."""
+    heard = through_mulaw(reply)
+    path8 = dispersive_path(tau_ms).astype(np.float64)
+    path = np.zeros(2 * len(path8))
+    path[::2] = path8  # the same response at 16 kHz (telephone band: nothing above 4 kHz)
+    wet = np.convolve(heard, path / np.sqrt(np.sum(path**2)))[: len(heard)]
+    return echo_of(wet.astype(np.float32), level_db, delay_ms)
+
+
+def run_filter(filt: Any, reply: np.ndarray, inbound_of: Any) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`run_guard` for any echo filter with the guard's interface."""
+    ins, outs = [], []
+    for k in range(len(reply) // 320 + 30):
+        t = k * FRAME_S
+        if k * 320 < len(reply):
+            filt.played(reply[k * 320 : (k + 1) * 320], t + 0.06)
+        x = inbound_of(t, 320)
+        ins.append(x)
+        outs.append(filt.process(x, t + FRAME_S))
+    return np.concatenate(ins), np.concatenate(outs)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("level_db", [-10, -30])
+@pytest.mark.parametrize("tau_ms", [0.67, 2.67])
+def test_aec3_takes_out_echo_a_hybrid_spreads_and_leaves_a_caller(
+    level_db: float, tau_ms: float
+) -> None:
+    """``echo_canceller: aec3`` on echo spread over milliseconds (what the gate cannot
+    explain at one delay): the echo alone comes out more than 20 dB down; a caller talking
+    over it comes through within 10 dB of their own level."""
+    reply = speechlike(6.0, 1)
+    echo = spread_echo_of(reply, level_db, 120, tau_ms)
+    ins, outs = run_filter(LineEchoCanceller(), reply, echo)
+    late = slice(2 * 16000, 6 * 16000)  # after the first two seconds of adaptation
+    assert db(outs[late]) < db(ins[late]) - 20, (db(ins[late]), db(outs[late]))
+    caller = speechlike(6.0, 7)
+
+    def talked_over(t: float, n: int) -> np.ndarray:
+        i = round(t * 16000)
+        c = np.zeros(n, np.float32)
+        if i >= 3 * 16000:  # the caller starts 3 s into the reply
+            seg = caller[i : i + n]
+            c[: len(seg)] = seg
+        return through_mulaw(echo(t, n) + c)
+
+    ins, outs = run_filter(LineEchoCanceller(), reply, talked_over)
+    span = slice(3 * 16000, 6 * 16000)
+    # AEC3's suppressor turns double talk down a little (3-8 dB here), far less than the echo.
+    assert db(outs[span]) > db(caller[span]) - 10.0, (db(outs[span]), db(caller[span]))
+
+
+@pytest.mark.unit
+def test_aec3_passes_audio_untouched_while_no_echo_can_arrive() -> None:
+    canceller = LineEchoCanceller(max_delay_ms=450)
+    x = speechlike(0.02, 4)
+    assert canceller.process(x, 1.0) is x  # nothing played: not even a copy
+    canceller.played(speechlike(0.5, 1), 10.0)
+    assert canceller.active(10.9) and not canceller.active(10.96)
+
+
 @pytest.mark.unit
 def test_the_guard_stands_down_once_no_echo_can_arrive() -> None:
     guard = EchoGuard(max_delay_ms=450)
@@ -634,10 +696,13 @@ def test_the_guard_stands_down_once_no_echo_can_arrive() -> None:
 # --- end to end: real server, real voice, real VAD ------------------------------------------------
 
 
-async def _tts_stub_calls(cases: list[dict[str, Any]]) -> list[Any]:
+async def _tts_stub_calls(
+    cases: list[dict[str, Any]], session: dict[str, Any] | None = None
+) -> list[Any]:
     hub = build_hub(load_config(None, {"engines": "tts"}))
+    extra = {} if session is None else {"session": session}
     async with (
-        running_server(hub=hub, limits={"idle_timeout_s": 0}) as srv,  # type: ignore[arg-type]
+        running_server(hub=hub, limits={"idle_timeout_s": 0}, **extra) as srv,  # type: ignore[arg-type]
         grpc.aio.insecure_channel(srv.target) as ch,
     ):
         stub = pb_grpc.VoiceGatewayStub(ch)
@@ -663,5 +728,29 @@ def test_real_reply_echoed_on_a_mulaw_line_never_barges_in_but_a_caller_does() -
     # The same line without the guard: the bot interrupts itself (what the guard prevents).
     assert unguarded.interrupted_at is not None
     # A real caller over the same echo still interrupts, and only once they talk.
+    assert talked_over.interrupted_at is not None and talked_over.onset_sent_at is not None
+    assert talked_over.interrupted_at > talked_over.onset_sent_at
+
+
+@pytest.mark.e2e
+@pytest.mark.model
+def test_aec3_keeps_a_spread_echo_from_barging_in_but_not_a_caller() -> None:
+    """``session.barge_in.echo_canceller: aec3`` on a real server: the bundled voice's reply
+    returns 10 dB down, 120 ms late, through a path that spreads it over milliseconds."""
+    caller = load_caller("jfk_inaugural_1961.wav")
+    path = dispersive_path(1.33)
+    echo_only, unguarded, talked_over = asyncio.run(
+        _tts_stub_calls(
+            [
+                {"guard": True, "level_db": -10, "delay_ms": 120, "path": path},
+                {"guard": False, "level_db": -10, "delay_ms": 120, "path": path},
+                {"guard": True, "level_db": -10, "delay_ms": 120, "path": path, "caller": caller},
+            ],
+            session={"barge_in": {"echo_canceller": "aec3"}},
+        )
+    )
+    assert echo_only.finished and echo_only.interrupted_at is None
+    assert echo_only.speech_begins == 0
+    assert unguarded.interrupted_at is not None  # the same line without echo handling
     assert talked_over.interrupted_at is not None and talked_over.onset_sent_at is not None
     assert talked_over.interrupted_at > talked_over.onset_sent_at

@@ -15,12 +15,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
 
 def test_barge_in_benchmark_tiny_mode(capsys: pytest.CaptureFixture[str]) -> None:
-    out = barge_in.main(["--tiny", "--barge-in-model", "tiny.en"])
+    out = barge_in.main(["--tiny", "--barge-in-model", "tiny.en", "--echo-canceller", "aec3"])
     printed = capsys.readouterr().out
     assert "false barge-ins" in printed and "true barge-in" in printed
     ((row,),) = [out["echo"]]
-    assert row["today"]["calls"] == row["now"]["calls"] == 1
-    assert row["now"]["false_barge_ins"] == 0
+    assert row["today"]["calls"] == row["now"]["calls"] == row["aec3"]["calls"] == 1
+    assert row["now"]["false_barge_ins"] == 0 and row["aec3"]["false_barge_ins"] == 0
+    # --echo-canceller aec3: the immediate cases again on a server that cancels with AEC3.
+    assert len(out["latency"]["immediate, aec3 (echo -10 dB, 120 ms)"]) == 1
     assert set(out["latency"]) >= {
         "immediate, today (no echo, guard off)",
         "immediate, now (echo -10 dB, 120 ms)",
@@ -49,11 +51,21 @@ def test_echo_canceller_benchmark_tiny_mode(capsys: pytest.CaptureFixture[str]) 
     from benchmarks import echo_canceller  # noqa: PLC0415
 
     out = echo_canceller.main(["--tiny"])
-    assert set(out) == {"none", "AEC3", "echo guard"}  # pywebrtc-audio is in the dev extra
+    assert set(out) == {"none", "AEC3", "AEC3 + guard", "echo guard"}
     assert out["none"]["false_begins"] >= 1
-    assert out["echo guard"]["false_begins"] == 0
+    assert out["echo guard"]["false_begins"] == 0 and out["AEC3"]["false_begins"] == 0
     assert out["echo guard"]["onset_delay_ms"] < float("inf")
     assert "later @-10 dB" in capsys.readouterr().out
+
+
+def test_echo_canceller_dispersion_mode_shows_aec3_cancelling_a_spread_echo() -> None:
+    """``--dispersion``: echo a path spreads over milliseconds opens an utterance unless
+    handled, and AEC3 (``echo_canceller: aec3``) leaves none."""
+    from benchmarks import echo_canceller  # noqa: PLC0415
+
+    out = echo_canceller.dispersion_main(tiny=True)
+    assert out["none"]["tau_1.33"] >= 1
+    assert out["AEC3"]["tau_1.33"] == 0
 
 
 def test_echo_correlation_mode_measures_the_echo_alone() -> None:
