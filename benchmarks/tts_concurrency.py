@@ -35,8 +35,8 @@ Methods, all in this one process and in rotating order per probe (the machine is
 
 Then, unless ``--no-bisect``, the largest N with **zero** late chunks over ``--repeats``
 probes of the four-sentence text, per method, by doubling then bisection (the methods'
-searches interleaved step by step). ``--rtf`` adds the single-stream compute RTF of the
-streamer before (context 28, fixed windows) and after (context 24, scheduler windows), and
+searches interleaved step by step). ``--rtf`` adds the single-stream RTF (wall and CPU) of
+the streamer before (fixed windows) and after (the scheduler's windows), and
 ``--batch-gain`` the decoder's batched-call speed-up on this device (what sets the batch size
 per device). Each probe line also says how many cores other processes used meanwhile.
 """
@@ -500,35 +500,42 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def rtf(bench: Bench, repeats: int) -> dict[str, float]:
-    """Single-stream compute RTF: before (context 28, fixed windows) and after."""
+    """Single-stream RTF, before (fixed windows) and after (the deadline scheduler).
+
+    Two figures per way: wall time to the last chunk over the audio's duration (the scheduler
+    runs a reply's windows on two workers and sizes them from its lead), and the CPU it took
+    (all threads of this process) over the audio's duration: the compute a reply costs.
+    """
     text = reply_text("4 sentences", 0, 0)
     old = bench.old_streamer
+    ctx_old, ctx_new = old.config.context_frames, bench.streamer.config.context_frames
 
-    def fixed(streamer: VitsStreamer) -> float:
-        t0 = time.perf_counter()
+    def fixed(streamer: VitsStreamer) -> tuple[float, float]:
+        t0, c0 = time.perf_counter(), _own_cpu()
         n = sum(len(c.samples) for c in streamer.stream(text, SpeakOptions()))
-        return (time.perf_counter() - t0) / (n / bench.rate)
+        audio = n / bench.rate
+        return (time.perf_counter() - t0) / audio, (_own_cpu() - c0) / audio
 
     synth = bench.synths["deadline"]
-    rows: dict[str, list[float]] = {
-        "fixed windows, context 28 (before)": [],
-        "fixed windows, context 24": [],
-        "deadline scheduler, context 24 (after)": [],
-    }
+    names = (
+        f"fixed windows, context {ctx_old} (before)",
+        f"deadline scheduler, context {ctx_new} (after)",
+    )
+    rows: dict[str, list[tuple[float, float]]] = {k: [] for k in names}
     for _ in range(repeats):
-        rows["fixed windows, context 28 (before)"].append(await asyncio.to_thread(fixed, old))
-        rows["fixed windows, context 24"].append(await asyncio.to_thread(fixed, bench.streamer))
-        t0 = time.perf_counter()
+        rows[names[0]].append(await asyncio.to_thread(fixed, old))
+        t0, c0 = time.perf_counter(), _own_cpu()
         n = 0
         async for piece in synth.stream(SpeakIn(text=text, speak_id="rtf")):
             n += len(piece.samples)
-        rows["deadline scheduler, context 24 (after)"].append(
-            (time.perf_counter() - t0) / (n / bench.rate)
-        )
-    print("\nsingle-stream RTF of the streamer (4 sentences, 1 ORT thread)")
-    result = {k: median(v) for k, v in rows.items()}
-    for k, v in result.items():
-        print(f"  {k:<42}{v:.3f}")
+        audio = n / bench.rate
+        rows[names[1]].append(((time.perf_counter() - t0) / audio, (_own_cpu() - c0) / audio))
+    print("\nsingle-stream RTF of the streamer (4 sentences, 1 ORT thread): wall, CPU")
+    result: dict[str, float] = {}
+    for k, v in rows.items():
+        wall, cpu = median(w for w, _ in v), median(c for _, c in v)
+        result[f"{k} wall"], result[f"{k} cpu"] = wall, cpu
+        print(f"  {k:<42}{wall:.3f}  {cpu:.3f}")
     return result
 
 
