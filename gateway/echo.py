@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -154,10 +155,8 @@ class EchoGuard:
         self._max_gain = max_gain
         self._suppress = float(10.0 ** (suppress_db / 20.0))
         self._history = history_ms * fs // 1000
-        # Played audio at 8 kHz on the loop clock: _ref[i] plays at _ref_t0 + i / fs.
-        self._ref = np.zeros(0, np.float64)
-        self._ref_t0 = 0.0
-        self._ref_last_t = -math.inf  # loop time just past the last played sample
+        # Played audio at 8 kHz on the loop clock.
+        self._playout = _Playout(fs, self._history, np.float64)
         # Inbound context at 8 kHz (the last window's worth) and the last applied gain.
         self._ctx = np.zeros(0, np.float64)
         self._gain = 1.0
@@ -177,29 +176,11 @@ class EchoGuard:
 
     def played(self, samples: FloatArray, at: float) -> None:
         """Record reply audio (16 kHz) whose first sample plays to the caller at ``at``."""
-        x = np.asarray(samples, np.float64)[::_DECIMATE]
-        if len(x) == 0:
-            return
-        fs = ANALYSIS_RATE_HZ
-        if len(self._ref) == 0 or at > self._ref_last_t + 1.0:
-            self._ref = np.zeros(0, np.float64)
-            self._ref_t0 = at
-        start = round((at - self._ref_t0) * fs)
-        if start < 0:  # earlier than what is kept: drop the part before the buffer
-            x, start = x[-start:], 0
-        end = start + len(x)
-        if end > len(self._ref):
-            self._ref = np.concatenate([self._ref, np.zeros(end - len(self._ref))])
-        self._ref[start:end] = x
-        self._ref_last_t = max(self._ref_last_t, self._ref_t0 + end / fs)
-        excess = len(self._ref) - self._history
-        if excess > 0:
-            self._ref = self._ref[excess:]
-            self._ref_t0 += excess / fs
+        self._playout.add(np.asarray(samples, np.float64)[::_DECIMATE], at)
 
     def active(self, now: float) -> bool:
         """Whether an echo of played audio can still arrive at ``now``."""
-        return now <= self._ref_last_t + self._max_lag / ANALYSIS_RATE_HZ
+        return now <= self._playout.last_t + self._max_lag / ANALYSIS_RATE_HZ
 
     # -- caller side -------------------------------------------------------------------------
 
@@ -246,16 +227,16 @@ class EchoGuard:
             return False
         # Echo at inbound time t is reply audio played at t - lag, lag in [min, max].
         fs = ANALYSIS_RATE_HZ
-        pos = round((t_end - self._ref_t0) * fs)
+        played = self._playout
+        pos = round((t_end - played.t0) * fs)
         first = pos - len(x) - self._max_lag
         last = pos - self._min_lag
-        lo, hi = max(first, 0), min(last, len(self._ref))
+        lo, hi = max(first, 0), min(last, len(played.samples))
         if hi - lo < len(x):
             return False
         self.stats.blocks_checked += 1
         self._t_end = t_end
-        ref = np.zeros(last - first, np.float64)
-        ref[lo - first : hi - first] = self._ref[lo:hi]
+        ref = played.span(first, last - first)
         echo = False
         k0 = self._lag_index
         if k0 is not None:
@@ -375,38 +356,19 @@ class LineEchoCanceller:
 
         self._aec = EchoCanceller(ASR_SAMPLE_RATE_HZ, 1, 0)
         self._max_delay_s = max_delay_ms / 1000.0
-        self._history = history_ms * ASR_SAMPLE_RATE_HZ // 1000
-        self._ref = np.zeros(0, np.float32)  # played audio: _ref[i] plays at _ref_t0 + i / fs
-        self._ref_t0 = 0.0
-        self._ref_last_t = -math.inf
+        self._playout = _Playout(
+            ASR_SAMPLE_RATE_HZ, history_ms * ASR_SAMPLE_RATE_HZ // 1000, np.float32
+        )
         self._clock = _SteadyClock()
         self.stats = EchoGuardStats()
 
     def played(self, samples: FloatArray, at: float) -> None:
         """Record reply audio (16 kHz) whose first sample plays to the caller at ``at``."""
-        x = np.asarray(samples, np.float32)
-        if len(x) == 0:
-            return
-        fs = ASR_SAMPLE_RATE_HZ
-        if len(self._ref) == 0 or at > self._ref_last_t + 1.0:
-            self._ref = np.zeros(0, np.float32)
-            self._ref_t0 = at
-        start = round((at - self._ref_t0) * fs)
-        if start < 0:
-            x, start = x[-start:], 0
-        end = start + len(x)
-        if end > len(self._ref):
-            self._ref = np.concatenate([self._ref, np.zeros(end - len(self._ref), np.float32)])
-        self._ref[start:end] = x
-        self._ref_last_t = max(self._ref_last_t, self._ref_t0 + end / fs)
-        excess = len(self._ref) - self._history
-        if excess > 0:
-            self._ref = self._ref[excess:]
-            self._ref_t0 += excess / fs
+        self._playout.add(np.asarray(samples, np.float32), at)
 
     def active(self, now: float) -> bool:
         """Whether an echo of played audio can still arrive at ``now``."""
-        return now <= self._ref_last_t + self._max_delay_s
+        return now <= self._playout.last_t + self._max_delay_s
 
     def process(self, samples: FloatArray, now: float) -> FloatArray:
         """Return inbound 16 kHz ``samples`` (last one arrived at ``now``), echo cancelled."""
@@ -417,15 +379,56 @@ class LineEchoCanceller:
         if not self.active(now):
             return samples
         # The far end's playout over the same span of time as these samples.
-        fs = ASR_SAMPLE_RATE_HZ
-        first = round((now - self._ref_t0) * fs) - n
-        far = np.zeros(n, np.float32)
-        lo, hi = max(first, 0), min(first + n, len(self._ref))
-        if hi > lo:
-            far[lo - first : hi - first] = self._ref[lo:hi]
+        first = round((now - self._playout.t0) * ASR_SAMPLE_RATE_HZ) - n
+        far = self._playout.span(first, n)
         self.stats.blocks_checked += 1
         out = self._aec.process(np.asarray(samples, np.float32), far)
         return np.asarray(out, np.float32)
+
+
+class _Playout:
+    """Reply audio on the session's loop clock: ``samples[i]`` plays at ``t0 + i / rate``.
+
+    Kept for ``history`` samples; audio that plays more than a second after the last ends
+    starts a new buffer (a new reply after a pause).
+    """
+
+    def __init__(self, rate: int, history: int, dtype: type[np.floating[Any]]) -> None:
+        self.rate = rate
+        self.history = history
+        self.dtype = dtype
+        self.samples: npt.NDArray[Any] = np.zeros(0, dtype)
+        self.t0 = 0.0
+        self.last_t = -math.inf  # loop time just past the last played sample
+
+    def add(self, x: npt.NDArray[Any], at: float) -> None:
+        """Record ``x`` (at ``rate``) whose first sample plays at ``at``."""
+        if len(x) == 0:
+            return
+        if len(self.samples) == 0 or at > self.last_t + 1.0:
+            self.samples = np.zeros(0, self.dtype)
+            self.t0 = at
+        start = round((at - self.t0) * self.rate)
+        if start < 0:  # earlier than what is kept: drop the part before the buffer
+            x, start = x[-start:], 0
+        end = start + len(x)
+        if end > len(self.samples):
+            grown = np.zeros(end - len(self.samples), self.dtype)
+            self.samples = np.concatenate([self.samples, grown])
+        self.samples[start:end] = x
+        self.last_t = max(self.last_t, self.t0 + end / self.rate)
+        excess = len(self.samples) - self.history
+        if excess > 0:
+            self.samples = self.samples[excess:]
+            self.t0 += excess / self.rate
+
+    def span(self, first: int, n: int) -> npt.NDArray[Any]:
+        """Samples ``[first, first + n)``, zeros where nothing was played (or is kept)."""
+        out = np.zeros(n, self.dtype)
+        lo, hi = max(first, 0), min(first + n, len(self.samples))
+        if hi > lo:
+            out[lo - first : hi - first] = self.samples[lo:hi]
+        return out
 
 
 class _SteadyClock:
