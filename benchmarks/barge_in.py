@@ -142,10 +142,12 @@ async def run_call(
     max_s: float = 20.0,
     reply: str = REPLY,
     path: np.ndarray | None = None,
+    echo_handling: int = 0,
 ) -> CallResult:
     """One call: the reply plays, the line echoes it, and maybe a caller talks over it.
 
-    ``path``: the echo path's impulse response at 8 kHz (None: flat).
+    ``path``: the echo path's impulse response at 8 kHz (None: flat); ``echo_handling``: the
+    call's ``BargeInConfig.echo_handling`` (0: the server's).
     """
     line = EchoLine(8000, level_db if level_db is not None else -200.0, delay_ms, path=path)
     res = CallResult()
@@ -154,7 +156,11 @@ async def run_call(
     done = asyncio.Event()
     cfg = pb.SessionConfig(
         input_audio=pb.AudioFormat(encoding=pb.MULAW, sample_rate_hertz=8000),
-        barge_in=pb.BargeInConfig(policy=policy, echo_guard_disabled=not guard),  # type: ignore[arg-type]
+        barge_in=pb.BargeInConfig(
+            policy=policy,  # type: ignore[arg-type]
+            echo_guard_disabled=not guard,
+            echo_handling=echo_handling,  # type: ignore[arg-type]
+        ),
     )
     await rpc.write(pb.ConverseRequest(config=cfg))
     await rpc.write(pb.ConverseRequest(speak=pb.Speak(text=reply, speak_id="reply")))

@@ -111,6 +111,26 @@ _BARGE_IN_MODES: dict[pb.BargeIn, BargeInMode] = {
     pb.BARGE_IN_NEVER: "never",
 }
 _PB_BARGE_IN = {mode: value for value, mode in _BARGE_IN_MODES.items()}
+_ECHO_HANDLING: dict[pb.EchoHandling, Literal["guard", "aec3"]] = {
+    pb.ECHO_HANDLING_GATE: "guard",
+    pb.ECHO_HANDLING_AEC3: "aec3",
+}
+_PB_ECHO_HANDLING = {mode: value for value, mode in _ECHO_HANDLING.items()}
+
+
+def _echo_handling(
+    value: pb.EchoHandling, default: Literal["guard", "aec3"]
+) -> Literal["guard", "aec3"]:
+    """A call's EchoHandling as the session's echo_canceller; UNSPECIFIED: the server's."""
+    if value == pb.ECHO_HANDLING_UNSPECIFIED:
+        return default
+    mode = _ECHO_HANDLING.get(value)
+    if mode is None:
+        raise CallError.invalid(
+            f"config.barge_in.echo_handling={value} is not an EchoHandling value; use "
+            "ECHO_HANDLING_GATE or ECHO_HANDLING_AEC3"
+        )
+    return mode
 
 
 def _barge_in_mode(value: pb.BargeIn, field: str) -> BargeInMode | None:
@@ -598,7 +618,9 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             barge_in_model=self._barge_in_model(),
             echo_guard=self.config.session.barge_in.echo_guard
             and not cfg.barge_in.echo_guard_disabled,
-            echo_canceller=self.config.session.barge_in.echo_canceller,
+            echo_canceller=_echo_handling(
+                cfg.barge_in.echo_handling, self.config.session.barge_in.echo_canceller
+            ),
             mode=mode,
             speculative_finals=self.config.session.speculative_finals,
             language=self.config.session.language,
@@ -905,6 +927,7 @@ def _effective_config(req: pb.SessionConfig, cfg: CallConfig) -> pb.SessionConfi
     eff.barge_in.min_words = policy.min_words
     eff.barge_in.backchannels[:] = list(policy.backchannels)
     eff.barge_in.echo_guard_disabled = not cfg.echo_guard
+    eff.barge_in.echo_handling = _PB_ECHO_HANDLING[cfg.echo_canceller]
     return eff
 
 

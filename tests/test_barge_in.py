@@ -39,6 +39,7 @@ from gateway.testing.fake_engines import EnergyVoiceDetector, FakeToneSynthesize
 from gateway.testing.server import running_server
 from gateway.testing.virtual_time import run_virtual
 from pcmcodec import MULAW_DECODE, MULAW_ENCODE, WireEncoding, float_to_pcm16, pcm16_to_float
+from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 
 FRAME_S = 0.02
@@ -749,6 +750,22 @@ def test_aec3_keeps_a_spread_echo_from_barging_in_but_not_a_caller() -> None:
             session={"barge_in": {"echo_canceller": "aec3"}},
         )
     )
+    # The call's own choice on a server whose default is the gate: the same line, no barge-in.
+    (per_call,) = asyncio.run(
+        _tts_stub_calls(
+            [
+                {
+                    "guard": True,
+                    "level_db": -10,
+                    "delay_ms": 120,
+                    "path": path,
+                    "echo_handling": pb.ECHO_HANDLING_AEC3,
+                }
+            ]
+        )
+    )
+    assert per_call.finished and per_call.interrupted_at is None
+    assert per_call.speech_begins == 0
     assert echo_only.finished and echo_only.interrupted_at is None
     assert echo_only.speech_begins == 0
     assert unguarded.interrupted_at is not None  # the same line without echo handling

@@ -145,8 +145,10 @@ def test_call_config_renders_the_session_config() -> None:
         language="en",
         barge_in=False,
         hotwords=("voxgate",),
+        echo_handling="aec3",
         vad=VadOptions(aggressiveness=0, end_silence_ms=800),
     ).to_proto()
+    assert cfg.barge_in.echo_handling == pb.ECHO_HANDLING_AEC3
     assert cfg.input_audio.encoding == pb.MULAW and cfg.input_audio.sample_rate_hertz == 8000
     assert cfg.output_audio.encoding == pb.LINEAR16
     assert cfg.output_audio.sample_rate_hertz == 16000
@@ -157,8 +159,11 @@ def test_call_config_renders_the_session_config() -> None:
     default = CallConfig().to_proto()
     assert not default.vad.HasField("aggressiveness")
     assert default.output_audio.encoding == pb.ENCODING_UNSPECIFIED
+    assert default.barge_in.echo_handling == pb.ECHO_HANDLING_UNSPECIFIED  # the server's
     with pytest.raises(ValueError, match="encoding='opus'"):
         CallConfig(encoding="opus").to_proto()  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="echo_handling='nlms'"):
+        CallConfig(echo_handling="nlms").to_proto()  # type: ignore[arg-type]
 
 
 def test_quota_is_parsed_from_the_rich_status_trailer() -> None:

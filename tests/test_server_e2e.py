@@ -164,6 +164,12 @@ BAD_CASES = [
         id="bad-vad-frame",
     ),
     pytest.param(
+        [config(barge_in=pb.BargeInConfig(echo_handling=9))],  # type: ignore[arg-type]
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "config.barge_in.echo_handling=9 is not an EchoHandling value",
+        id="unknown-echo-handling",
+    ),
+    pytest.param(
         [config(), pb.ConverseRequest(speak=pb.Speak(text="hello"))],
         grpc.StatusCode.FAILED_PRECONDITION,
         "runs without a voice",

@@ -52,7 +52,7 @@ from ._client import (
     read_token,
     tls_credentials,
 )
-from ._config import BargeInName, CallConfig, EncodingName, VadOptions
+from ._config import BargeInName, CallConfig, EchoHandlingName, EncodingName, VadOptions
 from ._contract import BotHandler, CallInfo, TransferError, TransferResult, VoiceCall
 from ._errors import CallEndedError, VoxgateError
 from ._events import (
@@ -95,6 +95,7 @@ __all__ = [
     "CallEndedError",
     "CallInfo",
     "Dtmf",
+    "EchoHandlingName",
     "EncodingName",
     "ErrorEvent",
     "LinkOutcome",

@@ -12,6 +12,7 @@ __all__ = [
     "BargeInName",
     "CallConfig",
     "CallControls",
+    "EchoHandlingName",
     "EncodingName",
     "VadOptions",
     "barge_in_number",
@@ -23,12 +24,25 @@ __all__ = [
 EncodingName = Literal["linear16", "mulaw", "alaw"]
 #: What must happen for the caller to interrupt a reply (see ``CallConfig.barge_in_policy``).
 BargeInName = Literal["immediate", "after_words", "never"]
+EchoHandlingName = Literal["gate", "aec3"]
+
+_ECHO_HANDLING = {"gate": pb.ECHO_HANDLING_GATE, "aec3": pb.ECHO_HANDLING_AEC3}
 
 _BARGE_IN = {
     "immediate": pb.BARGE_IN_IMMEDIATE,
     "after_words": pb.BARGE_IN_AFTER_WORDS,
     "never": pb.BARGE_IN_NEVER,
 }
+
+
+def _echo_handling_number(name: EchoHandlingName | None) -> pb.EchoHandling:
+    """The wire value of an echo handling name (None = the server's)."""
+    if name is None:
+        return pb.ECHO_HANDLING_UNSPECIFIED
+    try:
+        return _ECHO_HANDLING[name]
+    except KeyError:
+        raise ValueError(f"echo_handling={name!r} is not one of 'gate', 'aec3'") from None
 
 
 def barge_in_number(name: BargeInName | None) -> pb.BargeIn:
@@ -191,6 +205,9 @@ class CallConfig:
         backchannels: ``after_words``: phrases that never interrupt (empty = the server's).
         echo_guard: keep the bot's own reply, echoed back by the line, from counting as the
             caller (turn off only for lines known to be echo-free).
+        echo_handling: how: ``"gate"`` (silences what the reply explains at one delay) or
+            ``"aec3"`` (WebRTC's echo canceller, for lines whose echo a hybrid or speakerphone
+            spreads; it holds a caller back on lines with no echo); None = the server's.
     """
 
     encoding: EncodingName = "linear16"
@@ -208,6 +225,7 @@ class CallConfig:
     barge_in_min_words: int = 0
     backchannels: tuple[str, ...] = ()
     echo_guard: bool = True
+    echo_handling: EchoHandlingName | None = None
     call_id: str = ""
     word_timestamps: bool = False
     beam_size: int = 0
@@ -234,6 +252,7 @@ class CallConfig:
                 min_words=self.barge_in_min_words,
                 backchannels=list(self.backchannels),
                 echo_guard_disabled=not self.echo_guard,
+                echo_handling=_echo_handling_number(self.echo_handling),
             ),
             call_id=self.call_id,
             decoding=pb.DecodingOptions(

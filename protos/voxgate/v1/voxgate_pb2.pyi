@@ -14,6 +14,12 @@ class Encoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MULAW: _ClassVar[Encoding]
     ALAW: _ClassVar[Encoding]
 
+class EchoHandling(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ECHO_HANDLING_UNSPECIFIED: _ClassVar[EchoHandling]
+    ECHO_HANDLING_GATE: _ClassVar[EchoHandling]
+    ECHO_HANDLING_AEC3: _ClassVar[EchoHandling]
+
 class BargeIn(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     BARGE_IN_UNSPECIFIED: _ClassVar[BargeIn]
@@ -24,6 +30,9 @@ ENCODING_UNSPECIFIED: Encoding
 LINEAR16: Encoding
 MULAW: Encoding
 ALAW: Encoding
+ECHO_HANDLING_UNSPECIFIED: EchoHandling
+ECHO_HANDLING_GATE: EchoHandling
+ECHO_HANDLING_AEC3: EchoHandling
 BARGE_IN_UNSPECIFIED: BargeIn
 BARGE_IN_IMMEDIATE: BargeIn
 BARGE_IN_AFTER_WORDS: BargeIn
@@ -102,20 +111,22 @@ class VadConfig(_message.Message):
     def __init__(self, aggressiveness: _Optional[int] = ..., frame_ms: _Optional[int] = ..., start_speech_ms: _Optional[int] = ..., end_silence_ms: _Optional[int] = ..., min_speech_ms: _Optional[int] = ..., max_utterance_ms: _Optional[int] = ..., pre_roll_ms: _Optional[int] = ...) -> None: ...
 
 class BargeInConfig(_message.Message):
-    __slots__ = ("disabled", "min_speech_ms", "policy", "min_words", "backchannels", "echo_guard_disabled")
+    __slots__ = ("disabled", "min_speech_ms", "policy", "min_words", "backchannels", "echo_guard_disabled", "echo_handling")
     DISABLED_FIELD_NUMBER: _ClassVar[int]
     MIN_SPEECH_MS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     MIN_WORDS_FIELD_NUMBER: _ClassVar[int]
     BACKCHANNELS_FIELD_NUMBER: _ClassVar[int]
     ECHO_GUARD_DISABLED_FIELD_NUMBER: _ClassVar[int]
+    ECHO_HANDLING_FIELD_NUMBER: _ClassVar[int]
     disabled: bool
     min_speech_ms: int
     policy: BargeIn
     min_words: int
     backchannels: _containers.RepeatedScalarFieldContainer[str]
     echo_guard_disabled: bool
-    def __init__(self, disabled: _Optional[bool] = ..., min_speech_ms: _Optional[int] = ..., policy: _Optional[_Union[BargeIn, str]] = ..., min_words: _Optional[int] = ..., backchannels: _Optional[_Iterable[str]] = ..., echo_guard_disabled: _Optional[bool] = ...) -> None: ...
+    echo_handling: EchoHandling
+    def __init__(self, disabled: _Optional[bool] = ..., min_speech_ms: _Optional[int] = ..., policy: _Optional[_Union[BargeIn, str]] = ..., min_words: _Optional[int] = ..., backchannels: _Optional[_Iterable[str]] = ..., echo_guard_disabled: _Optional[bool] = ..., echo_handling: _Optional[_Union[EchoHandling, str]] = ...) -> None: ...
 
 class DecodingOptions(_message.Message):
     __slots__ = ("beam_size", "mbr_candidates", "max_alternatives", "word_timestamps", "initial_prompt", "hotwords", "translate", "disable_silence_policy")
