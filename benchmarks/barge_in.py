@@ -573,8 +573,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     ap.add_argument(
         "--echo-canceller",
-        choices=("guard", "aec3"),
-        default="guard",
+        choices=("gate", "aec3"),
+        default="gate",
         help="aec3: also run the echo grid and the immediate cases on a server that cancels "
         "echo with AEC3 (session.barge_in.echo_canceller), interleaved with the guard",
     )

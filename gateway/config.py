@@ -451,9 +451,9 @@ class BargeInConfig(_Frozen):
         description="Suppress inbound audio that is the echo of the reply just played (line "
         "echo, speakerphones), so that it neither barges in nor opens utterances.",
     )
-    echo_canceller: Literal["guard", "aec3"] = Field(
-        "guard",
-        description="How echo_guard does it: 'guard', a gate that silences inbound blocks the "
+    echo_canceller: Literal["gate", "aec3"] = Field(
+        "gate",
+        description="How echo_guard does it: 'gate' silences inbound blocks the "
         "reply explains at one delay (no convergence, no onset delay on a flat echo path), or "
         "'aec3', WebRTC's adaptive echo canceller, which also takes out echo a hybrid spreads "
         "over milliseconds (docs/barge-in.md compares them).",

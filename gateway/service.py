@@ -111,16 +111,16 @@ _BARGE_IN_MODES: dict[pb.BargeIn, BargeInMode] = {
     pb.BARGE_IN_NEVER: "never",
 }
 _PB_BARGE_IN = {mode: value for value, mode in _BARGE_IN_MODES.items()}
-_ECHO_HANDLING: dict[pb.EchoHandling, Literal["guard", "aec3"]] = {
-    pb.ECHO_HANDLING_GATE: "guard",
+_ECHO_HANDLING: dict[pb.EchoHandling, Literal["gate", "aec3"]] = {
+    pb.ECHO_HANDLING_GATE: "gate",
     pb.ECHO_HANDLING_AEC3: "aec3",
 }
 _PB_ECHO_HANDLING = {mode: value for value, mode in _ECHO_HANDLING.items()}
 
 
 def _echo_handling(
-    value: pb.EchoHandling, default: Literal["guard", "aec3"]
-) -> Literal["guard", "aec3"]:
+    value: pb.EchoHandling, default: Literal["gate", "aec3"]
+) -> Literal["gate", "aec3"]:
     """A call's EchoHandling as the session's echo_canceller; UNSPECIFIED: the server's."""
     if value == pb.ECHO_HANDLING_UNSPECIFIED:
         return default

@@ -108,8 +108,8 @@ class CallConfig:
     barge_in_model: BargeInModel | None = None
     #: Suppress the echo of the bot's own replies in the caller's audio (gateway/echo.py).
     echo_guard: bool = True
-    #: How: the correlation gate (``guard``) or WebRTC's AEC3 (``aec3``).
-    echo_canceller: Literal["guard", "aec3"] = "guard"
+    #: How: the correlation gate (``gate``) or WebRTC's AEC3 (``aec3``).
+    echo_canceller: Literal["gate", "aec3"] = "gate"
     mode: Literal["converse", "recognize"] = "converse"
     playout_lead_ms: int = 60
     speculative_finals: bool = True
