@@ -70,7 +70,11 @@ def p95(values: list[float]) -> float:
 
 
 def setup_times_ms(work: Path) -> list[float]:
-    """Every call's INVITE → 200 time from SIPp's ``-trace_rtt`` files, then remove them."""
+    """Every call's INVITE → 200 time from SIPp's ``-trace_rtt`` files, then remove them.
+
+    SIPp reads its clock in whole milliseconds: a call answered within the millisecond (a
+    direct call on a fast machine) reads 0.
+    """
     out: list[float] = []
     for f in work.glob("*_rtt.csv"):
         for line in f.read_text().splitlines()[1:]:

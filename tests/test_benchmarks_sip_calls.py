@@ -18,11 +18,14 @@ async def test_tiny_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert set(table) == {("direct", 1), ("proxy", 1)}
     for row in table.values():
         assert row["packets"] > 50  # a 2 s call greeted for its whole length: ~100 packets
-        assert 0 < row["setup_p50_ms"] <= row["setup_p95_ms"]
+        # SIPp times the INVITE -> 200 on its millisecond clock: a direct call on a fast
+        # machine answers within the same millisecond (0), one through Kamailio takes more.
+        assert 0 <= row["setup_p50_ms"] <= row["setup_p95_ms"]
         assert row["cpu_pct_per_call"] > 0
     # Kamailio's processes are measured apart from the bridge's (a few clock ticks per call at
     # most: far below the bridge, which streams the RTP).
     proxy = table["proxy", 1]
+    assert proxy["setup_p50_ms"] > 0  # the proxy's hop is never within the same millisecond
     assert 0 <= proxy["proxy_cpu_pct_per_call"] < proxy["cpu_pct_per_call"]
     assert table["direct", 1]["proxy_cpu_pct_per_call"] == 0
     lines = capsys.readouterr().out.splitlines()
