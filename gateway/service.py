@@ -616,6 +616,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             barge_in_first_interim_speech_ms=self.config.session.barge_in.first_interim_speech_ms,
             barge_in_urgent_interims=self.config.session.barge_in.urgent_interims,
             barge_in_model=self._barge_in_model(),
+            reply_language=self._reply_language(cfg.voice),
             echo_guard=self.config.session.barge_in.echo_guard
             and not cfg.barge_in.echo_guard_disabled,
             echo_canceller=_echo_handling(
@@ -626,6 +627,14 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             language=self.config.session.language,
             playout_lead_ms=self.config.session.playout_lead_ms,
         )
+
+    def _reply_language(self, voice: str) -> str | None:
+        """The call's voice's language as Whisper names it (``en_US`` -> ``en``), if known."""
+        voices = self.info.voices
+        chosen = next((v for v in voices if v.name == voice), voices[0] if voices else None)
+        if chosen is None or not chosen.language:
+            return None
+        return chosen.language.replace("-", "_").split("_")[0].lower() or None
 
     def _barge_in_model(self) -> BargeInModel | None:
         """The model for interims only ``after_words`` reads (``asr.barge_in_model``), if on."""

@@ -106,6 +106,10 @@ class CallConfig:
     barge_in_urgent_interims: bool = True
     #: Decodes the interims only ``after_words`` reads; None = the call's own model.
     barge_in_model: BargeInModel | None = None
+    #: The language the bot's voice speaks (ISO 639-1): interims only ``after_words`` reads,
+    #: of a call that has no language yet (none set, none learnt, no ``interim_default``),
+    #: decode in it instead of detecting one on a prefix of a few hundred ms.
+    reply_language: str | None = None
     #: Suppress the echo of the bot's own replies in the caller's audio (gateway/echo.py).
     echo_guard: bool = True
     #: How: the correlation gate (``gate``) or WebRTC's AEC3 (``aec3``).
@@ -705,8 +709,13 @@ class CallSession:
             if not wanted:
                 # Only barge-in reads this interim: its words' times would be aligned for no
                 # one (the alignment pass is part of the interrupt's latency), and a smaller
-                # model may count its words sooner.
+                # model may count its words sooner. A caller talking over the bot's reply
+                # most likely speaks its language: a prefix detected on its own came out
+                # Chinese for "uh-huh, right" ("啊好"), which no backchannel list matches.
                 options = replace(options, word_timestamps=False)
+                if options.language is None and self.config.reply_language:
+                    options = replace(options, language=self.config.reply_language)
+                    min_language_prob = 0.0
                 word_model = self.config.barge_in_model
                 counted = word_model.options(options) if word_model is not None else None
                 options = counted or options

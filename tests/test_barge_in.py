@@ -19,7 +19,7 @@ import pytest
 from benchmarks.barge_in import load_caller, run_call
 from engines.asr.base import AsrOptions
 from gateway.barge_in import DEFAULT_BACKCHANNELS, BargeInModel, BargeInPolicy, content_words
-from gateway.config import LimitsConfig, VadConfig, load_config
+from gateway.config import LanguageConfig, LimitsConfig, VadConfig, load_config
 from gateway.echo import EchoGuard, LineEchoCanceller, echo_similarity
 from gateway.events import (
     AudioIn,
@@ -368,6 +368,32 @@ def test_only_the_interims_barge_in_alone_reads_go_to_the_barge_in_model() -> No
     assert models_of({"interim_results": True}) == {""}
     # A call in a language the barge-in model does not speak keeps its own model.
     assert models_of({"asr_options": AsrOptions(language="de")}) == {""}
+
+
+@pytest.mark.component
+def test_barge_in_interims_of_a_call_with_no_language_decode_in_the_voices() -> None:
+    """A call that sets no language: the interims only after_words reads decode in the
+    voice's language (a backchannel's few hundred ms, detected alone, came out Chinese);
+    the interims the client asked for, and a call's own language, are left alone."""
+    texts = lambda r: "wait, stop" if not r.is_final else "x"  # noqa: E731
+
+    def languages_of(extra: dict[str, Any]) -> set[str | None]:
+        # No language set (AsrOptions' own default is English), none learnt from finals.
+        unlearnt = {
+            "language": LanguageConfig(learn=False),
+            "asr_options": AsrOptions(language=None),
+        }
+        call = Call(FakeTranscriber(texts, delay_s=0.1), {**after_words(), **unlearnt, **extra})
+        talk_over_reply(call, REPLY)
+        assert call.of(InterruptedOut) and call.transcriber is not None
+        return {r.options.language for r in call.transcriber.requests if not r.is_final}
+
+    assert languages_of({"reply_language": "en"}) == {"en"}
+    assert languages_of({}) == {None}  # no voice language known: detect, as before
+    assert languages_of({"reply_language": "en", "interim_results": True}) == {None}
+    assert languages_of({"reply_language": "en", "asr_options": AsrOptions(language="de")}) == {
+        "de"
+    }
 
 
 @pytest.mark.component
