@@ -501,3 +501,33 @@ async def test_a_bot_served_over_grpc_answers_a_stream() -> None:
     assert bot.info.channel == "media_stream" and not bot.info.transfer_supported
     err = bot.transfer_error
     assert err is not None and err.code.name == "UNIMPLEMENTED"
+
+
+class SessionSpy:
+    """An in-process bot that only keeps the gateway's SessionStarted of its call."""
+
+    def __init__(self) -> None:
+        self.session: Any = None
+        self.started = asyncio.Event()
+
+    async def __call__(self, call: VoiceCall) -> None:
+        self.session = call.session
+        self.started.set()
+        async for _ in call:
+            pass
+
+
+@pytest.mark.parametrize(("asked", "runs"), [(None, "GATE"), ("gate", "GATE"), ("aec3", "AEC3")])
+async def test_the_adapters_echo_handling_reaches_the_gateway(asked: Any, runs: str) -> None:
+    """What the operator set for the provider's leg is what the gateway's call runs (its
+    effective config); unset, the gateway's own default (the gate)."""
+    from voxgate.v1 import voxgate_pb2 as pb
+
+    bot = SessionSpy()
+    async with stack(bot, echo_handling=asked) as adapter, ReplayClient(url(adapter)) as peer:
+        await peer.begin()
+        await asyncio.wait_for(bot.started.wait(), 30)
+        await peer.send_stop()
+        await peer.wait_closed()
+    effective = bot.session.effective_config.barge_in.echo_handling
+    assert effective == pb.EchoHandling.Value(f"ECHO_HANDLING_{runs}")

@@ -143,6 +143,27 @@ async def test_call_streams_real_speech_to_the_gateway(caller_audio: Path) -> No
     assert isinstance(events.by_call[call_id][0], SessionStarted)
 
 
+@pytest.mark.parametrize(
+    ("asked", "runs"), [("", pb.ECHO_HANDLING_GATE), ("aec3", pb.ECHO_HANDLING_AEC3)]
+)
+async def test_the_trunks_echo_handling_reaches_the_gateway(
+    caller_audio: Path, asked: str, runs: int
+) -> None:
+    """A bridge set for a trunk that echoes through a hybrid asks the gateway for AEC3 on each
+    of its calls (the call's effective config says what runs); unset, the gateway's default."""
+    async with bridge_and_gateway(echo_handling=asked) as (bridge, events):
+        ok(
+            await run_sipp(
+                SIPP_DIR / "uac_stream.xml", bridge.address, cwd=caller_audio, duration_ms=1000
+            )
+        )
+        await wait_for(lambda: not bridge.calls, "call torn down")
+    [(call_id, _)] = list(bridge.ended)
+    started = events.by_call[call_id][0]
+    assert isinstance(started, SessionStarted)
+    assert started.effective_config.barge_in.echo_handling == runs
+
+
 async def test_ten_concurrent_calls_are_isolated(caller_audio: Path) -> None:
     async with bridge_and_gateway() as (bridge, events):
         res = await run_sipp(

@@ -42,6 +42,7 @@ from clients.voxgate_client import (
     CallConfig,
     CallEndedError,
     CallInfo,
+    EchoHandlingName,
     MarkReached,
     PlaybackInterrupted,
     ServerEvent,
@@ -105,6 +106,10 @@ class MediaStreamsConfig:
         drain_timeout_s: after the call ends, how long the last reply may take to be played
             (confirmed by the provider echoing a final mark) before the socket is closed.
         max_streams: concurrent streams; more are closed with 1013 at once.
+        echo_handling: how the gateway keeps the line's echo of the bot from barging in
+            (``"gate"`` or ``"aec3"``; None: the gateway's default). Provider media streams
+            are usually cancelled upstream (None or ``"gate"``); ``"aec3"`` is for a carrier
+            leg known to echo through an analogue hybrid.
         log_content: debugging only: log DTMF digits (personal data; off by default).
         stream_token: when set, a WebSocket must carry it, as one segment of the URL path
             (``wss://host/<token>/twilio``: Twilio's ``<Stream url>`` takes no query string)
@@ -123,6 +128,7 @@ class MediaStreamsConfig:
     dialect: DialectName = "twilio"
     language: str = ""
     voice: str = ""
+    echo_handling: EchoHandlingName | None = None
     max_message_bytes: int = 64 * 1024
     start_timeout_s: float = 10.0
     lead_ms: int = 100
@@ -265,6 +271,7 @@ class _Stream:
                     language=self.config.language,
                     voice=self.config.voice,
                     call_id=start.call_id[:128],
+                    echo_handling=self.config.echo_handling,
                 )
             )
         except (VoxgateError, CallEndedError) as exc:

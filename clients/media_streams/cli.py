@@ -75,6 +75,13 @@ def add_media_streams_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--language", default="", help="caller language hint, e.g. en")
     parser.add_argument("--voice", default="", help="gateway voice name (default: its default)")
     parser.add_argument(
+        "--echo-handling",
+        choices=("gate", "aec3"),
+        default=None,
+        help="how the gateway keeps the line's echo of the bot from barging in: gate or aec3 "
+        "(a carrier leg that echoes through an analogue hybrid); default: the gateway's",
+    )
+    parser.add_argument(
         "--lead-ms",
         type=int,
         default=100,
@@ -145,6 +152,7 @@ async def run_media_streams(args: argparse.Namespace) -> int:
         dialect=args.dialect,
         language=args.language,
         voice=args.voice,
+        echo_handling=args.echo_handling,
         lead_ms=args.lead_ms,
         max_streams=args.max_streams,
         max_message_bytes=args.max_message_bytes,

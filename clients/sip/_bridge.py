@@ -153,6 +153,12 @@ class BridgeConfig(BaseModel):
         default="", description="Caller language hint for the gateway ('' = detect)."
     )
     voice: str = Field(default="", description="Gateway voice ('' = the gateway's default).")
+    echo_handling: Literal["", "gate", "aec3"] = Field(
+        default="",
+        description="How the gateway keeps this trunk's echo of the bot from barging in: "
+        "'gate' (one delay and gain: four-wire and digital lines), 'aec3' (WebRTC's echo "
+        "canceller: trunks that echo through an analogue hybrid); '' = the gateway's default.",
+    )
     t1_ms: int = Field(default=500, ge=10, le=10_000, description="RFC 3261 T1 (RTT estimate).")
     t2_ms: int = Field(default=4000, ge=10, le=60_000, description="RFC 3261 T2 (retransmit cap).")
     gateway_timeout_s: float = Field(
@@ -1477,6 +1483,7 @@ class SipBridge:
                 language=self.config.language,
                 voice=self.config.voice,
                 call_id=call.call_id,
+                echo_handling=self.config.echo_handling or None,
             )
         )
         assert call.gw.session is not None

@@ -102,6 +102,14 @@ def add_sip_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--language", default="", help="caller language hint, e.g. en")
     parser.add_argument("--voice", default="", help="gateway voice name (default: its default)")
     parser.add_argument(
+        "--echo-handling",
+        choices=("gate", "aec3"),
+        default="",
+        help="how the gateway keeps this trunk's echo of the bot from barging in: gate (flat "
+        "echo: digital and four-wire lines) or aec3 (echo through an analogue hybrid); "
+        "default: the gateway's",
+    )
+    parser.add_argument(
         "--log-content",
         action="store_true",
         help="debugging: log transcripts, bot replies and DTMF digits (personal data; off "
@@ -167,6 +175,7 @@ async def run_sip(args: argparse.Namespace) -> int:
             jitter_ms=args.jitter_ms,
             language=args.language,
             voice=args.voice,
+            echo_handling=args.echo_handling,
             log_content=args.log_content,
             rtp_timeout_s=args.rtp_timeout,
             max_call_s=args.max_call,
