@@ -389,21 +389,21 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             )
             vch = await stack.enter_async_context(grpc.aio.insecure_channel(vs.target))
             variants[vname] = pb_grpc.VoiceGatewayStub(vch)
-        # --echo-canceller aec3: the same engines behind a server whose calls cancel echo
-        # with AEC3; its column and cases run interleaved with the guard's.
+        # --echo-canceller aec3 gate_aec3: the same engines behind a server per echo
+        # canceller; their columns and cases run interleaved with the guard's.
         columns: list[tuple[str, pb_grpc.VoiceGatewayStub, bool]] = [
             ("today", stub, False),
             ("now", stub, True),
         ]
-        aec_stub: pb_grpc.VoiceGatewayStub | None = None
-        if args.echo_canceller == "aec3":
-            aec_session = {"barge_in": {"barge_in_model": False, "echo_canceller": "aec3"}}
+        aec_stubs: dict[str, pb_grpc.VoiceGatewayStub] = {}
+        for canceller in dict.fromkeys(c for c in args.echo_canceller if c != "gate"):
+            aec_session = {"barge_in": {"barge_in_model": False, "echo_canceller": canceller}}
             asrv = await stack.enter_async_context(
                 running_server(hub=hub, **overrides, session=aec_session)
             )
             ach = await stack.enter_async_context(grpc.aio.insecure_channel(asrv.target))
-            aec_stub = pb_grpc.VoiceGatewayStub(ach)
-            columns.append(("aec3", aec_stub, True))
+            aec_stubs[canceller] = pb_grpc.VoiceGatewayStub(ach)
+            columns.append((canceller, aec_stubs[canceller], True))
         path = None if not args.echo_path_ms else dispersive_path(args.echo_path_ms)
         print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
         if path is not None:
@@ -449,13 +449,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             (f"immediate, now (echo {lv} dB, 120 ms)", {"guard": True, "level_db": lv})
             for lv in levels
         ]
-        if aec_stub is not None:
-            variants["aec3"] = aec_stub
-            cases += [("immediate, aec3 (no echo)", {"guard": True, "variant": "aec3"})]
+        for canceller, aec_stub in aec_stubs.items():
+            variants[canceller] = aec_stub
+            cases += [(f"immediate, {canceller} (no echo)", {"guard": True, "variant": canceller})]
             cases += [
                 (
-                    f"immediate, aec3 (echo {lv} dB, 120 ms)",
-                    {"guard": True, "level_db": lv, "variant": "aec3"},
+                    f"immediate, {canceller} (echo {lv} dB, 120 ms)",
+                    {"guard": True, "level_db": lv, "variant": canceller},
                 )
                 for lv in levels
             ]
@@ -573,10 +573,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     ap.add_argument(
         "--echo-canceller",
-        choices=("gate", "aec3"),
-        default="gate",
-        help="aec3: also run the echo grid and the immediate cases on a server that cancels "
-        "echo with AEC3 (session.barge_in.echo_canceller), interleaved with the guard",
+        nargs="+",
+        choices=("gate", "gate_aec3", "aec3"),
+        default=["gate"],
+        help="aec3, gate_aec3 (one or both): also run the echo grid and the immediate cases "
+        "on a server per echo canceller (session.barge_in.echo_canceller), interleaved with "
+        "the guard",
     )
     ap.add_argument(
         "--echo-path-ms",

@@ -12,7 +12,9 @@ segmenter (the VAD the gateway uses). Each row feeds the segmenter one way:
 * none: the inbound audio as it is (today);
 * AEC3: WebRTC's echo canceller (``pywebrtc-audio``, the audio processing module's Python
   bindings) on the inbound audio, with the played reply as its far-end reference;
-* echo guard: ``gateway.echo.EchoGuard`` with the same reference.
+* echo guard: ``gateway.echo.EchoGuard`` with the same reference;
+* gate_aec3: ``gateway.echo.GatedEchoCanceller``, the guard choosing the blocks and AEC3's
+  output (once AEC3 has converged) in the blocks it calls echo, instead of silence.
 
 Columns: SPEECH_BEGIN events on echo alone (each one a false barge-in); at each echo level, how
 much later than without any echo the segmenter sees a real caller who starts talking over the
@@ -37,7 +39,7 @@ from benchmarks.barge_in import CALLERS, REPLY, load_caller  # noqa: E402
 from engines.tts import TtsConfig, VitsStreamer  # noqa: E402
 from gateway.audio import InputDecoder, OutputEncoder  # noqa: E402
 from gateway.config import VadConfig  # noqa: E402
-from gateway.echo import EchoGuard  # noqa: E402
+from gateway.echo import EchoGuard, GatedEchoCanceller  # noqa: E402
 from gateway.segmenter import Segmenter, SpeechBegin  # noqa: E402
 from gateway.testing.echo_line import dispersive_path  # noqa: E402
 from pcmcodec import (  # noqa: E402
@@ -52,6 +54,7 @@ LEVELS_DB = (-10, -20, -30)
 DELAYS_MS = (40, 120, 250)
 CALLER_AT_MS = 1500
 LEAD_S = 0.06  # the gateway stamps reply frames with their due time, sent this far ahead
+GATED = "gate_aec3"  # the guard, its echo blocks filled with AEC3's output
 
 
 def mulaw(x: np.ndarray) -> bytes:
@@ -99,7 +102,11 @@ def segment(line: Line, wire: bytes, mode: str) -> tuple[list[int], float]:
     dec = InputDecoder(WireEncoding.MULAW, 8000)
     seg = Segmenter(VadConfig())
     aec: Any = None
-    guard = EchoGuard() if mode in ("echo guard", "AEC3 + guard") else None
+    guard: EchoGuard | GatedEchoCanceller | None = None
+    if mode in ("echo guard", "AEC3 + guard"):
+        guard = EchoGuard()
+    elif mode == GATED:
+        guard = GatedEchoCanceller()
     if mode in ("AEC3", "AEC3 + guard"):
         from pywebrtc_audio import EchoCanceller  # noqa: PLC0415
 
@@ -116,8 +123,11 @@ def segment(line: Line, wire: bytes, mode: str) -> tuple[list[int], float]:
             far = np.pad(far, (0, len(s) - len(far)))
             s = np.asarray(aec.process(s.astype(np.float32), far.astype(np.float32)), np.float32)
         if guard is not None:
+            # The guard is stamped as the gateway stamps (due time, sent ahead); AEC3 inside
+            # the gated mode, like the AEC3 row, is given the reply as the caller heard it.
+            lead = 0.0 if mode == GATED else LEAD_S
             while played < len(line.ref16) and played / 16000 <= now:
-                guard.played(line.ref16[played : played + 320], played / 16000 + LEAD_S)
+                guard.played(line.ref16[played : played + 320], played / 16000 + lead)
                 played += 320
             s = guard.process(s, now)
         cpu += time.process_time() - t0
@@ -139,6 +149,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         import pywebrtc_audio  # noqa: F401, PLC0415
 
         modes[1:1] = ["AEC3", "AEC3 + guard"]
+        modes.append(GATED)
     except ImportError:
         print("pywebrtc-audio is not installed: the AEC3 rows are left out (pip install it)")
     out: dict[str, dict[str, float]] = {}
@@ -188,6 +199,7 @@ def dispersion_main(tiny: bool = False) -> dict[str, dict[str, int]]:
         import pywebrtc_audio  # noqa: F401, PLC0415
 
         modes[1:1] = ["AEC3", "AEC3 + guard"]
+        modes.append(GATED)
     except ImportError:
         print("pywebrtc-audio is not installed: the AEC3 rows are left out (pip install it)")
     taus = (1.33,) if tiny else (0.0, 0.67, 1.33, 2.67)

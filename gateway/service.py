@@ -24,7 +24,7 @@ from gateway.admission import AdmissionPolicy, LoadSnapshot, Refusal, StreamKind
 from gateway.audio import OutputEncoder
 from gateway.barge_in import BargeInMode, BargeInModel, BargeInPolicy
 from gateway.base import EngineInfo, Synthesizer, Transcriber
-from gateway.config import ConfigError, GatewayConfig, VadConfig
+from gateway.config import ConfigError, EchoCancellerName, GatewayConfig, VadConfig
 from gateway.degrade import QualityLevel
 from gateway.errors import CallError, ErrorKind, echo
 from gateway.events import (
@@ -111,16 +111,15 @@ _BARGE_IN_MODES: dict[pb.BargeIn, BargeInMode] = {
     pb.BARGE_IN_NEVER: "never",
 }
 _PB_BARGE_IN = {mode: value for value, mode in _BARGE_IN_MODES.items()}
-_ECHO_HANDLING: dict[pb.EchoHandling, Literal["gate", "aec3"]] = {
+_ECHO_HANDLING: dict[pb.EchoHandling, EchoCancellerName] = {
     pb.ECHO_HANDLING_GATE: "gate",
+    pb.ECHO_HANDLING_GATE_AEC3: "gate_aec3",
     pb.ECHO_HANDLING_AEC3: "aec3",
 }
 _PB_ECHO_HANDLING = {mode: value for value, mode in _ECHO_HANDLING.items()}
 
 
-def _echo_handling(
-    value: pb.EchoHandling, default: Literal["gate", "aec3"]
-) -> Literal["gate", "aec3"]:
+def _echo_handling(value: pb.EchoHandling, default: EchoCancellerName) -> EchoCancellerName:
     """A call's EchoHandling as the session's echo_canceller; UNSPECIFIED: the server's."""
     if value == pb.ECHO_HANDLING_UNSPECIFIED:
         return default
@@ -128,7 +127,7 @@ def _echo_handling(
     if mode is None:
         raise CallError.invalid(
             f"config.barge_in.echo_handling={value} is not an EchoHandling value; use "
-            "ECHO_HANDLING_GATE or ECHO_HANDLING_AEC3"
+            "ECHO_HANDLING_GATE, ECHO_HANDLING_GATE_AEC3 or ECHO_HANDLING_AEC3"
         )
     return mode
 

@@ -33,10 +33,16 @@ from engines.base import ASR_SAMPLE_RATE_HZ
 from gateway.audio import AudioFormatError, InputDecoder, OutputEncoder
 from gateway.barge_in import BargeInModel, BargeInPolicy
 from gateway.base import Synthesizer, Transcriber, TtsPiece
-from gateway.config import DtmfConfig, LanguageConfig, LimitsConfig, VadConfig
+from gateway.config import (
+    DtmfConfig,
+    EchoCancellerName,
+    LanguageConfig,
+    LimitsConfig,
+    VadConfig,
+)
 from gateway.degrade import QualityLevel
 from gateway.dtmf import DtmfDigit, DtmfGate
-from gateway.echo import EchoGuard, LineEchoCanceller
+from gateway.echo import EchoGuard, GatedEchoCanceller, LineEchoCanceller
 from gateway.errors import CallError, ErrorKind
 from gateway.events import (
     AudioIn,
@@ -112,8 +118,9 @@ class CallConfig:
     reply_language: str | None = None
     #: Suppress the echo of the bot's own replies in the caller's audio (gateway/echo.py).
     echo_guard: bool = True
-    #: How: the correlation gate (``gate``) or WebRTC's AEC3 (``aec3``).
-    echo_canceller: Literal["gate", "aec3"] = "gate"
+    #: How: the correlation gate (``gate``), the gate with AEC3's output in its echo blocks
+    #: (``gate_aec3``) or WebRTC's AEC3 alone (``aec3``).
+    echo_canceller: EchoCancellerName = "gate"
     mode: Literal["converse", "recognize"] = "converse"
     playout_lead_ms: int = 60
     speculative_finals: bool = True
@@ -231,9 +238,13 @@ class CallSession:
         self._seq = 0
         self._barge_pending_from: int | None = None
         # The echo guard hears what the caller heard: output frames decoded back to 16 kHz.
-        self._echo: EchoGuard | LineEchoCanceller | None = None
+        self._echo: EchoGuard | GatedEchoCanceller | LineEchoCanceller | None = None
         if config.echo_guard and config.mode == "converse" and synthesizer is not None:
-            self._echo = LineEchoCanceller() if config.echo_canceller == "aec3" else EchoGuard()
+            self._echo = {
+                "gate": EchoGuard,
+                "gate_aec3": GatedEchoCanceller,
+                "aec3": LineEchoCanceller,
+            }[config.echo_canceller]()
         self._echo_decoder = (
             InputDecoder(config.output_encoding, config.output_rate_hz)
             if self._echo is not None

@@ -20,7 +20,7 @@ from benchmarks.barge_in import load_caller, run_call
 from engines.asr.base import AsrOptions
 from gateway.barge_in import DEFAULT_BACKCHANNELS, BargeInModel, BargeInPolicy, content_words
 from gateway.config import LanguageConfig, LimitsConfig, VadConfig, load_config
-from gateway.echo import EchoGuard, LineEchoCanceller, echo_similarity
+from gateway.echo import EchoGuard, GatedEchoCanceller, LineEchoCanceller, echo_similarity
 from gateway.events import (
     AudioIn,
     AudioOutEvent,
@@ -713,6 +713,61 @@ def test_aec3_passes_audio_untouched_while_no_echo_can_arrive() -> None:
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("level_db", [-10, -30])
+def test_gate_aec3_suppresses_a_flat_echo_and_silences_it_until_aec3_has_converged(
+    level_db: float,
+) -> None:
+    """``echo_canceller: gate_aec3``: the echo blocks the gate finds carry AEC3's output,
+    which on a flat echo is more than 30 dB down; before AEC3 has shown it cancels this
+    line's echo, they are silence, as through the gate alone."""
+    reply = speechlike(6.0, 1)
+    canceller, gate = GatedEchoCanceller(), EchoGuard()
+    echo = echo_of(reply, level_db, 120)
+    ins, outs, converged_at = [], [], None
+    for k in range(len(reply) // 320 + 30):
+        t = k * FRAME_S
+        if k * 320 < len(reply):
+            canceller.played(reply[k * 320 : (k + 1) * 320], t + 0.06)
+            gate.played(reply[k * 320 : (k + 1) * 320], t + 0.06)
+        x = echo(t, 320)
+        gated = gate.process(x, t + FRAME_S)
+        if converged_at is None and canceller.converged:
+            converged_at = k
+        out = canceller.process(x, t + FRAME_S)
+        if converged_at is None:  # before convergence: what the gate alone makes of it
+            assert np.max(np.abs(out - gated)) < 1e-3
+        ins.append(x)
+        outs.append(out)
+    assert converged_at is not None and converged_at * FRAME_S < 1.5  # within the first words
+    x_all, y_all = np.concatenate(ins), np.concatenate(outs)
+    loud = [
+        i for i in range(3200, len(x_all) - 320, 320) if db(x_all[i : i + 320]) > db(x_all) - 15
+    ]
+    kept = [db(y_all[i : i + 320]) - db(x_all[i : i + 320]) for i in loud]
+    assert len(loud) > 50
+    assert sum(k < -30 for k in kept) >= 0.95 * len(kept), sorted(kept)[-5:]
+
+
+@pytest.mark.unit
+def test_gate_aec3_passes_what_the_gate_passes_untouched() -> None:
+    """Audio the reply does not explain passes as it is (no line without echo waits on
+    AEC3), and nothing is touched while no echo can arrive."""
+    reply = speechlike(3.0, 1)
+    other = speechlike(4.0, 3)
+    canceller = GatedEchoCanceller()
+    ins, outs = run_filter(
+        canceller, reply, lambda t, n: other[round(t * 16000) : round(t * 16000) + n]
+    )
+    assert np.array_equal(ins, outs)
+    assert not canceller.converged  # nothing was echo: AEC3's output was never used
+    fresh = GatedEchoCanceller(max_delay_ms=450)
+    x = speechlike(0.02, 4)
+    assert fresh.process(x, 1.0) is x
+    fresh.played(speechlike(0.5, 1), 10.0)
+    assert fresh.active(10.9) and not fresh.active(10.96)
+
+
+@pytest.mark.unit
 def test_the_guard_stands_down_once_no_echo_can_arrive() -> None:
     guard = EchoGuard(max_delay_ms=450)
     guard.played(speechlike(0.5, 1), 10.0)  # plays 10.0-10.5 s
@@ -759,6 +814,26 @@ def test_real_reply_echoed_on_a_mulaw_line_never_barges_in_but_a_caller_does() -
     assert talked_over.interrupted_at > talked_over.onset_sent_at
 
 
+@pytest.mark.e2e
+@pytest.mark.model
+def test_gate_aec3_on_a_real_server_keeps_the_echo_out_and_lets_a_quiet_caller_in() -> None:
+    """``echo_canceller: gate_aec3`` through a real server: the bundled voice's reply returns
+    10 dB down and 120 ms late on a μ-law 8 kHz call; echo alone opens nothing, and the
+    softest real caller (about 5 dB under that echo) interrupts, only once they talk."""
+    caller = load_caller("cmu_goforward.wav")
+    line = {"guard": True, "level_db": -10, "delay_ms": 120}
+    echo_only, talked_over = asyncio.run(
+        _tts_stub_calls(
+            [line, {**line, "caller": caller}],
+            session={"barge_in": {"echo_canceller": "gate_aec3"}},
+        )
+    )
+    assert echo_only.finished and echo_only.interrupted_at is None
+    assert echo_only.speech_begins == 0
+    assert talked_over.interrupted_at is not None and talked_over.onset_sent_at is not None
+    assert talked_over.interrupted_at > talked_over.onset_sent_at
+
+
 async def _echo_handling_in_effect(session: dict[str, Any] | None, asked: int) -> int:
     """The echo handling a call asking for ``asked`` gets (SessionStarted's effective config)."""
     hub = build_hub(load_config(None, {"engines": "tts"}))
@@ -790,6 +865,12 @@ def test_a_call_or_the_server_chooses_the_echo_handling() -> None:
     assert asyncio.run(_echo_handling_in_effect(None, aec3)) == aec3
     assert asyncio.run(_echo_handling_in_effect(server_aec3, unset)) == aec3
     assert asyncio.run(_echo_handling_in_effect(server_aec3, gate)) == gate
+    both = pb.ECHO_HANDLING_GATE_AEC3
+    assert asyncio.run(_echo_handling_in_effect(None, both)) == both
+    assert (
+        asyncio.run(_echo_handling_in_effect({"barge_in": {"echo_canceller": "gate_aec3"}}, unset))
+        == both
+    )
 
 
 @pytest.mark.e2e

@@ -162,6 +162,8 @@ def test_call_config_renders_the_session_config() -> None:
     assert default.barge_in.echo_handling == pb.ECHO_HANDLING_UNSPECIFIED  # the server's
     with pytest.raises(ValueError, match="encoding='opus'"):
         CallConfig(encoding="opus").to_proto()  # type: ignore[arg-type]
+    both = CallConfig(echo_handling="gate_aec3").to_proto()
+    assert both.barge_in.echo_handling == pb.ECHO_HANDLING_GATE_AEC3
     with pytest.raises(ValueError, match="echo_handling='nlms'"):
         CallConfig(echo_handling="nlms").to_proto()  # type: ignore[arg-type]
 

@@ -107,7 +107,8 @@ class MediaStreamsConfig:
             (confirmed by the provider echoing a final mark) before the socket is closed.
         max_streams: concurrent streams; more are closed with 1013 at once.
         echo_handling: how the gateway keeps the line's echo of the bot from barging in
-            (``"gate"`` or ``"aec3"``; None: the gateway's default). Provider media streams
+            (``"gate"``, ``"gate_aec3"`` or ``"aec3"``; None: the gateway's default; see
+            docs/barge-in.md). Provider media streams
             are usually cancelled upstream (None or ``"gate"``); ``"aec3"`` is for a carrier
             leg known to echo through an analogue hybrid.
         log_content: debugging only: log DTMF digits (personal data; off by default).

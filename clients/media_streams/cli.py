@@ -76,10 +76,11 @@ def add_media_streams_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--voice", default="", help="gateway voice name (default: its default)")
     parser.add_argument(
         "--echo-handling",
-        choices=("gate", "aec3"),
+        choices=("gate", "gate_aec3", "aec3"),
         default=None,
-        help="how the gateway keeps the line's echo of the bot from barging in: gate or aec3 "
-        "(a carrier leg that echoes through an analogue hybrid); default: the gateway's",
+        help="how the gateway keeps the line's echo of the bot from barging in: gate, "
+        "gate_aec3 (soft callers over a loud echo heard sooner) or aec3 (a carrier leg that "
+        "echoes through an analogue hybrid); default: the gateway's",
     )
     parser.add_argument(
         "--lead-ms",

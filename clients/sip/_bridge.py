@@ -153,11 +153,13 @@ class BridgeConfig(BaseModel):
         default="", description="Caller language hint for the gateway ('' = detect)."
     )
     voice: str = Field(default="", description="Gateway voice ('' = the gateway's default).")
-    echo_handling: Literal["", "gate", "aec3"] = Field(
+    echo_handling: Literal["", "gate", "gate_aec3", "aec3"] = Field(
         default="",
         description="How the gateway keeps this trunk's echo of the bot from barging in: "
-        "'gate' (one delay and gain: four-wire and digital lines), 'aec3' (WebRTC's echo "
-        "canceller: trunks that echo through an analogue hybrid); '' = the gateway's default.",
+        "'gate' (one delay and gain: four-wire and digital lines), 'gate_aec3' (the gate, "
+        "with WebRTC's echo canceller filling its echo blocks: a soft caller over a loud flat "
+        "echo is heard sooner), 'aec3' (WebRTC's echo canceller alone: trunks that echo "
+        "through an analogue hybrid); '' = the gateway's default.",
     )
     t1_ms: int = Field(default=500, ge=10, le=10_000, description="RFC 3261 T1 (RTT estimate).")
     t2_ms: int = Field(default=4000, ge=10, le=60_000, description="RFC 3261 T2 (retransmit cap).")

@@ -103,10 +103,11 @@ def add_sip_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--voice", default="", help="gateway voice name (default: its default)")
     parser.add_argument(
         "--echo-handling",
-        choices=("gate", "aec3"),
+        choices=("gate", "gate_aec3", "aec3"),
         default="",
         help="how the gateway keeps this trunk's echo of the bot from barging in: gate (flat "
-        "echo: digital and four-wire lines) or aec3 (echo through an analogue hybrid); "
+        "echo: digital and four-wire lines), gate_aec3 (flat echo, soft-spoken callers heard "
+        "sooner, twice the CPU) or aec3 (echo through an analogue hybrid); "
         "default: the gateway's",
     )
     parser.add_argument(

@@ -24,9 +24,13 @@ __all__ = [
 EncodingName = Literal["linear16", "mulaw", "alaw"]
 #: What must happen for the caller to interrupt a reply (see ``CallConfig.barge_in_policy``).
 BargeInName = Literal["immediate", "after_words", "never"]
-EchoHandlingName = Literal["gate", "aec3"]
+EchoHandlingName = Literal["gate", "gate_aec3", "aec3"]
 
-_ECHO_HANDLING = {"gate": pb.ECHO_HANDLING_GATE, "aec3": pb.ECHO_HANDLING_AEC3}
+_ECHO_HANDLING = {
+    "gate": pb.ECHO_HANDLING_GATE,
+    "gate_aec3": pb.ECHO_HANDLING_GATE_AEC3,
+    "aec3": pb.ECHO_HANDLING_AEC3,
+}
 
 _BARGE_IN = {
     "immediate": pb.BARGE_IN_IMMEDIATE,
@@ -42,7 +46,9 @@ def _echo_handling_number(name: EchoHandlingName | None) -> pb.EchoHandling:
     try:
         return _ECHO_HANDLING[name]
     except KeyError:
-        raise ValueError(f"echo_handling={name!r} is not one of 'gate', 'aec3'") from None
+        raise ValueError(
+            f"echo_handling={name!r} is not one of 'gate', 'gate_aec3', 'aec3'"
+        ) from None
 
 
 def barge_in_number(name: BargeInName | None) -> pb.BargeIn:
@@ -205,9 +211,11 @@ class CallConfig:
         backchannels: ``after_words``: phrases that never interrupt (empty = the server's).
         echo_guard: keep the bot's own reply, echoed back by the line, from counting as the
             caller (turn off only for lines known to be echo-free).
-        echo_handling: how: ``"gate"`` (silences what the reply explains at one delay) or
-            ``"aec3"`` (WebRTC's echo canceller, for lines whose echo a hybrid or speakerphone
-            spreads; it holds a caller back on lines with no echo); None = the server's.
+        echo_handling: how: ``"gate"`` (silences what the reply explains at one delay),
+            ``"gate_aec3"`` (the gate's echo blocks carry WebRTC's echo canceller's output
+            instead of silence: a caller quieter than the echo is heard sooner) or ``"aec3"``
+            (the echo canceller alone, for lines whose echo a hybrid or speakerphone spreads;
+            it holds a caller back on lines with no echo); None = the server's.
     """
 
     encoding: EncodingName = "linear16"

@@ -19,6 +19,7 @@ class EchoHandling(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ECHO_HANDLING_UNSPECIFIED: _ClassVar[EchoHandling]
     ECHO_HANDLING_GATE: _ClassVar[EchoHandling]
     ECHO_HANDLING_AEC3: _ClassVar[EchoHandling]
+    ECHO_HANDLING_GATE_AEC3: _ClassVar[EchoHandling]
 
 class BargeIn(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -33,6 +34,7 @@ ALAW: Encoding
 ECHO_HANDLING_UNSPECIFIED: EchoHandling
 ECHO_HANDLING_GATE: EchoHandling
 ECHO_HANDLING_AEC3: EchoHandling
+ECHO_HANDLING_GATE_AEC3: EchoHandling
 BARGE_IN_UNSPECIFIED: BargeIn
 BARGE_IN_IMMEDIATE: BargeIn
 BARGE_IN_AFTER_WORDS: BargeIn
