@@ -227,7 +227,7 @@ class EchoGuard:
             if under is None:
                 self._apply(out, lo, hi, self._suppress if echo else 1.0)
             else:
-                self._blend(out, under, lo, hi, 0.0 if echo else 1.0)
+                self._apply(out, lo, hi, 0.0 if echo else 1.0, under)
         return out
 
     def _steady(self, now: float, n: int) -> float:
@@ -344,26 +344,23 @@ class EchoGuard:
             self._confirmed_at = self._t_end
         return True
 
-    def _apply(self, out: FloatArray, lo: int, hi: int, gain: float) -> None:
-        """Scale ``out[lo:hi]`` by ``gain``, ramping from the previous block's gain."""
-        if gain == 1.0 and self._gain == 1.0:
-            return
-        ramp = min(self.RAMP_SAMPLES, hi - lo)
-        g = np.full(hi - lo, gain, np.float32)
-        if ramp and self._gain != gain:
-            g[:ramp] = np.linspace(self._gain, gain, ramp, endpoint=False, dtype=np.float32)
-        out[lo:hi] *= g
-        self._gain = gain
+    def _apply(
+        self, out: FloatArray, lo: int, hi: int, gain: float, under: FloatArray | None = None
+    ) -> None:
+        """Scale ``out[lo:hi]`` by ``gain``, ramping from the previous block's gain.
 
-    def _blend(self, out: FloatArray, under: FloatArray, lo: int, hi: int, gain: float) -> None:
-        """``out[lo:hi]`` as ``gain`` of itself and the rest of ``under``, ramped likewise."""
+        With ``under``, the rest (``1 - gain``) of the block is ``under``'s, not silence.
+        """
         if gain == 1.0 and self._gain == 1.0:
             return
         ramp = min(self.RAMP_SAMPLES, hi - lo)
         g = np.full(hi - lo, gain, np.float32)
         if ramp and self._gain != gain:
             g[:ramp] = np.linspace(self._gain, gain, ramp, endpoint=False, dtype=np.float32)
-        out[lo:hi] = g * out[lo:hi] + (1.0 - g) * under[lo:hi]
+        if under is None:
+            out[lo:hi] *= g
+        else:
+            out[lo:hi] = g * out[lo:hi] + (1.0 - g) * under[lo:hi]
         self._gain = gain
 
 
