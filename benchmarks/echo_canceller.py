@@ -1,6 +1,7 @@
 """Echo canceller or echo gate? WebRTC's AEC3 against the gateway's echo guard, offline.
 
 Run:  .venv/bin/python -m benchmarks.echo_canceller [--tiny]
+      .venv/bin/python -m benchmarks.echo_canceller --replies 3   (pooled over fresh replies)
       .venv/bin/python -m benchmarks.echo_canceller --correlations   (the quiet-caller limit)
       .venv/bin/python -m benchmarks.echo_canceller --dispersion     (echo paths that spread)
 
@@ -20,11 +21,18 @@ Columns: SPEECH_BEGIN events on echo alone (each one a false barge-in); at each 
 much later than without any echo the segmenter sees a real caller who starts talking over the
 echo 1.5 s into the reply (ms, the worst over delays and callers; the onset delay is what delays a
 true barge-in); and the CPU the echo handling costs per second of call audio.
+
+The bundled voice samples each reply afresh (VITS noise) once per process, and one reply's
+worst cell says little: ``--replies N`` runs the grid in N fresh processes and pools every
+cell, printing the median, p95 and worst lateness per level and how many callers were heard
+more than 500 ms late.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -138,7 +146,17 @@ def segment(line: Line, wire: bytes, mode: str) -> tuple[list[int], float]:
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="one level and delay, one caller")
+    ap.add_argument(
+        "--replies",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run the grid in N fresh processes (a fresh reply each) and pool the cells",
+    )
+    ap.add_argument("--emit-cells", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.replies > 0:
+        return pooled_main(args.replies, tiny=args.tiny)
     levels = LEVELS_DB[:1] if args.tiny else LEVELS_DB
     delays = DELAYS_MS[1:2] if args.tiny else DELAYS_MS
     callers = [load_caller(c) for c in (CALLERS[:1] if args.tiny else CALLERS)]
@@ -153,11 +171,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     except ImportError:
         print("pywebrtc-audio is not installed: the AEC3 rows are left out (pip install it)")
     out: dict[str, dict[str, float]] = {}
+    cells_out: dict[str, dict[str, Any]] = {}
     later = "  ".join(f"{f'later @{lv} dB':>13}" for lv in levels)
     print(f"{'':<12} {'false begins':>12}  {later}  {'CPU per audio s':>16}")
     for mode in modes:
         false_begins, cpu, calls = 0, 0.0, 0
         worst_at: dict[int, float] = {}
+        lates: dict[str, list[float | None]] = {}
         for level in levels:
             worst = 0.0
             for delay in delays:
@@ -172,6 +192,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                     first_over = next((b for b in over if b >= CALLER_AT_MS - 100), None)
                     late = float("inf") if first_over is None else first_over - first_alone
                     worst = max(worst, late)
+                    lates.setdefault(str(level), []).append(None if late == float("inf") else late)
             worst_at[level] = worst
         out[mode] = {
             "false_begins": false_begins,
@@ -179,11 +200,59 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
             "cpu_ms_per_audio_s": 1000 * cpu / (calls * audio_s),
             **{f"onset_delay_ms_at_{-lv}_db": v for lv, v in worst_at.items()},
         }
+        cells_out[mode] = {"false_begins": false_begins, "echo_cells": calls, "late": lates}
         r = out[mode]
         cells = "  ".join(f"{worst_at[lv]:>10.0f} ms" for lv in levels)
         print(
             f"{mode:<12} {r['false_begins']:>12.0f}  {cells}  {r['cpu_ms_per_audio_s']:>13.2f} ms"
         )
+    if args.emit_cells:
+        print("CELLS " + json.dumps(cells_out))
+    return out
+
+
+def pooled_main(replies: int, *, tiny: bool = False) -> dict[str, dict[str, float]]:
+    """The grid in ``replies`` fresh processes, every cell pooled (see the module docstring)."""
+    pooled: dict[str, dict[str, Any]] = {}
+    for i in range(replies):
+        cmd = [sys.executable, "-m", "benchmarks.echo_canceller", "--emit-cells"]
+        run = subprocess.run(
+            cmd + (["--tiny"] if tiny else []),
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        line = next(ln for ln in run.stdout.splitlines() if ln.startswith("CELLS "))
+        for mode, cell in json.loads(line[len("CELLS ") :]).items():
+            p = pooled.setdefault(mode, {"false_begins": 0, "echo_cells": 0, "late": {}})
+            p["false_begins"] += cell["false_begins"]
+            p["echo_cells"] += cell["echo_cells"]
+            for level, values in cell["late"].items():
+                p["late"].setdefault(level, []).extend(
+                    float("inf") if v is None else v for v in values
+                )
+        print(f"reply {i + 1} of {replies} done", flush=True)
+    levels = next(iter(pooled.values()))["late"].keys() if pooled else ()
+    head = "  ".join(f"{f'later @{lv} dB: med / p95 / worst, >500':>38}" for lv in levels)
+    print(f"pooled over {replies} replies")
+    print(f"{'':<12} {'false begins':>14}  {head}")
+    out: dict[str, dict[str, float]] = {}
+    for mode, p in pooled.items():
+        row: dict[str, float] = {"false_begins": p["false_begins"]}
+        cells = []
+        for level, values in p["late"].items():
+            v = np.asarray(values, np.float64)
+            # Interpolating between a finite cell and a never-heard one (inf) is meaningless.
+            method = "linear" if np.isfinite(v).all() else "higher"
+            med, p95 = float(np.median(v)), float(np.percentile(v, 95, method=method))
+            worst, late = float(v.max()), int(np.sum(v > 500))
+            row |= {f"median_ms_at_{-int(level)}_db": med, f"p95_ms_at_{-int(level)}_db": p95}
+            row |= {f"worst_ms_at_{-int(level)}_db": worst, f"over_500_at_{-int(level)}_db": late}
+            cells.append(f"{med:>6.0f} / {p95:>4.0f} / {worst:>4.0f}, {late:>2} of {len(v):<3}")
+        out[mode] = row
+        fb = f"{p['false_begins']} in {p['echo_cells']}"
+        print(f"{mode:<12} {fb:>14}  " + "  ".join(f"{c:>38}" for c in cells))
     return out
 
 

@@ -58,6 +58,17 @@ def test_echo_canceller_benchmark_tiny_mode(capsys: pytest.CaptureFixture[str]) 
     assert "later @-10 dB" in capsys.readouterr().out
 
 
+def test_echo_canceller_pools_fresh_replies(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--replies N``: the grid in fresh processes (a fresh reply each), cells pooled."""
+    from benchmarks import echo_canceller  # noqa: PLC0415
+
+    out = echo_canceller.main(["--replies", "1", "--tiny"])
+    assert out["none"]["false_begins"] >= 1 and out["none"]["over_500_at_10_db"] == 1
+    assert out["gate_aec3"]["false_begins"] == 0 and out["echo guard"]["false_begins"] == 0
+    assert out["gate_aec3"]["worst_ms_at_10_db"] < float("inf")
+    assert "pooled over 1 replies" in capsys.readouterr().out
+
+
 def test_echo_canceller_dispersion_mode_shows_aec3_cancelling_a_spread_echo() -> None:
     """``--dispersion``: echo a path spreads over milliseconds opens an utterance unless
     handled, and AEC3 (``echo_canceller: aec3``) leaves none."""
