@@ -127,7 +127,7 @@ def _echo_handling(value: pb.EchoHandling, default: EchoCancellerName) -> EchoCa
     if mode is None:
         raise CallError.invalid(
             f"config.barge_in.echo_handling={value} is not an EchoHandling value; use "
-            "ECHO_HANDLING_GATE, ECHO_HANDLING_GATE_AEC3 or ECHO_HANDLING_AEC3"
+            + ", ".join(pb.EchoHandling.Name(v) for v in _ECHO_HANDLING)
         )
     return mode
 

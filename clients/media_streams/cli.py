@@ -8,9 +8,11 @@ import contextlib
 import signal
 import sys
 from pathlib import Path
+from typing import get_args
 
 from clients.bot import add_bot_policy_arguments, bot_policy_from_args
 from clients.cli import add_connection_arguments, connection_from_args
+from clients.voxgate_client import EchoHandlingName
 
 from ._dialect import DIALECTS
 
@@ -76,7 +78,7 @@ def add_media_streams_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--voice", default="", help="gateway voice name (default: its default)")
     parser.add_argument(
         "--echo-handling",
-        choices=("gate", "gate_aec3", "aec3"),
+        choices=get_args(EchoHandlingName),
         default=None,
         help="how the gateway keeps the line's echo of the bot from barging in: gate, "
         "gate_aec3 (soft callers over a loud echo heard sooner) or aec3 (a carrier leg that "

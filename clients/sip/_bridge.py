@@ -79,6 +79,7 @@ from clients.voxgate_client import (
     BotPolicy,
     CallConfig,
     CallInfo,
+    EchoHandlingName,
     EncodingName,
     ErrorEvent,
     PlaybackInterrupted,
@@ -153,7 +154,7 @@ class BridgeConfig(BaseModel):
         default="", description="Caller language hint for the gateway ('' = detect)."
     )
     voice: str = Field(default="", description="Gateway voice ('' = the gateway's default).")
-    echo_handling: Literal["", "gate", "gate_aec3", "aec3"] = Field(
+    echo_handling: EchoHandlingName | Literal[""] = Field(
         default="",
         description="How the gateway keeps this trunk's echo of the bot from barging in: "
         "'gate' (one delay and gain: four-wire and digital lines), 'gate_aec3' (the gate, "

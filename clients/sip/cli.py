@@ -17,6 +17,7 @@ import contextlib
 import logging
 import signal
 import sys
+from typing import get_args
 
 from pydantic import SecretStr, ValidationError
 
@@ -30,6 +31,7 @@ from clients.bot import (
 )
 from clients.cli import add_connection_arguments, connection_from_args
 from clients.sip._bridge import BridgeConfig, SipBridge
+from clients.voxgate_client import EchoHandlingName
 
 __all__ = ["add_sip_arguments", "main", "run_sip"]
 
@@ -103,7 +105,7 @@ def add_sip_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--voice", default="", help="gateway voice name (default: its default)")
     parser.add_argument(
         "--echo-handling",
-        choices=("gate", "gate_aec3", "aec3"),
+        choices=get_args(EchoHandlingName),
         default="",
         help="how the gateway keeps this trunk's echo of the bot from barging in: gate (flat "
         "echo: digital and four-wire lines), gate_aec3 (flat echo, soft-spoken callers heard "

@@ -26,7 +26,7 @@ EncodingName = Literal["linear16", "mulaw", "alaw"]
 BargeInName = Literal["immediate", "after_words", "never"]
 EchoHandlingName = Literal["gate", "gate_aec3", "aec3"]
 
-_ECHO_HANDLING = {
+_ECHO_HANDLING: dict[str, pb.EchoHandling] = {
     "gate": pb.ECHO_HANDLING_GATE,
     "gate_aec3": pb.ECHO_HANDLING_GATE_AEC3,
     "aec3": pb.ECHO_HANDLING_AEC3,
@@ -46,9 +46,8 @@ def _echo_handling_number(name: EchoHandlingName | None) -> pb.EchoHandling:
     try:
         return _ECHO_HANDLING[name]
     except KeyError:
-        raise ValueError(
-            f"echo_handling={name!r} is not one of 'gate', 'gate_aec3', 'aec3'"
-        ) from None
+        names = ", ".join(repr(n) for n in _ECHO_HANDLING)
+        raise ValueError(f"echo_handling={name!r} is not one of {names}") from None
 
 
 def barge_in_number(name: BargeInName | None) -> pb.BargeIn:
