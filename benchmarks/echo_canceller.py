@@ -4,6 +4,7 @@ Run:  .venv/bin/python -m benchmarks.echo_canceller [--tiny]
       .venv/bin/python -m benchmarks.echo_canceller --replies 3   (pooled over fresh replies)
       .venv/bin/python -m benchmarks.echo_canceller --correlations   (the quiet-caller limit)
       .venv/bin/python -m benchmarks.echo_canceller --dispersion     (echo paths that spread)
+      .venv/bin/python -m benchmarks.echo_canceller --stalls         (a loaded far end and server)
 
 The measurement behind gateway/echo.py's design. No server: the bundled Piper voice speaks a
 reply, which is sent as μ-law 8 kHz, comes back from the line at each level × delay of the
@@ -21,6 +22,13 @@ Columns: SPEECH_BEGIN events on echo alone (each one a false barge-in); at each 
 much later than without any echo the segmenter sees a real caller who starts talking over the
 echo 1.5 s into the reply (ms, the worst over delays and callers; the onset delay is what delays a
 true barge-in); and the CPU the echo handling costs per second of call audio.
+
+``--stalls``: echo alone on a loaded line. Both event loops (the far end's and the gateway's)
+stall at random (``--stall-rate`` per second, each up to ``--stall-ms``): the gateway sends
+reply frames late and stamps them so; the far end hears frames late, its jitter buffer runs
+dry and the rest of the reply plays shifted (the echo's delay jumps mid-reply); audio captured
+during a stall is sent in a burst. What a loaded 2-core machine did to the live benchmark,
+reproduced deterministically (seeded): calls interrupted per echo handling.
 
 The bundled voice samples each reply afresh (VITS noise) once per process, and one reply's
 worst cell says little: ``--replies N`` runs the grid in N fresh processes and pools every
@@ -47,9 +55,9 @@ from benchmarks.barge_in import CALLERS, REPLY, load_caller  # noqa: E402
 from engines.tts import TtsConfig, VitsStreamer  # noqa: E402
 from gateway.audio import InputDecoder, OutputEncoder  # noqa: E402
 from gateway.config import VadConfig  # noqa: E402
-from gateway.echo import EchoGuard, GatedEchoCanceller  # noqa: E402
+from gateway.echo import EchoGuard, GatedEchoCanceller, LineEchoCanceller  # noqa: E402
 from gateway.segmenter import Segmenter, SpeechBegin  # noqa: E402
-from gateway.testing.echo_line import dispersive_path  # noqa: E402
+from gateway.testing.echo_line import EchoLine, dispersive_path  # noqa: E402
 from pcmcodec import (  # noqa: E402
     MULAW_DECODE,
     MULAW_ENCODE,
@@ -290,6 +298,160 @@ def dispersion_main(tiny: bool = False) -> dict[str, dict[str, int]]:
     return out
 
 
+class Stalls:
+    """When an event loop is stalled: ``rate_hz`` random stalls a second, ``lo_s``-``hi_s`` each."""
+
+    def __init__(
+        self, rng: np.random.Generator, rate_hz: float, lo_s: float, hi_s: float, span_s: float
+    ) -> None:
+        self.spans: list[tuple[float, float]] = []
+        t = 0.0
+        while rate_hz > 0 and t < span_s:
+            t += float(rng.exponential(1.0 / rate_hz))
+            d = float(rng.uniform(lo_s, hi_s))
+            self.spans.append((t, t + d))
+            t += d
+
+    def release(self, t: float) -> float:
+        """When something due at ``t`` runs: the end of the stall it falls into, if any."""
+        for a, b in self.spans:
+            if a > t:
+                break
+            if t < b:
+                return b
+        return t
+
+
+def segment_loaded(
+    line: Line,
+    level_db: float,
+    delay_ms: int,
+    mode: str,
+    rng: np.random.Generator,
+    *,
+    rate_hz: float,
+    max_stall_s: float,
+) -> list[int]:
+    """SPEECH_BEGIN offsets of echo alone on a loaded line (see the module docstring).
+
+    Timing as in the gateway and in ``benchmarks.barge_in``: reply frame j is due at
+    ``S + 20 ms * j`` and leaves ``LEAD_S`` earlier, or when the gateway's loop runs again;
+    it is stamped ``max(sent + LEAD_S, end of the frame before)``. The far end
+    (``gateway.testing.echo_line.EchoLine``, 60 ms jitter buffer) hears it when its own loop
+    runs; it sends 20 ms of line audio per frame on its ideal clock, each computed when its
+    loop runs (the echo of what it had played by then). The gateway takes each chunk when its
+    loop runs, with that arrival time.
+    """
+    wire = mulaw(line.heard8)
+    frames = len(wire) // 160
+    span = frames * 0.02 + 10.0
+    far, gw = (Stalls(rng, rate_hz, 0.03, max_stall_s, span) for _ in range(2))
+    start = 1.0
+    sent, stamps, arrived = [], [], []
+    last_sent = last_arrived = next_play = 0.0
+    for j in range(frames):
+        last_sent = max(gw.release(start + 0.02 * j - LEAD_S), last_sent)
+        play_at = max(last_sent + LEAD_S, next_play)
+        next_play = play_at + 0.02
+        last_arrived = max(far.release(last_sent + 0.001), last_arrived)
+        sent.append(last_sent)
+        stamps.append(play_at)
+        arrived.append(last_arrived)
+    echo_line = EchoLine(8000, level_db, delay_ms)
+    t0 = arrived[0]  # the far end starts sending when the reply starts (as the benchmark)
+    chunks = frames + 50
+    made, last = [], 0.0
+    for k in range(chunks):
+        last = max(far.release(t0 + 0.02 * k), last)
+        made.append(last)
+    # The far end's loop: reply frames heard and line audio made, in the order they run.
+    order = sorted(
+        [(arrived[j], 0, j) for j in range(frames)] + [(made[k], 1, k) for k in range(chunks)]
+    )
+    inbound: list[bytes] = [b""] * chunks
+    for _, kind, i in order:
+        if kind == 0:
+            echo_line.heard(line.heard8[160 * i : 160 * (i + 1)], arrived[i])
+        else:
+            inbound[i] = mulaw(echo_line.echo(t0 + 0.02 * i, 160))
+    taken, last = [], 0.0
+    for k in range(chunks):
+        last = max(gw.release(made[k] + 0.001), last)
+        taken.append(last)
+    handler: EchoGuard | GatedEchoCanceller | LineEchoCanceller | None = None
+    if mode == "echo guard":
+        handler = EchoGuard()
+    elif mode == GATED:
+        handler = GatedEchoCanceller()
+    elif mode == "AEC3":
+        handler = LineEchoCanceller()
+    dec, ref = InputDecoder(WireEncoding.MULAW, 8000), InputDecoder(WireEncoding.MULAW, 8000)
+    seg = Segmenter(VadConfig())
+    begins: list[int] = []
+    # The gateway's loop: reply frames sent (and given to the echo handling), chunks taken.
+    order = sorted(
+        [(sent[j], 0, j) for j in range(frames)] + [(taken[k], 1, k) for k in range(chunks)]
+    )
+    for _, kind, i in order:
+        if kind == 0:
+            heard = ref.decode(wire[160 * i : 160 * (i + 1)])
+            if handler is not None:
+                handler.played(heard, stamps[i])
+        else:
+            x = dec.decode(inbound[i])
+            if handler is not None:
+                x = handler.process(x, taken[i])
+            begins += [ev.offset_ms for ev in seg.push(x) if isinstance(ev, SpeechBegin)]
+    return begins
+
+
+def stalls_main(argv: list[str]) -> dict[str, dict[str, int]]:
+    """Echo-only calls interrupted on a loaded line, per echo handling (``--stalls``)."""
+    ap = argparse.ArgumentParser(description="echo alone on a loaded line")
+    ap.add_argument("--stalls", action="store_true")
+    ap.add_argument("--tiny", action="store_true", help="one level and delay, two seeds")
+    ap.add_argument("--stall-rate", type=float, default=2.0, help="stalls per second, each loop")
+    ap.add_argument("--stall-ms", type=float, default=250.0, help="longest stall (ms)")
+    ap.add_argument("--seeds", type=int, default=3, help="stall patterns per cell")
+    args = ap.parse_args(argv)
+    line = Line(REPLY)
+    levels = LEVELS_DB[:1] if args.tiny else LEVELS_DB
+    delays = DELAYS_MS[2:] if args.tiny else DELAYS_MS
+    seeds = range(2 if args.tiny else args.seeds)
+    modes = ["none", "echo guard"]
+    try:
+        import pywebrtc_audio  # noqa: F401, PLC0415
+
+        modes[1:1] = ["AEC3"]
+        modes.append(GATED)
+    except ImportError:
+        print("pywebrtc-audio is not installed: the AEC3 rows are left out (pip install it)")
+    print(
+        f"echo alone, both loops stalling {args.stall_rate:g}/s for 30-{args.stall_ms:g} ms: "
+        "calls with a SPEECH_BEGIN (each a false barge-in) / calls, and the begins"
+    )
+    print(f"{'':<12} {'interrupted':>12} {'begins':>7}")
+    out: dict[str, dict[str, int]] = {}
+    for mode in modes:
+        calls = interrupted = begins = 0
+        for level in levels:
+            for delay in delays:
+                for seed in seeds:
+                    b = segment_loaded(
+                        line,
+                        level,
+                        delay,
+                        mode,
+                        np.random.default_rng(seed),
+                        rate_hz=args.stall_rate,
+                        max_stall_s=args.stall_ms / 1000.0,
+                    )
+                    calls, interrupted, begins = calls + 1, interrupted + bool(b), begins + len(b)
+        out[mode] = {"calls": calls, "interrupted": interrupted, "begins": begins}
+        print(f"{mode:<12} {f'{interrupted} / {calls}':>12} {begins:>7}")
+    return out
+
+
 def block_correlations(line: Line, level_db: float, caller: np.ndarray | None) -> list[float]:
     """|rho| of each block the guard's window matched (echo alone, or a caller over it).
 
@@ -342,5 +504,7 @@ if __name__ == "__main__":
         correlations_main()
     elif "--dispersion" in sys.argv:
         dispersion_main(tiny="--tiny" in sys.argv)
+    elif "--stalls" in sys.argv:
+        stalls_main(sys.argv[1:])
     else:
         main()

@@ -182,6 +182,9 @@ class EchoGuard:
         #: the block's own correlation with the reply (0 for a block the level test took).
         self.last_echo_blocks: list[tuple[int, int, float]] = []
         self._block_rho = 0.0
+        #: How often the echo's delay moved by more than the cheap search's reach (the far
+        #: end's playout shifted): an echo canceller beside the gate must find it again.
+        self.delay_jumps = 0
         self.stats = EchoGuardStats()
 
     # -- reply side --------------------------------------------------------------------------
@@ -334,6 +337,8 @@ class EchoGuard:
         if block_rho < self._threshold:
             return False
         self._block_rho = block_rho
+        if self._lag_index is not None and abs(k - self._lag_index) > self._track:
+            self.delay_jumps += 1
         self._lag_index = k
         # The echo's gain (its energy ratio), smoothed: what the level test compares against.
         # Learnt only from clear matches of a plausible echo, so that a caller's vowel that
@@ -437,12 +442,19 @@ class GatedEchoCanceller:
     AEC3's output is used only once it has shown that it cancels this line's echo: until it
     has taken at least ``CONVERGED_DB`` out of ``CONVERGED_BLOCKS`` blocks that the reply
     clearly explains (block correlation ``CLEAR_RHO`` or more: echo at least ~9 dB over
-    anything else), echo blocks are silenced as by the gate alone. After that, a clear echo
-    block that AEC3 took less than ``MIN_CANCEL_DB`` out of (it has lost the echo path) is
-    silenced too; other echo blocks carry AEC3's output whatever its level, because where the
-    gate holds a block for its level rather than its shape, what AEC3 leaves is the caller.
+    anything else), echo blocks are silenced as by the gate alone. After that, AEC3's output
+    of an echo block the gate fitted at a delay with correlation rho may hold at most
+    ``RESIDUAL_MARGIN`` times what that fit leaves unexplained (1 - rho^2 of the block: the
+    caller, if any); more, and AEC3 has lost the echo path and leaves the bot's own voice, so
+    the block is silenced and AEC3 must converge again; the same when the gate finds the
+    echo's delay has jumped (a far end whose playout ran dry plays the rest of the reply
+    later, and AEC3 must find the new delay). Blocks the gate holds for their level rather
+    than their shape carry AEC3's output while it is trusted: what it leaves is the caller.
     (Measured offline: unconverged at the start of a reply, AEC3 passed the first echo nearly
-    whole and, used at once, opened an utterance in 1 of 54 echo-only calls.) Costs both:
+    whole and, used at once, opened an utterance in 1 of 54 echo-only calls; on a loaded line
+    whose far end's playout shifts, trusting AEC3 until a clear block showed it had lost the
+    echo let 6 of 18 echo-only calls barge in, none since, ``benchmarks/echo_canceller.py
+    --stalls``.) Costs both:
     about twice the gate's CPU while a reply can echo. Echo that a hybrid spreads is still
     judged by the gate, which misses parts of it (there, ``aec3``).
     """
@@ -450,8 +462,9 @@ class GatedEchoCanceller:
     CONVERGED_DB = 12.0
     CONVERGED_BLOCKS = 5
     CLEAR_RHO = 0.9
-    MIN_CANCEL_DB = 3.0
-    FLOOR_DBFS = -50.0  # blocks quieter than this say nothing about cancellation
+    RESIDUAL_MARGIN = 2.0  # AEC3 may leave up to 3 dB more than the gate's fit leaves
+    FLOOR_DBFS = -50.0  # blocks quieter than this say nothing about convergence
+    LOST_FLOOR_DBFS = -70.0  # below this nothing a voice detector hears is left to cancel
 
     def __init__(self, *, max_delay_ms: int = 700, history_ms: int = 1500) -> None:
         self._gate = EchoGuard(max_delay_ms=max_delay_ms, history_ms=history_ms)
@@ -483,23 +496,35 @@ class GatedEchoCanceller:
         cancelled = self._aec.process(samples, now)
         if cancelled is samples:  # no echo can arrive: nothing for either to do
             return self._gate.process(samples, now)
+        jumps = self._gate.delay_jumps
         used = self.converged
         out = self._gate.process(samples, now, under=cancelled if used else None)
+        if self._gate.delay_jumps != jumps:
+            # The echo moved: AEC3 must find the new delay (until it does, what it leaves is
+            # the bot's own voice), so the gate's silence until it has shown that again.
+            self._cancelled_blocks = 0
+            if used:
+                for lo, hi, _ in self._gate.last_echo_blocks:
+                    out[lo:hi] = 0.0
         x = np.asarray(samples, np.float32)
         floor = 10.0 ** (self.FLOOR_DBFS / 10.0)
-        lost = 10.0 ** (-self.MIN_CANCEL_DB / 10.0)
+        heard = 10.0 ** (self.LOST_FLOOR_DBFS / 10.0)
         converged = 10.0 ** (-self.CONVERGED_DB / 10.0)
         for lo, hi, rho in self._gate.last_echo_blocks:
-            if rho < self.CLEAR_RHO:
-                continue
+            if rho <= 0.0:
+                continue  # held by the level test: no fit to judge AEC3 by
             ex = float(np.mean(np.square(x[lo:hi], dtype=np.float64)))
-            if ex <= floor:
-                continue
-            ratio = float(np.mean(np.square(cancelled[lo:hi], dtype=np.float64))) / ex
-            if ratio <= converged:
+            left = float(np.mean(np.square(cancelled[lo:hi], dtype=np.float64)))
+            if rho >= self.CLEAR_RHO and ex > floor and left <= converged * ex:
                 self._cancelled_blocks += 1
-            elif used and ratio > lost:
-                out[lo:hi] = 0.0  # AEC3 has lost the echo here: the gate's silence
+            # What the reply does not explain of this block (1 - rho^2 of it) is all that a
+            # canceller that has the echo path leaves; AEC3 leaving more has lost it (the far
+            # end's playout shifted and it must find the delay again), and what it leaves is
+            # the bot's own voice: the gate's silence here, and in every echo block until
+            # AEC3 has shown again that it cancels this line's echo.
+            if left > max(self.RESIDUAL_MARGIN * (1.0 - rho * rho) * ex, heard):
+                out[lo:hi] = 0.0
+                self._cancelled_blocks = 0
         return out
 
 

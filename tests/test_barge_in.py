@@ -749,6 +749,34 @@ def test_gate_aec3_suppresses_a_flat_echo_and_silences_it_until_aec3_has_converg
 
 
 @pytest.mark.unit
+def test_gate_aec3_falls_back_to_the_gates_silence_when_the_echo_moves() -> None:
+    """A far end whose playout ran dry plays the rest of the reply later: the echo's delay
+    jumps and AEC3, which must find it again, leaves the bot's voice in its output. From the
+    jump on, echo blocks are the gate's silence until AEC3 has converged anew, which it does."""
+    reply = speechlike(8.0, 1)
+    before, after = echo_of(reply, -10, 120), echo_of(reply, -10, 120, extra=round(0.15 * 16000))
+    canceller, gate = GatedEchoCanceller(), EchoGuard()
+    shift_at = round(4.0 / FRAME_S)
+    revoked_at = None
+    for k in range(len(reply) // 320 + 30):
+        t = k * FRAME_S
+        if k * 320 < len(reply):
+            for f in (canceller, gate):
+                f.played(reply[k * 320 : (k + 1) * 320], t + 0.06)
+        x = (before if k < shift_at else after)(t, 320)
+        gated = gate.process(x, t + FRAME_S)
+        out = canceller.process(x, t + FRAME_S)
+        if k == shift_at - 1:
+            assert canceller.converged  # AEC3 had the path before the shift
+        if k >= shift_at and revoked_at is None and not canceller.converged:
+            revoked_at = k
+        if revoked_at is not None and not canceller.converged:
+            assert np.max(np.abs(out - gated)) < 1e-3  # the gate's verdict, block by block
+    assert revoked_at is not None and revoked_at - shift_at <= 5, (revoked_at, shift_at)
+    assert canceller.converged  # and AEC3 found the new delay before the reply ended
+
+
+@pytest.mark.unit
 def test_gate_aec3_passes_what_the_gate_passes_untouched() -> None:
     """Audio the reply does not explain passes as it is (no line without echo waits on
     AEC3), and nothing is touched while no echo can arrive."""

@@ -107,3 +107,42 @@ def test_gate_aec3_hears_a_caller_quieter_than_the_echo_within_a_quarter_second(
     first_alone = next(b for b in alone if b >= at - 100)
     assert over and over[0] >= at - 100, over  # nothing opened on the echo before the caller
     assert over[0] - first_alone <= 250, (over, first_alone)
+
+
+def test_echo_stays_out_on_a_loaded_line_through_the_gate_and_gate_aec3() -> None:
+    """``--stalls``: the far end's and the gateway's loops stall (2 a second, up to 250 ms),
+    so reply frames go out late, the far end's playout runs dry and the rest of the reply
+    echoes shifted. Through the gate and through ``gate_aec3`` echo alone opens nothing:
+    ``gate_aec3`` silences an echo block once AEC3 leaves more of it than the gate's own fit
+    does, or the echo's delay jumps, until AEC3 has converged again (before that, 6 of 18
+    such calls barged in through it). AEC3 alone, which must find the delay again after each
+    shift, is the witness that the line is loaded enough to matter."""
+    import numpy as np  # noqa: PLC0415
+
+    from benchmarks import echo_canceller  # noqa: PLC0415
+
+    line = echo_canceller.Line(barge_in.REPLY)
+    begins: dict[str, int] = {}
+    interrupted: dict[str, int] = {}
+    for mode in ("none", "AEC3", "echo guard", "gate_aec3"):
+        for level in (-10, -20, -30):
+            for seed in range(2):
+                b = echo_canceller.segment_loaded(
+                    line,
+                    level,
+                    250,
+                    mode,
+                    np.random.default_rng(seed),
+                    rate_hz=2.0,
+                    max_stall_s=0.25,
+                )
+                begins[mode] = begins.get(mode, 0) + len(b)
+                interrupted[mode] = interrupted.get(mode, 0) + bool(b)
+    assert interrupted["none"] == 6  # the echo, unhandled, barges in on every call
+    assert interrupted["AEC3"] >= 2, interrupted
+    assert begins["echo guard"] == 0 and begins["gate_aec3"] == 0, begins
+    # The command line that prints the table (one level and delay, two stall patterns).
+    table = echo_canceller.stalls_main(["--stalls", "--tiny"])
+    assert set(table) == {"none", "AEC3", "echo guard", "gate_aec3"}
+    assert table["none"]["calls"] == table["none"]["interrupted"] == 2
+    assert table["gate_aec3"]["begins"] == 0
