@@ -21,7 +21,8 @@ segmenter (the VAD the gateway uses). Each row feeds the segmenter one way:
 Columns: SPEECH_BEGIN events on echo alone (each one a false barge-in); at each echo level, how
 much later than without any echo the segmenter sees a real caller who starts talking over the
 echo 1.5 s into the reply (ms, the worst over delays and callers; the onset delay is what delays a
-true barge-in); and the CPU the echo handling costs per second of call audio.
+true barge-in); and the CPU the echo handling costs per second of call audio, on the echoing
+line and on one that returns no echo (a caller alone).
 
 ``--stalls``: echo alone on a loaded line. Both event loops (the far end's and the gateway's)
 stall at random (``--stall-rate`` per second, each up to ``--stall-ms``): the gateway sends
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     cells_out: dict[str, dict[str, Any]] = {}
     later = "  ".join(f"{f'later @{lv} dB':>13}" for lv in levels)
-    print(f"{'':<12} {'false begins':>12}  {later}  {'CPU per audio s':>16}")
+    print(f"{'':<12} {'false begins':>12}  {later}  {'CPU per audio s':>16}  {'no echo':>8}")
     for mode in modes:
         false_begins, cpu, calls = 0, 0.0, 0
         worst_at: dict[int, float] = {}
@@ -202,10 +203,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                     worst = max(worst, late)
                     lates.setdefault(str(level), []).append(None if late == float("inf") else late)
             worst_at[level] = worst
+        # A line that returns no echo (a digital one), a caller on it: what the handling costs.
+        quiet = sum(segment(line, line.inbound(None, 120, c), mode)[1] for c in callers)
         out[mode] = {
             "false_begins": false_begins,
             "onset_delay_ms": max(worst_at.values()),
             "cpu_ms_per_audio_s": 1000 * cpu / (calls * audio_s),
+            "cpu_ms_per_audio_s_no_echo": 1000 * quiet / (len(callers) * audio_s),
             **{f"onset_delay_ms_at_{-lv}_db": v for lv, v in worst_at.items()},
         }
         cells_out[mode] = {"false_begins": false_begins, "echo_cells": calls, "late": lates}
@@ -213,6 +217,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         cells = "  ".join(f"{worst_at[lv]:>10.0f} ms" for lv in levels)
         print(
             f"{mode:<12} {r['false_begins']:>12.0f}  {cells}  {r['cpu_ms_per_audio_s']:>13.2f} ms"
+            f"  {r['cpu_ms_per_audio_s_no_echo']:>5.2f} ms"
         )
     if args.emit_cells:
         print("CELLS " + json.dumps(cells_out))

@@ -139,6 +139,7 @@ class EchoGuard:
     LEVEL_HOLD_S = 2.0  # for this long after a delay last explained a block clearly:
     LEARN_RHO = 0.75  # a match this close,
     LEVEL_MAX_GAIN = 0.5  # of an echo at least 6 dB down (phone echo is 10-30 dB down)
+    CLEAR_RHO = 0.9  # a block this close is the echo, ~9 dB over anything else in it
 
     def __init__(
         self,
@@ -182,9 +183,11 @@ class EchoGuard:
         #: the block's own correlation with the reply (0 for a block the level test took).
         self.last_echo_blocks: list[tuple[int, int, float]] = []
         self._block_rho = 0.0
-        #: How often the echo's delay moved by more than the cheap search's reach (the far
-        #: end's playout shifted): an echo canceller beside the gate must find it again.
+        #: How often the echo's delay, as blocks it clearly explains place it, moved by more
+        #: than the cheap search's reach (the far end's playout shifted): an echo canceller
+        #: beside the gate must find it again.
         self.delay_jumps = 0
+        self._clear_lag: int | None = None
         self.stats = EchoGuardStats()
 
     # -- reply side --------------------------------------------------------------------------
@@ -337,8 +340,12 @@ class EchoGuard:
         if block_rho < self._threshold:
             return False
         self._block_rho = block_rho
-        if self._lag_index is not None and abs(k - self._lag_index) > self._track:
-            self.delay_jumps += 1
+        if block_rho >= self.CLEAR_RHO:
+            # Only clear matches move the delay that counts: a caller over the echo can match
+            # the reply loosely somewhere else for a block.
+            if self._clear_lag is not None and abs(k - self._clear_lag) > self._track:
+                self.delay_jumps += 1
+            self._clear_lag = k
         self._lag_index = k
         # The echo's gain (its energy ratio), smoothed: what the level test compares against.
         # Learnt only from clear matches of a plausible echo, so that a caller's vowel that
@@ -437,7 +444,9 @@ class GatedEchoCanceller:
     reply can echo (so that it converges as it would alone), and the gate chooses per block:
     a block it does not explain passes untouched, as with the gate alone (no line without
     echo waits on AEC3), and a block it calls echo becomes AEC3's cancelled output of that
-    block, in which what is left of a quiet caller survives, instead of silence.
+    block, in which what is left of a quiet caller survives, instead of silence. AEC3 starts
+    on the first block the reply clearly explains: on a line that returns no echo, AEC3 never
+    runs and the call costs what the gate costs.
 
     AEC3's output is used only once it has shown that it cancels this line's echo: until it
     has taken at least ``CONVERGED_DB`` out of ``CONVERGED_BLOCKS`` blocks that the reply
@@ -461,7 +470,7 @@ class GatedEchoCanceller:
 
     CONVERGED_DB = 12.0
     CONVERGED_BLOCKS = 5
-    CLEAR_RHO = 0.9
+    CLEAR_RHO = EchoGuard.CLEAR_RHO
     RESIDUAL_MARGIN = 2.0  # AEC3 may leave up to 3 dB more than the gate's fit leaves
     FLOOR_DBFS = -50.0  # blocks quieter than this say nothing about convergence
     LOST_FLOOR_DBFS = -70.0  # below this nothing a voice detector hears is left to cancel
@@ -471,12 +480,22 @@ class GatedEchoCanceller:
         self._aec = LineEchoCanceller(max_delay_ms=max_delay_ms, history_ms=history_ms)
         self._block = self._gate._block  # noqa: SLF001 - the same blocks as the gate's
         self._cancelled_blocks = 0
+        self._line_echoes = False  # AEC3 runs from the first block the reply clearly explains
+        # Until then the inbound audio of the last second, so that AEC3 starts from where it
+        # would be had it run all along (it converges as fast as alone).
+        self._before: deque[tuple[FloatArray, float]] = deque()
+        self._before_n = 0
         self.stats = self._gate.stats
 
     @property
     def converged(self) -> bool:
         """Whether AEC3 has shown that it cancels this line's echo (its output is used)."""
         return self._cancelled_blocks >= self.CONVERGED_BLOCKS
+
+    @property
+    def aec3_running(self) -> bool:
+        """Whether AEC3 has started (the reply has clearly echoed on this line)."""
+        return self._line_echoes
 
     def played(self, samples: FloatArray, at: float) -> None:
         """Record reply audio (16 kHz) whose first sample plays to the caller at ``at``."""
@@ -493,6 +512,24 @@ class GatedEchoCanceller:
         Echo blocks carry AEC3's output; audio passes untouched (the same array) while no
         echo can arrive.
         """
+        if not self._line_echoes:
+            # A line that returns no echo (a digital one) costs only the gate: AEC3 starts on
+            # the first block the reply clearly explains, and adapts from there on.
+            out = self._gate.process(samples, now)
+            if not self._gate.active(now):
+                self._before.clear()  # nothing played lately: nothing for AEC3 to learn from
+                self._before_n = 0
+                return out
+            self._before.append((samples, now))
+            self._before_n += len(samples)
+            while self._before_n - len(self._before[0][0]) >= ASR_SAMPLE_RATE_HZ:
+                self._before_n -= len(self._before.popleft()[0])
+            if any(rho >= self.CLEAR_RHO for _, _, rho in self._gate.last_echo_blocks):
+                self._line_echoes = True
+                for x, t in self._before:
+                    self._aec.process(x, t)
+                self._before.clear()
+            return out
         cancelled = self._aec.process(samples, now)
         if cancelled is samples:  # no echo can arrive: nothing for either to do
             return self._gate.process(samples, now)

@@ -739,6 +739,7 @@ def test_gate_aec3_suppresses_a_flat_echo_and_silences_it_until_aec3_has_converg
         ins.append(x)
         outs.append(out)
     assert converged_at is not None and converged_at * FRAME_S < 1.5  # within the first words
+    assert canceller.aec3_running
     x_all, y_all = np.concatenate(ins), np.concatenate(outs)
     loud = [
         i for i in range(3200, len(x_all) - 320, 320) if db(x_all[i : i + 320]) > db(x_all) - 15
@@ -779,7 +780,7 @@ def test_gate_aec3_falls_back_to_the_gates_silence_when_the_echo_moves() -> None
 @pytest.mark.unit
 def test_gate_aec3_passes_what_the_gate_passes_untouched() -> None:
     """Audio the reply does not explain passes as it is (no line without echo waits on
-    AEC3), and nothing is touched while no echo can arrive."""
+    AEC3, nor runs it), and nothing is touched while no echo can arrive."""
     reply = speechlike(3.0, 1)
     other = speechlike(4.0, 3)
     canceller = GatedEchoCanceller()
@@ -788,6 +789,7 @@ def test_gate_aec3_passes_what_the_gate_passes_untouched() -> None:
     )
     assert np.array_equal(ins, outs)
     assert not canceller.converged  # nothing was echo: AEC3's output was never used
+    assert not canceller.aec3_running  # nor did AEC3 run: a line without echo costs the gate
     fresh = GatedEchoCanceller(max_delay_ms=450)
     x = speechlike(0.02, 4)
     assert fresh.process(x, 1.0) is x
