@@ -57,7 +57,7 @@ if __package__ in (None, ""):
 
 from benchmarks._stats import median, percentile  # noqa: E402
 from engines.asr.base import AsrRequest, AsrResult  # noqa: E402
-from gateway.config import GatewayConfig, load_config  # noqa: E402
+from gateway.config import BargeInConfig, GatewayConfig, load_config  # noqa: E402
 from gateway.models import BARGE_IN_KEY  # noqa: E402
 from gateway.runtime import AsrTranscriber, build_hub  # noqa: E402
 from gateway.testing.echo_line import EchoLine, dispersive_path  # noqa: E402
@@ -396,7 +396,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             ("now", stub, True),
         ]
         aec_stubs: dict[str, pb_grpc.VoiceGatewayStub] = {}
-        for canceller in dict.fromkeys(c for c in args.echo_canceller if c != "gate"):
+        default = BargeInConfig().echo_canceller  # the "now" column's
+        for canceller in dict.fromkeys(c for c in args.echo_canceller if c != default):
             aec_session = {"barge_in": {"barge_in_model": False, "echo_canceller": canceller}}
             asrv = await stack.enter_async_context(
                 running_server(hub=hub, **overrides, session=aec_session)
@@ -575,10 +576,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--echo-canceller",
         nargs="+",
         choices=("gate", "gate_aec3", "aec3"),
-        default=["gate"],
-        help="aec3, gate_aec3 (one or both): also run the echo grid and the immediate cases "
-        "on a server per echo canceller (session.barge_in.echo_canceller), interleaved with "
-        "the guard",
+        default=[],
+        help="gate, aec3 (one or both; the default gate_aec3 is the 'now' column): also run "
+        "the echo grid and the immediate cases on a server per echo canceller "
+        "(session.barge_in.echo_canceller), interleaved with the default's",
     )
     ap.add_argument(
         "--echo-path-ms",

@@ -456,13 +456,15 @@ class BargeInConfig(_Frozen):
         "echo, speakerphones), so that it neither barges in nor opens utterances.",
     )
     echo_canceller: EchoCancellerName = Field(
-        "gate",
-        description="How echo_guard does it: 'gate' silences inbound blocks the "
-        "reply explains at one delay (no convergence, no onset delay on a flat echo path); "
-        "'gate_aec3' lets the gate choose the blocks but puts WebRTC's AEC3 output in their "
-        "place, so that a caller quieter than the echo is heard sooner (twice the CPU); "
-        "'aec3', WebRTC's adaptive echo canceller alone, which also takes out echo a hybrid "
-        "spreads over milliseconds (docs/barge-in.md compares them).",
+        "gate_aec3",
+        description="How echo_guard does it: 'gate_aec3' (the default) lets a gate choose the "
+        "inbound blocks the reply explains and puts WebRTC's AEC3 output in their place, so "
+        "that a caller quieter than the echo is heard through it (AEC3 starts only once the "
+        "line has echoed); 'gate' silences those blocks (the cheapest: half the CPU on a line "
+        "that echoes; a caller quieter than the echo is heard once louder than it); 'aec3', "
+        "WebRTC's adaptive echo canceller alone, which also takes out echo a hybrid spreads "
+        "over milliseconds but holds callers back on lines without echo (docs/barge-in.md "
+        "compares them).",
     )
 
 

@@ -120,7 +120,7 @@ class CallConfig:
     echo_guard: bool = True
     #: How: the correlation gate (``gate``), the gate with AEC3's output in its echo blocks
     #: (``gate_aec3``) or WebRTC's AEC3 alone (``aec3``).
-    echo_canceller: EchoCancellerName = "gate"
+    echo_canceller: EchoCancellerName = "gate_aec3"
     mode: Literal["converse", "recognize"] = "converse"
     playout_lead_ms: int = 60
     speculative_finals: bool = True

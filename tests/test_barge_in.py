@@ -891,16 +891,16 @@ def test_a_call_or_the_server_chooses_the_echo_handling() -> None:
     gate, aec3 = pb.ECHO_HANDLING_GATE, pb.ECHO_HANDLING_AEC3
     unset = pb.ECHO_HANDLING_UNSPECIFIED
     server_aec3 = {"barge_in": {"echo_canceller": "aec3"}}
-    assert asyncio.run(_echo_handling_in_effect(None, unset)) == gate
+    assert asyncio.run(_echo_handling_in_effect(None, unset)) == pb.ECHO_HANDLING_GATE_AEC3
+    assert asyncio.run(_echo_handling_in_effect(None, gate)) == gate
     assert asyncio.run(_echo_handling_in_effect(None, aec3)) == aec3
     assert asyncio.run(_echo_handling_in_effect(server_aec3, unset)) == aec3
     assert asyncio.run(_echo_handling_in_effect(server_aec3, gate)) == gate
     both = pb.ECHO_HANDLING_GATE_AEC3
     assert asyncio.run(_echo_handling_in_effect(None, both)) == both
-    assert (
-        asyncio.run(_echo_handling_in_effect({"barge_in": {"echo_canceller": "gate_aec3"}}, unset))
-        == both
-    )
+    server_gate = {"barge_in": {"echo_canceller": "gate"}}
+    assert asyncio.run(_echo_handling_in_effect(server_gate, unset)) == gate
+    assert asyncio.run(_echo_handling_in_effect(server_gate, both)) == both
 
 
 @pytest.mark.e2e

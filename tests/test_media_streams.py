@@ -517,10 +517,12 @@ class SessionSpy:
             pass
 
 
-@pytest.mark.parametrize(("asked", "runs"), [(None, "GATE"), ("gate", "GATE"), ("aec3", "AEC3")])
+@pytest.mark.parametrize(
+    ("asked", "runs"), [(None, "GATE_AEC3"), ("gate", "GATE"), ("aec3", "AEC3")]
+)
 async def test_the_adapters_echo_handling_reaches_the_gateway(asked: Any, runs: str) -> None:
     """What the operator set for the provider's leg is what the gateway's call runs (its
-    effective config); unset, the gateway's own default (the gate)."""
+    effective config); unset, the gateway's own default (``gate_aec3``)."""
     from voxgate.v1 import voxgate_pb2 as pb
 
     bot = SessionSpy()

@@ -144,7 +144,7 @@ async def test_call_streams_real_speech_to_the_gateway(caller_audio: Path) -> No
 
 
 @pytest.mark.parametrize(
-    ("asked", "runs"), [("", pb.ECHO_HANDLING_GATE), ("aec3", pb.ECHO_HANDLING_AEC3)]
+    ("asked", "runs"), [("", pb.ECHO_HANDLING_GATE_AEC3), ("aec3", pb.ECHO_HANDLING_AEC3)]
 )
 async def test_the_trunks_echo_handling_reaches_the_gateway(
     caller_audio: Path, asked: str, runs: int

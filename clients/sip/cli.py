@@ -109,7 +109,7 @@ def add_sip_arguments(parser: argparse.ArgumentParser) -> None:
         default="",
         help="how the gateway keeps this trunk's echo of the bot from barging in: gate (flat "
         "echo: digital and four-wire lines), gate_aec3 (flat echo, soft-spoken callers heard "
-        "sooner, twice the CPU) or aec3 (echo through an analogue hybrid); "
+        "sooner, twice the CPU on a trunk that echoes) or aec3 (echo through an analogue hybrid); "
         "default: the gateway's",
     )
     parser.add_argument(
