@@ -336,8 +336,11 @@ def segment_loaded(
     *,
     rate_hz: float,
     max_stall_s: float,
+    caller: np.ndarray | None = None,
 ) -> list[int]:
     """SPEECH_BEGIN offsets of echo alone on a loaded line (see the module docstring).
+
+    ``caller`` (8 kHz): a caller who starts talking ``CALLER_AT_MS`` into the reply, over it.
 
     Timing as in the gateway and in ``benchmarks.barge_in``: reply frame j is due at
     ``S + 20 ms * j`` and leaves ``LEAD_S`` earlier, or when the gateway's loop runs again;
@@ -378,7 +381,12 @@ def segment_loaded(
         if kind == 0:
             echo_line.heard(line.heard8[160 * i : 160 * (i + 1)], arrived[i])
         else:
-            inbound[i] = mulaw(echo_line.echo(t0 + 0.02 * i, 160))
+            x = echo_line.echo(t0 + 0.02 * i, 160)
+            lo = 160 * i - CALLER_AT_MS * 8
+            if caller is not None and 0 <= lo < len(caller):
+                seg = caller[lo : lo + 160]
+                x[: len(seg)] += seg
+            inbound[i] = mulaw(x)
     taken, last = [], 0.0
     for k in range(chunks):
         last = max(gw.release(made[k] + 0.001), last)
@@ -418,6 +426,12 @@ def stalls_main(argv: list[str]) -> dict[str, dict[str, int]]:
     ap.add_argument("--stall-rate", type=float, default=2.0, help="stalls per second, each loop")
     ap.add_argument("--stall-ms", type=float, default=250.0, help="longest stall (ms)")
     ap.add_argument("--seeds", type=int, default=3, help="stall patterns per cell")
+    ap.add_argument(
+        "--callers",
+        action="store_true",
+        help="also: how much later a real caller over a -10 dB echo is seen than on the same "
+        "loaded line without echo (median / p95 / callers > 500 ms)",
+    )
     args = ap.parse_args(argv)
     line = Line(REPLY)
     levels = LEVELS_DB[:1] if args.tiny else LEVELS_DB
@@ -454,6 +468,44 @@ def stalls_main(argv: list[str]) -> dict[str, dict[str, int]]:
                     calls, interrupted, begins = calls + 1, interrupted + bool(b), begins + len(b)
         out[mode] = {"calls": calls, "interrupted": interrupted, "begins": begins}
         print(f"{mode:<12} {f'{interrupted} / {calls}':>12} {begins:>7}")
+    if args.callers:
+        print("a caller over the echo (-10 dB), later than without echo: median / p95 ms, > 500")
+        loaded = {"rate_hz": args.stall_rate, "max_stall_s": args.stall_ms / 1000.0}
+        first: dict[tuple[int, str, int], int] = {}
+        for delay in delays:
+            for name in CALLERS:
+                for seed in seeds:
+                    alone = segment_loaded(
+                        line,
+                        -200,
+                        delay,
+                        "none",
+                        np.random.default_rng(seed),
+                        **loaded,
+                        caller=load_caller(name),
+                    )
+                    first[delay, name, seed] = next(b for b in alone if b >= CALLER_AT_MS - 100)
+        for mode in modes[1:]:
+            late = []
+            for (delay, name, seed), at in first.items():
+                over = segment_loaded(
+                    line,
+                    -10,
+                    delay,
+                    mode,
+                    np.random.default_rng(seed),
+                    **loaded,
+                    caller=load_caller(name),
+                )
+                heard = next((b for b in over if b >= CALLER_AT_MS - 100), None)
+                late.append(float("inf") if heard is None else heard - at)
+            v = np.asarray(late)
+            method = "linear" if np.isfinite(v).all() else "higher"
+            med, p95 = float(np.median(v)), float(np.percentile(v, 95, method=method))
+            over_500 = int(np.sum(v > 500))
+            out[mode] |= {"caller_median_ms": int(med), "caller_p95_ms": int(p95)}
+            out[mode] |= {"callers_over_500": over_500, "callers": len(v)}
+            print(f"{mode:<12} {med:>6.0f} / {p95:>4.0f} ms, {over_500} of {len(v)}")
     return out
 
 

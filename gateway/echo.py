@@ -454,11 +454,14 @@ class GatedEchoCanceller:
     anything else), echo blocks are silenced as by the gate alone. After that, AEC3's output
     of an echo block the gate fitted at a delay with correlation rho may hold at most
     ``RESIDUAL_MARGIN`` times what that fit leaves unexplained (1 - rho^2 of the block: the
-    caller, if any); more, and AEC3 has lost the echo path and leaves the bot's own voice, so
-    the block is silenced and AEC3 must converge again; the same when the gate finds the
-    echo's delay has jumped (a far end whose playout ran dry plays the rest of the reply
-    later, and AEC3 must find the new delay). Blocks the gate holds for their level rather
-    than their shape carry AEC3's output while it is trusted: what it leaves is the caller.
+    caller, if any); more, and AEC3 has lost the echo path and leaves the bot's own voice:
+    the block is silenced, and so is every echo block until a block the reply clearly
+    explains shows again that AEC3 leaves no more than the fit. The same distrust follows a
+    jump of the echo's delay (a far end whose playout ran dry plays the rest of the reply
+    later, and AEC3 must find the new delay). Only a clear block restores trust, because in
+    a loosely fitted one (a caller over the echo) the fit leaves so much that a lost AEC3
+    passes the test too. Blocks the gate holds for their level rather than their shape carry
+    AEC3's output only while it is trusted: what it leaves then is the caller.
     (Measured offline: unconverged at the start of a reply, AEC3 passed the first echo nearly
     whole and, used at once, opened an utterance in 1 of 54 echo-only calls; on a loaded line
     whose far end's playout shifts, trusting AEC3 until a clear block showed it had lost the
@@ -481,6 +484,7 @@ class GatedEchoCanceller:
         self._block = self._gate._block  # noqa: SLF001 - the same blocks as the gate's
         self._cancelled_blocks = 0
         self._line_echoes = False  # AEC3 runs from the first block the reply clearly explains
+        self._aec_holds = True  # the last block fitted at a delay: AEC3 left no more than the fit
         # Until then the inbound audio of the last second, so that AEC3 starts from where it
         # would be had it run all along (it converges as fast as alone).
         self._before: deque[tuple[FloatArray, float]] = deque()
@@ -491,6 +495,14 @@ class GatedEchoCanceller:
     def converged(self) -> bool:
         """Whether AEC3 has shown that it cancels this line's echo (its output is used)."""
         return self._cancelled_blocks >= self.CONVERGED_BLOCKS
+
+    @property
+    def aec3_trusted(self) -> bool:
+        """Whether AEC3's output fills echo blocks now.
+
+        Converged, and the last block the reply clearly explained showed it has the echo path.
+        """
+        return self.converged and self._aec_holds
 
     @property
     def aec3_running(self) -> bool:
@@ -537,31 +549,35 @@ class GatedEchoCanceller:
         used = self.converged
         out = self._gate.process(samples, now, under=cancelled if used else None)
         if self._gate.delay_jumps != jumps:
-            # The echo moved: AEC3 must find the new delay (until it does, what it leaves is
-            # the bot's own voice), so the gate's silence until it has shown that again.
-            self._cancelled_blocks = 0
-            if used:
-                for lo, hi, _ in self._gate.last_echo_blocks:
-                    out[lo:hi] = 0.0
+            # The echo moved: AEC3 must find the new delay, and until a block clearly fitted
+            # at it shows that it has, what AEC3 leaves is the bot's voice as likely as not.
+            self._aec_holds = False
         x = np.asarray(samples, np.float32)
         floor = 10.0 ** (self.FLOOR_DBFS / 10.0)
         heard = 10.0 ** (self.LOST_FLOOR_DBFS / 10.0)
         converged = 10.0 ** (-self.CONVERGED_DB / 10.0)
         for lo, hi, rho in self._gate.last_echo_blocks:
-            if rho <= 0.0:
-                continue  # held by the level test: no fit to judge AEC3 by
             ex = float(np.mean(np.square(x[lo:hi], dtype=np.float64)))
             left = float(np.mean(np.square(cancelled[lo:hi], dtype=np.float64)))
+            if rho <= 0.0:
+                # Held by the level test: no fit to judge AEC3 by, so the last one's verdict.
+                if used and not self._aec_holds:
+                    out[lo:hi] = 0.0
+                continue
             if rho >= self.CLEAR_RHO and ex > floor and left <= converged * ex:
                 self._cancelled_blocks += 1
             # What the reply does not explain of this block (1 - rho^2 of it) is all that a
             # canceller that has the echo path leaves; AEC3 leaving more has lost it (the far
             # end's playout shifted and it must find the delay again), and what it leaves is
-            # the bot's own voice: the gate's silence here, and in every echo block until
-            # AEC3 has shown again that it cancels this line's echo.
-            if left > max(self.RESIDUAL_MARGIN * (1.0 - rho * rho) * ex, heard):
+            # the bot's own voice: the gate's silence here, and in a loosely fitted block
+            # until a clear one has shown AEC3 has the path.
+            holds = left <= max(self.RESIDUAL_MARGIN * (1.0 - rho * rho) * ex, heard)
+            clear = rho >= self.CLEAR_RHO
+            if used and not (holds and (clear or self._aec_holds)):
                 out[lo:hi] = 0.0
-                self._cancelled_blocks = 0
+            if not holds or clear:
+                # Only a block that is clearly the echo shows AEC3 has the path (again).
+                self._aec_holds = holds
         return out
 
 

@@ -13,7 +13,7 @@ from conftest import read_wav_int16
 from benchmarks import _wer
 from engines.asr._whisper import WhisperEngine
 from engines.asr.base import AsrOptions, AsrRequest, AsrResult
-from engines.asr.config import WhisperConfig
+from engines.asr.config import DecodingPolicyConfig, WhisperConfig
 from gateway.testing.signals import hallucination_set, stats_for
 
 pytestmark = [pytest.mark.model]
@@ -128,14 +128,33 @@ def test_hallucination_set_yields_zero_words(engine: WhisperEngine) -> None:
     assert all(r.dropped_reason for r in results)
 
 
-def test_interims_decode_once_and_keep_the_gates(engine: WhisperEngine) -> None:
+def test_interims_decode_once_and_keep_the_gates() -> None:
     """An interim gets one decode at temperature 0 on its bucket: no retry, the same gates.
 
     The hallucination set makes finals retry (its decodes are unsure, which is what the
     temperature ladder and the full-window re-encode are for); as interims the same audio
-    costs one encode on its bucket each, and still yields no word.
+    costs one encode on its bucket each, and still yields no word. Whether a final of that
+    set retries at the default no-speech threshold depends on the CPU (CTranslate2's int8
+    kernels differ: on some every item's no-speech probability is above 0.6, which is never
+    retried), so this engine treats no decode as silence below 0.9: then finals do retry on
+    any CPU, and the claim about interims can fail (four of the set's unsure items: each
+    final of them retries, which is slow).
     """
-    signals = hallucination_set()
+    engine = WhisperEngine.load(
+        WhisperConfig(
+            inter_threads=1, intra_threads=2, policy=DecodingPolicyConfig(no_speech_threshold=0.9)
+        )
+    )
+    try:
+        _interims_decode_once(engine)
+    finally:
+        engine.close()
+
+
+def _interims_decode_once(engine: WhisperEngine) -> None:
+    unsure = {"white_-30dBFS", "brown_-45dBFS", "clicks", "dtmf_digits"}
+    signals = [s for s in hallucination_set() if s.name in unsure]
+    assert len(signals) == len(unsure)
 
     def fallbacks() -> int:
         c = engine.counters

@@ -114,7 +114,8 @@ def test_echo_stays_out_on_a_loaded_line_through_the_gate_and_gate_aec3() -> Non
     so reply frames go out late, the far end's playout runs dry and the rest of the reply
     echoes shifted. Through the gate and through ``gate_aec3`` echo alone opens nothing:
     ``gate_aec3`` silences an echo block once AEC3 leaves more of it than the gate's own fit
-    does, or the echo's delay jumps, until AEC3 has converged again (before that, 6 of 18
+    does, or the echo's delay jumps, until a block the reply clearly explains shows AEC3 has
+    the path again (trusting AEC3 until a clear block showed it had lost the echo, 6 of 18
     such calls barged in through it). AEC3 alone, which must find the delay again after each
     shift, is the witness that the line is loaded enough to matter."""
     import numpy as np  # noqa: PLC0415
