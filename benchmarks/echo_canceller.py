@@ -418,7 +418,7 @@ def segment_loaded(
     return begins
 
 
-def stalls_main(argv: list[str]) -> dict[str, dict[str, int]]:
+def stalls_main(argv: list[str]) -> dict[str, dict[str, float]]:
     """Echo-only calls interrupted on a loaded line, per echo handling (``--stalls``)."""
     ap = argparse.ArgumentParser(description="echo alone on a loaded line")
     ap.add_argument("--stalls", action="store_true")
@@ -450,7 +450,7 @@ def stalls_main(argv: list[str]) -> dict[str, dict[str, int]]:
         "calls with a SPEECH_BEGIN (each a false barge-in) / calls, and the begins"
     )
     print(f"{'':<12} {'interrupted':>12} {'begins':>7}")
-    out: dict[str, dict[str, int]] = {}
+    out: dict[str, dict[str, float]] = {}
     for mode in modes:
         calls = interrupted = begins = 0
         for level in levels:
@@ -503,7 +503,7 @@ def stalls_main(argv: list[str]) -> dict[str, dict[str, int]]:
             method = "linear" if np.isfinite(v).all() else "higher"
             med, p95 = float(np.median(v)), float(np.percentile(v, 95, method=method))
             over_500 = int(np.sum(v > 500))
-            out[mode] |= {"caller_median_ms": int(med), "caller_p95_ms": int(p95)}
+            out[mode] |= {"caller_median_ms": med, "caller_p95_ms": p95}
             out[mode] |= {"callers_over_500": over_500, "callers": len(v)}
             print(f"{mode:<12} {med:>6.0f} / {p95:>4.0f} ms, {over_500} of {len(v)}")
     return out

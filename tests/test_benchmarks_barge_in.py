@@ -142,8 +142,11 @@ def test_echo_stays_out_on_a_loaded_line_through_the_gate_and_gate_aec3() -> Non
     assert interrupted["none"] == 6  # the echo, unhandled, barges in on every call
     assert interrupted["AEC3"] >= 2, interrupted
     assert begins["echo guard"] == 0 and begins["gate_aec3"] == 0, begins
-    # The command line that prints the table (one level and delay, two stall patterns).
-    table = echo_canceller.stalls_main(["--stalls", "--tiny"])
+    # The command line that prints the table (one level and delay, two stall patterns), and
+    # the callers over that echo (three callers, the same patterns).
+    table = echo_canceller.stalls_main(["--stalls", "--tiny", "--callers"])
     assert set(table) == {"none", "AEC3", "echo guard", "gate_aec3"}
     assert table["none"]["calls"] == table["none"]["interrupted"] == 2
     assert table["gate_aec3"]["begins"] == 0
+    assert table["gate_aec3"]["callers"] == 6
+    assert table["gate_aec3"]["caller_median_ms"] < float("inf")
