@@ -477,6 +477,10 @@ class GatedEchoCanceller:
     RESIDUAL_MARGIN = 2.0  # AEC3 may leave up to 3 dB more than the gate's fit leaves
     FLOOR_DBFS = -50.0  # blocks quieter than this say nothing about convergence
     LOST_FLOOR_DBFS = -70.0  # below this nothing a voice detector hears is left to cancel
+    # The same as power ratios, for the per-chunk path.
+    _FLOOR = 10.0 ** (FLOOR_DBFS / 10.0)
+    _HEARD = 10.0 ** (LOST_FLOOR_DBFS / 10.0)
+    _CONVERGED = 10.0 ** (-CONVERGED_DB / 10.0)
 
     def __init__(self, *, max_delay_ms: int = 700, history_ms: int = 1500) -> None:
         self._gate = EchoGuard(max_delay_ms=max_delay_ms, history_ms=history_ms)
@@ -553,17 +557,15 @@ class GatedEchoCanceller:
             # at it shows that it has, what AEC3 leaves is the bot's voice as likely as not.
             self._aec_holds = False
         x = np.asarray(samples, np.float32)
-        floor = 10.0 ** (self.FLOOR_DBFS / 10.0)
-        heard = 10.0 ** (self.LOST_FLOOR_DBFS / 10.0)
-        converged = 10.0 ** (-self.CONVERGED_DB / 10.0)
+        floor, heard, converged = self._FLOOR, self._HEARD, self._CONVERGED
         for lo, hi, rho in self._gate.last_echo_blocks:
-            ex = float(np.mean(np.square(x[lo:hi], dtype=np.float64)))
-            left = float(np.mean(np.square(cancelled[lo:hi], dtype=np.float64)))
             if rho <= 0.0:
                 # Held by the level test: no fit to judge AEC3 by, so the last one's verdict.
                 if used and not self._aec_holds:
                     out[lo:hi] = 0.0
                 continue
+            ex = float(np.mean(np.square(x[lo:hi], dtype=np.float64)))
+            left = float(np.mean(np.square(cancelled[lo:hi], dtype=np.float64)))
             if rho >= self.CLEAR_RHO and ex > floor and left <= converged * ex:
                 self._cancelled_blocks += 1
             # What the reply does not explain of this block (1 - rho^2 of it) is all that a
