@@ -49,6 +49,8 @@ DEFAULT_BACKCHANNELS: tuple[str, ...] = (
     "ah",
     "oh",
     "huh",
+    "aha",
+    "ha",
     "hm",
     "er",
     "erm",
@@ -67,6 +69,10 @@ DEFAULT_BACKCHANNELS: tuple[str, ...] = (
 )
 
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)*")
+_RUN = re.compile(r"(.)\1+")
+#: A word of nothing but m's and h's is a hum however it is spelt ("Mmm", "Hmmm", "Mhm", the
+#: "M-M-M" or "M.H.M." Whisper writes for a long one): no English word is, so it is never a word.
+_HUM = re.compile(r"[mh]+")
 
 
 def normalise_words(text: str) -> tuple[str, ...]:
@@ -74,8 +80,18 @@ def normalise_words(text: str) -> tuple[str, ...]:
     return tuple(_WORD.findall(text.lower().replace("-", " ")))
 
 
+def _held(words: tuple[str, ...]) -> tuple[str, ...]:
+    """Each word with its held letters said once: "mmm" -> "m", "okaaay" -> "okay".
+
+    Whisper spells a drawn-out backchannel with the letters held ("Mmm.", "Ohh.", "Yeahh."), so
+    a listed "mm" or "oh" must match however long the caller held it. Both sides are squeezed,
+    so the list's own spelling ("mm-hmm", "all right") still matches itself.
+    """
+    return tuple(_RUN.sub(r"\1", w) for w in words)
+
+
 def _phrases(backchannels: Iterable[str]) -> list[tuple[str, ...]]:
-    phrases = {normalise_words(b) for b in backchannels}
+    phrases = {_held(normalise_words(b)) for b in backchannels}
     phrases.discard(())
     return sorted(phrases, key=len, reverse=True)  # longest match first
 
@@ -84,9 +100,10 @@ def content_words(text: str, backchannels: Iterable[str]) -> int:
     """How many words of ``text`` are not part of a backchannel phrase.
 
     "Mm-hmm, yeah." has none; "yeah, wait a second" has three ("wait", "a", "second").
-    Phrases match whole words only, longest first.
+    Phrases match whole words only, longest first, however long a letter is held ("Mmm.",
+    "Okaaay."); a hum ("Hmmm", "M-M-M") is never a word, listed or not.
     """
-    words = normalise_words(text)
+    words = tuple(w for w in _held(normalise_words(text)) if not _HUM.fullmatch(w))
     phrases = _phrases(backchannels)
     count, i = 0, 0
     while i < len(words):

@@ -421,7 +421,8 @@ class BargeInConfig(_Frozen):
         DEFAULT_BACKCHANNELS,
         max_length=200,
         description="after_words: listener responses that never interrupt ('mm-hmm', 'yeah', "
-        "'okay', ...), matched case- and punctuation-insensitively as whole words.",
+        "'okay', ...), matched case- and punctuation-insensitively as whole words, held "
+        "letters as one ('Mmm' is 'mm'); a word of only m's and h's is a hum, never a word.",
     )
     interim_interval_ms: int = Field(
         250,

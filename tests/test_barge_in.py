@@ -65,6 +65,20 @@ FRAME_S = 0.02
         ("No.", 1),
         ("okay so I want to change it", 6),
         ("rightly", 1),  # whole words only
+        # Held letters and hums, as Whisper spells them; the list's own words still match.
+        ("Mmm.", 0),
+        ("Hmmm, okay.", 0),
+        ("M-M-M.", 0),
+        ("M.H.M.", 0),
+        ("Mm-mm-hmm.", 0),
+        ("Ohh, yeahh.", 0),
+        ("Okaaay.", 0),
+        ("Ah ha.", 0),
+        ("Mmm, wait.", 1),
+        ("Amen.", 1),
+        ("Emma", 1),
+        ("Hello.", 1),  # a doubled letter in a word is still that word
+        ("Good", 1),
         ("", 0),
     ],
 )
