@@ -5,6 +5,7 @@ Run:  .venv/bin/python -m benchmarks.echo_canceller [--tiny]
       .venv/bin/python -m benchmarks.echo_canceller --correlations   (the quiet-caller limit)
       .venv/bin/python -m benchmarks.echo_canceller --dispersion     (echo paths that spread)
       .venv/bin/python -m benchmarks.echo_canceller --stalls         (a loaded far end and server)
+      .venv/bin/python -m benchmarks.echo_canceller --stalls --replies 20 --callers
 
 The measurement behind gateway/echo.py's design. No server: the bundled Piper voice speaks a
 reply, which is sent as μ-law 8 kHz, comes back from the line at each level × delay of the
@@ -29,7 +30,8 @@ stall at random (``--stall-rate`` per second, each up to ``--stall-ms``): the ga
 reply frames late and stamps them so; the far end hears frames late, its jitter buffer runs
 dry and the rest of the reply plays shifted (the echo's delay jumps mid-reply); audio captured
 during a stall is sent in a burst. What a loaded 2-core machine did to the live benchmark,
-reproduced deterministically (seeded): calls interrupted per echo handling.
+reproduced deterministically (seeded): calls interrupted per echo handling, pooled over
+``--replies`` replies whose voice is seeded too (the same replies in every run).
 
 The bundled voice samples each reply afresh (VITS noise) once per process, and one reply's
 worst cell says little: ``--replies N`` runs the grid in N fresh processes and pools every
@@ -40,6 +42,7 @@ more than 500 ms late.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import subprocess
 import sys
@@ -82,7 +85,13 @@ def mulaw(x: np.ndarray) -> bytes:
 class Line:
     """The reply as the caller heard it (8 kHz) and as the gateway's reference (16 kHz)."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, *, seed: int | None = None) -> None:
+        if seed is not None:
+            # The voice's random draws come from ONNX Runtime's generator, seeded per process
+            # from the clock unless set: a seed makes this reply the same in every run.
+            import onnxruntime  # noqa: PLC0415
+
+            onnxruntime.set_seed(seed)
         tts = VitsStreamer.load(TtsConfig())
         audio = np.concatenate([c.samples for c in tts.stream(text)]).astype(np.float32)
         wire = OutputEncoder(WireEncoding.MULAW, 8000, tts.sample_rate_hz).encode(audio, last=True)
@@ -432,8 +441,14 @@ def stalls_main(argv: list[str]) -> dict[str, dict[str, float]]:
         help="also: how much later a real caller over a -10 dB echo is seen than on the same "
         "loaded line without echo (median / p95 / callers > 500 ms)",
     )
+    ap.add_argument(
+        "--replies",
+        type=int,
+        default=3,
+        help="replies (the voice seeded 0..N-1, so each is the same in every run), pooled",
+    )
     args = ap.parse_args(argv)
-    line = Line(REPLY)
+    lines = [Line(REPLY, seed=r) for r in range(args.replies)]
     levels = LEVELS_DB[:1] if args.tiny else LEVELS_DB
     delays = DELAYS_MS[2:] if args.tiny else DELAYS_MS
     seeds = range(2 if args.tiny else args.seeds)
@@ -446,50 +461,49 @@ def stalls_main(argv: list[str]) -> dict[str, dict[str, float]]:
     except ImportError:
         print("pywebrtc-audio is not installed: the AEC3 rows are left out (pip install it)")
     print(
-        f"echo alone, both loops stalling {args.stall_rate:g}/s for 30-{args.stall_ms:g} ms: "
-        "calls with a SPEECH_BEGIN (each a false barge-in) / calls, and the begins"
+        f"echo alone, both loops stalling {args.stall_rate:g}/s for 30-{args.stall_ms:g} ms, "
+        f"{len(lines)} replies: calls with a SPEECH_BEGIN (each a false barge-in) / calls, "
+        "and the begins"
     )
     print(f"{'':<12} {'interrupted':>12} {'begins':>7}")
     out: dict[str, dict[str, float]] = {}
     for mode in modes:
         calls = interrupted = begins = 0
-        for level in levels:
-            for delay in delays:
-                for seed in seeds:
-                    b = segment_loaded(
-                        line,
-                        level,
-                        delay,
-                        mode,
-                        np.random.default_rng(seed),
-                        rate_hz=args.stall_rate,
-                        max_stall_s=args.stall_ms / 1000.0,
-                    )
-                    calls, interrupted, begins = calls + 1, interrupted + bool(b), begins + len(b)
+        for line in lines:
+            for level, delay, seed in itertools.product(levels, delays, seeds):
+                b = segment_loaded(
+                    line,
+                    level,
+                    delay,
+                    mode,
+                    np.random.default_rng(seed),
+                    rate_hz=args.stall_rate,
+                    max_stall_s=args.stall_ms / 1000.0,
+                )
+                calls, interrupted, begins = calls + 1, interrupted + bool(b), begins + len(b)
         out[mode] = {"calls": calls, "interrupted": interrupted, "begins": begins}
         print(f"{mode:<12} {f'{interrupted} / {calls}':>12} {begins:>7}")
     if args.callers:
         print("a caller over the echo (-10 dB), later than without echo: median / p95 ms, > 500")
         loaded = {"rate_hz": args.stall_rate, "max_stall_s": args.stall_ms / 1000.0}
-        first: dict[tuple[int, str, int], int] = {}
-        for delay in delays:
-            for name in CALLERS:
-                for seed in seeds:
-                    alone = segment_loaded(
-                        line,
-                        -200,
-                        delay,
-                        "none",
-                        np.random.default_rng(seed),
-                        **loaded,
-                        caller=load_caller(name),
-                    )
-                    first[delay, name, seed] = next(b for b in alone if b >= CALLER_AT_MS - 100)
+        first: dict[tuple[int, int, str, int], int] = {}
+        for r, line in enumerate(lines):
+            for delay, name, seed in itertools.product(delays, CALLERS, seeds):
+                alone = segment_loaded(
+                    line,
+                    -200,
+                    delay,
+                    "none",
+                    np.random.default_rng(seed),
+                    **loaded,
+                    caller=load_caller(name),
+                )
+                first[r, delay, name, seed] = next(b for b in alone if b >= CALLER_AT_MS - 100)
         for mode in modes[1:]:
             late = []
-            for (delay, name, seed), at in first.items():
+            for (r, delay, name, seed), at in first.items():
                 over = segment_loaded(
-                    line,
+                    lines[r],
                     -10,
                     delay,
                     mode,

@@ -458,15 +458,21 @@ class GatedEchoCanceller:
     the block is silenced, and so is every echo block until a block the reply clearly
     explains shows again that AEC3 leaves no more than the fit. The same distrust follows a
     jump of the echo's delay (a far end whose playout ran dry plays the rest of the reply
-    later, and AEC3 must find the new delay). Only a clear block restores trust, because in
-    a loosely fitted one (a caller over the echo) the fit leaves so much that a lost AEC3
-    passes the test too. Blocks the gate holds for their level rather than their shape carry
-    AEC3's output only while it is trusted: what it leaves then is the caller.
+    later, and AEC3 must find the new delay). Only a block the reply explains to within 1 %
+    (``TRUST_RHO``) restores trust, because in a loosely fitted one (a caller over the echo,
+    or an echo whose playout shifted within the window) the fit leaves so much that a lost
+    AEC3 passes the test too. Blocks the gate holds for their level rather than their shape
+    carry AEC3's output only while it is trusted: what it leaves then is the caller. And an
+    echo block where no caller can be (what the fit leaves, or AEC3's output, is below
+    ``CALLER_FLOOR_DBFS``) is silenced whatever AEC3 did: what it left there is the bot's
+    voice, quiet but speech, in bursts the voice detector hears.
     (Measured offline: unconverged at the start of a reply, AEC3 passed the first echo nearly
     whole and, used at once, opened an utterance in 1 of 54 echo-only calls; on a loaded line
     whose far end's playout shifts, trusting AEC3 until a clear block showed it had lost the
-    echo let 6 of 18 echo-only calls barge in, none since, ``benchmarks/echo_canceller.py
-    --stalls``.) Costs both:
+    echo let 6 of 18 echo-only calls barge in; with that fixed, 14 of 1080 over 40 seeded
+    replies still did, on AEC3's -60 dBFS residue or on trust restored by a block at
+    |rho| 0.92-0.98, and 0 of 1080 with the caller floor and ``TRUST_RHO``,
+    ``benchmarks/echo_canceller.py --stalls``.) Costs both:
     about twice the gate's CPU while a reply can echo. Echo that a hybrid spreads is still
     judged by the gate, which misses parts of it (there, ``aec3``).
     """
@@ -474,13 +480,16 @@ class GatedEchoCanceller:
     CONVERGED_DB = 12.0
     CONVERGED_BLOCKS = 5
     CLEAR_RHO = EchoGuard.CLEAR_RHO
+    TRUST_RHO = 0.99  # only a block this close (echo 20 dB over the rest) restores the trust
     RESIDUAL_MARGIN = 2.0  # AEC3 may leave up to 3 dB more than the gate's fit leaves
     FLOOR_DBFS = -50.0  # blocks quieter than this say nothing about convergence
     LOST_FLOOR_DBFS = -70.0  # below this nothing a voice detector hears is left to cancel
+    CALLER_FLOOR_DBFS = -50.0  # no caller talks this quietly on a phone line
     # The same as power ratios, for the per-chunk path.
     _FLOOR = 10.0 ** (FLOOR_DBFS / 10.0)
     _HEARD = 10.0 ** (LOST_FLOOR_DBFS / 10.0)
     _CONVERGED = 10.0 ** (-CONVERGED_DB / 10.0)
+    _CALLER_FLOOR = 10.0 ** (CALLER_FLOOR_DBFS / 10.0)
 
     def __init__(self, *, max_delay_ms: int = 700, history_ms: int = 1500) -> None:
         self._gate = EchoGuard(max_delay_ms=max_delay_ms, history_ms=history_ms)
@@ -558,6 +567,7 @@ class GatedEchoCanceller:
             self._aec_holds = False
         x = np.asarray(samples, np.float32)
         floor, heard, converged = self._FLOOR, self._HEARD, self._CONVERGED
+        caller_floor = self._CALLER_FLOOR
         for lo, hi, rho in self._gate.last_echo_blocks:
             if rho <= 0.0:
                 # Held by the level test: no fit to judge AEC3 by, so the last one's verdict.
@@ -573,9 +583,16 @@ class GatedEchoCanceller:
             # end's playout shifted and it must find the delay again), and what it leaves is
             # the bot's own voice: the gate's silence here, and in a loosely fitted block
             # until a clear one has shown AEC3 has the path.
-            holds = left <= max(self.RESIDUAL_MARGIN * (1.0 - rho * rho) * ex, heard)
-            clear = rho >= self.CLEAR_RHO
-            if used and not (holds and (clear or self._aec_holds)):
+            unexplained = (1.0 - rho * rho) * ex
+            holds = left <= max(self.RESIDUAL_MARGIN * unexplained, heard)
+            clear = rho >= self.TRUST_RHO
+            # No caller talks below the floor: a block whose fit leaves less than that (the
+            # caller is at most what the fit leaves), or whose AEC3 output is quieter (the
+            # caller and what is left of the echo), holds no one to hear. What AEC3 leaves
+            # there is the bot's voice, 30-40 dB down but speech all the same, in bursts
+            # between silenced blocks: Silero heard -60 dBFS of it and opened utterances.
+            silent = unexplained < caller_floor or left < caller_floor
+            if used and (silent or not (holds and (clear or self._aec_holds))):
                 out[lo:hi] = 0.0
             if not holds or clear:
                 # Only a block that is clearly the echo shows AEC3 has the path (again).
