@@ -71,8 +71,9 @@ DEFAULT_BACKCHANNELS: tuple[str, ...] = (
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)*")
 _RUN = re.compile(r"(.)\1+")
 #: A word of nothing but m's and h's is a hum however it is spelt ("Mmm", "Hmmm", "Mhm", the
-#: "M-M-M" or "M.H.M." Whisper writes for a long one): no English word is, so it is never a word.
-_HUM = re.compile(r"[mh]+")
+#: "M-M-M" or "M.H.M." Whisper writes for a long one), and "haha", "ahaha" are laughter (Whisper
+#: also wrote "haha" for "uh-huh" over a reply): no English word is either, so neither is a word.
+_HUM = re.compile(r"[mh]+|a?(?:ha)+")
 
 
 def normalise_words(text: str) -> tuple[str, ...]:

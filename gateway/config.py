@@ -422,7 +422,7 @@ class BargeInConfig(_Frozen):
         max_length=200,
         description="after_words: listener responses that never interrupt ('mm-hmm', 'yeah', "
         "'okay', ...), matched case- and punctuation-insensitively as whole words, held "
-        "letters as one ('Mmm' is 'mm'); a word of only m's and h's is a hum, never a word.",
+        "letters as one ('Mmm' is 'mm'); hums ('Hmmm', 'M-M-M') and laughs ('haha') are no words.",
     )
     interim_interval_ms: int = Field(
         250,

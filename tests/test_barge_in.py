@@ -74,6 +74,9 @@ FRAME_S = 0.02
         ("Ohh, yeahh.", 0),
         ("Okaaay.", 0),
         ("Ah ha.", 0),
+        ("Haha.", 0),  # "Uh-huh, right." as Whisper heard it over a reply
+        ("Hahaha, wait.", 1),
+        ("Have", 1),
         ("Mmm, wait.", 1),
         ("Amen.", 1),
         ("Emma", 1),
