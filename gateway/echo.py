@@ -567,7 +567,6 @@ class GatedEchoCanceller:
             self._aec_holds = False
         x = np.asarray(samples, np.float32)
         floor, heard, converged = self._FLOOR, self._HEARD, self._CONVERGED
-        caller_floor = self._CALLER_FLOOR
         for lo, hi, rho in self._gate.last_echo_blocks:
             if rho <= 0.0:
                 # Held by the level test: no fit to judge AEC3 by, so the last one's verdict.
@@ -585,16 +584,16 @@ class GatedEchoCanceller:
             # until a clear one has shown AEC3 has the path.
             unexplained = (1.0 - rho * rho) * ex
             holds = left <= max(self.RESIDUAL_MARGIN * unexplained, heard)
-            clear = rho >= self.TRUST_RHO
+            restores = rho >= self.TRUST_RHO
             # No caller talks below the floor: a block whose fit leaves less than that (the
             # caller is at most what the fit leaves), or whose AEC3 output is quieter (the
             # caller and what is left of the echo), holds no one to hear. What AEC3 leaves
             # there is the bot's voice, 30-40 dB down but speech all the same, in bursts
             # between silenced blocks: Silero heard -60 dBFS of it and opened utterances.
-            silent = unexplained < caller_floor or left < caller_floor
-            if used and (silent or not (holds and (clear or self._aec_holds))):
+            silent = unexplained < self._CALLER_FLOOR or left < self._CALLER_FLOOR
+            if used and (silent or not (holds and (restores or self._aec_holds))):
                 out[lo:hi] = 0.0
-            if not holds or clear:
+            if not holds or restores:
                 # Only a block that is clearly the echo shows AEC3 has the path (again).
                 self._aec_holds = holds
         return out
