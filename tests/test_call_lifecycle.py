@@ -120,6 +120,12 @@ def last_audio(m: pb.ConverseResponse) -> bool:
 
 
 LONG = "x" * 100  # 10 s of tone
+#: max_queued_speaks in the playback-phase tests: a few writes overflow the queue.
+QUEUED = 4
+#: playout_lead_ms there: the longest tail, so the "tail" phase lasts a second after the last
+#: frame leaves. With the default 60 ms a loaded machine could let the tail end (and the queue
+#: drain) before the overflowing marks arrived, and the call rightly stayed open.
+TAIL_LEAD_MS = 1_000
 #: Each call-ending request with the status it must end the call with.
 ENDINGS: dict[str, tuple[list[pb.ConverseRequest], grpc.StatusCode]] = {
     "bad-dtmf": ([pb.ConverseRequest(dtmf=pb.Dtmf(digit="Z"))], grpc.StatusCode.INVALID_ARGUMENT),
@@ -133,7 +139,7 @@ ENDINGS: dict[str, tuple[list[pb.ConverseRequest], grpc.StatusCode]] = {
         grpc.StatusCode.INVALID_ARGUMENT,
     ),
     "queue-overflow": (
-        [pb.ConverseRequest(mark=pb.Mark(name=f"m{i}")) for i in range(34)],
+        [pb.ConverseRequest(mark=pb.Mark(name=f"m{i}")) for i in range(QUEUED + 2)],
         grpc.StatusCode.RESOURCE_EXHAUSTED,
     ),
     "empty-mark": ([pb.ConverseRequest(mark=pb.Mark())], grpc.StatusCode.INVALID_ARGUMENT),
@@ -147,7 +153,10 @@ PHASES = ["synthesizing", "playing", "tail", "queued-behind"]
 async def test_a_call_ending_error_during_playback_ends_the_call(ending: str, phase: str) -> None:
     """v0.1: the tts task swallowed its own cancellation and the call stayed open forever."""
     synth = FakeToneSynthesizer(first_piece_delay_s=30.0 if phase == "synthesizing" else 0.0)
-    async with tone_server(synth) as (srv, stub):
+    lead_ms = TAIL_LEAD_MS if phase == "tail" else 60
+    async with tone_server(
+        synth, limits={"max_queued_speaks": QUEUED}, session={"playout_lead_ms": lead_ms}
+    ) as (srv, stub):
         call = Call(stub)
         await call.send(config())
         await call.wait_for(kind("started"))
