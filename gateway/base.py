@@ -38,6 +38,14 @@ class Transcriber(Protocol):
         """Whether there is spare capacity for a speculative final (nothing is waiting)."""
         ...
 
+    def spare_worker(self) -> bool:
+        """Whether a worker is idle and nothing waits: a request now starts at once.
+
+        A second barge-in interim of one call may overlap the first only then, so that it
+        takes only CPU that would otherwise idle.
+        """
+        ...
+
     def encode_context(self, initial_prompt: str, hotwords: Sequence[str]) -> tuple[int, ...]:
         """The recogniser's tokens for a call's prompt and hotwords (once, at call start)."""
         ...

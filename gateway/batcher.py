@@ -598,6 +598,11 @@ class Batcher(Generic[T, R]):
         return len(self._queue)
 
     @property
+    def idle_workers(self) -> int:
+        """Workers not running a batch right now."""
+        return len(self._idle)
+
+    @property
     def running(self) -> bool:
         """True between :meth:`start` and :meth:`aclose`."""
         return self._driver is not None and not self._closing

@@ -445,6 +445,16 @@ class BargeInConfig(_Frozen):
         "for, ahead of other calls' interims): until one comes back, the caller and the bot "
         "talk at once.",
     )
+    overlap_interim_ms: int = Field(
+        125,
+        ge=0,
+        le=5_000,
+        description="after_words: while one of those interims decodes, the next may start this "
+        "long after it, on a worker that would otherwise idle (a worker free and nothing "
+        "waiting), at most two at once: on a CPU a decode on one core takes longer than the "
+        "interval, and a word the first prefix missed is heard a decode sooner; 0 = one at a "
+        "time, each interim_interval_ms after the one before.",
+    )
     barge_in_model: bool = Field(
         True,
         description="after_words: decode the interims only this policy reads (the call did "

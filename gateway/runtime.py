@@ -278,8 +278,9 @@ class AsrTranscriber:
         Interims share ``workers - 1`` slots (one worker stays free for finals) and yield to
         finals, except an urgent one (a barge-in check): it neither waits for a slot nor behind
         other calls' interims, since the bot talks over the caller until it comes back. A call
-        has at most one interim in flight, so urgent ones are bounded by the calls talking over
-        a reply.
+        has at most one interim in flight, and a second urgent one only while a worker is idle
+        and nothing waits (:meth:`spare_worker`), so urgent ones are bounded by the calls
+        talking over a reply.
         """
         if request.is_final or request.urgent:
             return await self._submit(request)
@@ -293,6 +294,10 @@ class AsrTranscriber:
     def can_speculate(self) -> bool:
         """Speculative finals only run when no other utterance is waiting for a worker."""
         return self.batcher.queue_depth == 0
+
+    def spare_worker(self) -> bool:
+        """A worker is idle and no utterance waits (an overlapping barge-in interim's rule)."""
+        return self.batcher.queue_depth == 0 and self.batcher.idle_workers > 0
 
     def encode_context(self, initial_prompt: str, hotwords: Sequence[str]) -> tuple[int, ...]:
         """The engine's previous-text tokens for a call's prompt and hotwords (once per call)."""

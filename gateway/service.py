@@ -617,6 +617,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             barge_in_interim_ms=self.config.session.barge_in.interim_interval_ms,
             barge_in_first_interim_speech_ms=self.config.session.barge_in.first_interim_speech_ms,
             barge_in_urgent_interims=self.config.session.barge_in.urgent_interims,
+            barge_in_overlap_ms=self.config.session.barge_in.overlap_interim_ms,
             barge_in_model=self._barge_in_model(),
             reply_language=self._reply_language(cfg.voice),
             echo_guard=self.config.session.barge_in.echo_guard

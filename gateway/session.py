@@ -110,6 +110,9 @@ class CallConfig:
     barge_in_first_interim_speech_ms: int = 200
     #: Schedule those interims as finals (``AsrRequest.urgent``).
     barge_in_urgent_interims: bool = True
+    #: Start the next such interim this long after one still decoding, on a spare worker,
+    #: at most two in flight, ms; 0 = one at a time.
+    barge_in_overlap_ms: int = 125
     #: Decodes the interims only ``after_words`` reads; None = the call's own model.
     barge_in_model: BargeInModel | None = None
     #: The language the bot's voice speaks (ISO 639-1): interims only ``after_words`` reads,
@@ -259,6 +262,9 @@ class CallSession:
         self._speech_end_at: dict[int, float] = {}
         self._final_done: set[int] = set()
         self._interim_task: asyncio.Task[None] | None = None
+        #: Sequence number of the last interim sent to the client (overlapping decodes may
+        #: come back out of order; an older one is then not sent).
+        self._interim_shown = 0
         self._specs: dict[int, _Speculation] = {}
         # The language of the call's last confidently detected final (see _interim_language).
         self._learned_language: str | None = None
@@ -677,72 +683,111 @@ class CallSession:
         The client gets them when it asked for them; the ``after_words`` barge-in policy needs
         them while the caller talks over such a reply, and then they run at
         ``barge_in_interim_ms`` from the first one on, which runs as soon as the caller has
-        said enough to decode (:meth:`_maybe_first_interim` wakes this loop).
+        said enough to decode (:meth:`_maybe_first_interim` wakes this loop). There, while one
+        decodes, the next may start ``barge_in_overlap_ms`` after it on a spare worker (at most
+        two in flight): a first prefix too short to hold a word then costs that spacing, not
+        the rest of the decode and the interval after it.
         """
         assert self._transcriber is not None
+        transcriber = self._transcriber
         loop = asyncio.get_running_loop()
         last_len = 0
         started = -math.inf  # when the last interim attempt started
-        while True:
-            fast = self._listening_for_words()
-            interval_ms = (
-                self.config.barge_in_interim_ms if fast else self.config.interim_interval_ms
-            )
-            wait_s = interval_ms / 1000.0
-            if fast:
-                # NOTE: over an after_words reply the decode counts toward the interval, so the
-                # period is max(interval, decode) rather than interval + decode: the words that
-                # may interrupt are heard one decode sooner.
-                wait_s = max(0.0, started + wait_s - loop.time())
-            # A wake that came while the last decode ran is not lost: it is still set here.
-            woken = self._interim_wake.is_set()
-            if not woken:
-                try:
-                    await asyncio.wait_for(self._interim_wake.wait(), wait_s)
-                    woken = True
-                except TimeoutError:
-                    pass
-            self._interim_wake.clear()
-            started = loop.time()
-            fast = self._listening_for_words()
-            wanted = self.config.interim_results and self._quality.interim_results
-            if not (wanted or fast):
-                continue  # nobody needs interims now (or they are shed under load)
-            utt = self._segmenter.growing()
-            if utt is None:
-                last_len = 0
-                continue
-            if not woken and len(utt.audio) - last_len < 16 * interval_ms // 2:
-                continue
-            last_len = len(utt.audio)
-            index = utt.index
-            options, min_language_prob = self._interim_language(self._asr_options(), len(utt.audio))
-            if not wanted:
-                # Only barge-in reads this interim: its words' times would be aligned for no
-                # one (the alignment pass is part of the interrupt's latency), and a smaller
-                # model may count its words sooner. A caller talking over the bot's reply
-                # most likely speaks its language: a prefix detected on its own came out
-                # Chinese for "uh-huh, right" ("啊好"), which no backchannel list matches.
-                options = replace(options, word_timestamps=False)
-                if options.language is None and self.config.reply_language:
-                    options = replace(options, language=self.config.reply_language)
-                    min_language_prob = 0.0
-                word_model = self.config.barge_in_model
-                counted = word_model.options(options) if word_model is not None else None
-                options = counted or options
-            urgent = fast and self.config.barge_in_urgent_interims
-            req = AsrRequest(utt.audio, utt.stats, options, is_final=False, urgent=urgent)
-            try:
-                result = await self._transcriber.transcribe(req)
-            except CallError:
-                continue  # interim work is best-effort: a full queue just skips it
-            # Once SPEECH_END is out, only the final may describe that utterance.
-            ended = index in self._speech_end_at or index in self._final_done
-            if ended or not result.text or result.language_probability < min_language_prob:
-                continue
-            if wanted:
-                await self._emit(TranscriptOut(result, False, utt.start_ms, utt.end_ms, index))
-            await self._check_words_barge_in(index, result.text)
+        running: set[asyncio.Task[None]] = set()
+        seq = 0
+        try:
+            while True:
+                for done_task in [t for t in running if t.done()]:
+                    running.discard(done_task)
+                    if not done_task.cancelled():
+                        done_task.result()  # a fault ends the interims, as an inline decode did
+                fast = self._listening_for_words()
+                interval_ms = (
+                    self.config.barge_in_interim_ms if fast else self.config.interim_interval_ms
+                )
+                overlap_ms = self.config.barge_in_overlap_ms if fast else 0
+                if running and not (
+                    overlap_ms > 0 and len(running) < 2 and transcriber.spare_worker()
+                ):
+                    await asyncio.wait(running)  # one at a time: the next follows this one
+                    continue
+                spacing_ms = overlap_ms if running else interval_ms
+                wait_s = spacing_ms / 1000.0
+                if fast:
+                    # NOTE: over an after_words reply the decode counts toward the interval, so
+                    # the period is max(interval, decode) rather than interval + decode: the
+                    # words that may interrupt are heard one decode sooner.
+                    wait_s = max(0.0, started + wait_s - loop.time())
+                # A wake that came while the last decode ran is not lost: it is still set here.
+                if not self._interim_wake.is_set() and wait_s > 0:
+                    wake = asyncio.ensure_future(self._interim_wake.wait())
+                    try:
+                        done, _ = await asyncio.wait(
+                            {wake, *running}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
+                        )
+                    finally:
+                        await cancel_and_wait(wake)
+                    if done and not self._interim_wake.is_set():
+                        continue  # the decode in flight ended: the spacing is the interval now
+                woken = self._interim_wake.is_set()
+                self._interim_wake.clear()
+                started = loop.time()
+                fast = self._listening_for_words()
+                wanted = self.config.interim_results and self._quality.interim_results
+                if not (wanted or fast):
+                    continue  # nobody needs interims now (or they are shed under load)
+                if running and not (fast and transcriber.spare_worker()):
+                    continue  # no longer a worker to spare (or no longer a barge-in)
+                utt = self._segmenter.growing()
+                if utt is None:
+                    last_len = 0
+                    continue
+                if not woken and len(utt.audio) - last_len < 16 * spacing_ms // 2:
+                    continue
+                last_len = len(utt.audio)
+                seq += 1
+                task = asyncio.create_task(
+                    self._interim_decode(utt, seq, wanted=wanted, fast=fast), name="interim-decode"
+                )
+                running.add(task)
+        finally:
+            for task in list(running):
+                await cancel_and_wait(task)
+
+    async def _interim_decode(self, utt: Utterance, seq: int, *, wanted: bool, fast: bool) -> None:
+        """One interim decode: to the client when it asked for interims, then to barge-in."""
+        assert self._transcriber is not None
+        index = utt.index
+        options, min_language_prob = self._interim_language(self._asr_options(), len(utt.audio))
+        if not wanted:
+            # Only barge-in reads this interim: its words' times would be aligned for no
+            # one (the alignment pass is part of the interrupt's latency), and a smaller
+            # model may count its words sooner. A caller talking over the bot's reply
+            # most likely speaks its language: a prefix detected on its own came out
+            # Chinese for "uh-huh, right" ("啊好"), which no backchannel list matches.
+            options = replace(options, word_timestamps=False)
+            if options.language is None and self.config.reply_language:
+                options = replace(options, language=self.config.reply_language)
+                min_language_prob = 0.0
+            word_model = self.config.barge_in_model
+            counted = word_model.options(options) if word_model is not None else None
+            options = counted or options
+        urgent = fast and self.config.barge_in_urgent_interims
+        req = AsrRequest(utt.audio, utt.stats, options, is_final=False, urgent=urgent)
+        try:
+            result = await self._transcriber.transcribe(req)
+        except CallError:
+            return  # interim work is best-effort: a full queue just skips it
+        # Once SPEECH_END is out, only the final may describe that utterance.
+        ended = index in self._speech_end_at or index in self._final_done
+        if ended or not result.text or result.language_probability < min_language_prob:
+            return
+        if wanted:
+            if seq < self._interim_shown:
+                return  # an overlapping later prefix came back first: this one is stale
+            self._interim_shown = seq
+            await self._emit(TranscriptOut(result, False, utt.start_ms, utt.end_ms, index))
+        await self._check_words_barge_in(index, result.text)
 
     def _listening_for_words(self) -> bool:
         """Whether the caller is talking over a reply that ``after_words`` may interrupt."""
@@ -940,7 +985,9 @@ class CallSession:
             for item in kept:  # the queue held at least these, so they fit again
                 self._speaks.put_nowait(item)
         pb, task = self._playback, self._playback_task
-        if pb is not None and task is not None and not task.done():
+        # NOTE: two overlapping barge-in interims (or an interim and a Clear) may both stop
+        # one reply; the first to cancel it reports it, exactly once.
+        if pb is not None and task is not None and not task.done() and not task.cancelling():
             await cancel_and_wait(task)
             loop = asyncio.get_running_loop()
             heard_ms = 0 if pb.started_at == 0.0 else int((loop.time() - pb.started_at) * 1000)

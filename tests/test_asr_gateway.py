@@ -333,6 +333,9 @@ class _Recording:
     def can_speculate(self) -> bool:
         return bool(self.inner.can_speculate())
 
+    def spare_worker(self) -> bool:
+        return bool(self.inner.spare_worker())
+
     def encode_context(self, initial_prompt: str, hotwords: Any) -> tuple[int, ...]:
         self.encodes += 1
         return tuple(self.inner.encode_context(initial_prompt, hotwords))

@@ -360,6 +360,118 @@ def test_after_words_interims_follow_each_other_at_the_interval_not_interval_plu
     assert t_int == pytest.approx(t_begin + 0.1 + 0.4 + 0.4, abs=1e-9)
 
 
+def _first_empty_then_words(r: Any, counter: list[int]) -> str:
+    """Scripted texts: finals "x"; the first interim nothing, every later one words."""
+    if r.is_final:
+        return "x"
+    counter[0] += 1
+    return "" if counter[0] == 1 else "wait, stop"
+
+
+@pytest.mark.component
+def test_a_spare_worker_starts_the_next_barge_in_interim_while_one_decodes() -> None:
+    # Two workers, 400 ms decodes: the first interim (200 ms voiced) holds no word yet. The
+    # second starts 125 ms after it on the idle worker instead of after it ends, so the words
+    # come 125 + 400 ms after the first started (not 400 + 400 as one at a time).
+    counter = [0]
+    fake = FakeTranscriber(lambda r: _first_empty_then_words(r, counter), delay_s=0.4, workers=2)
+    call = Call(fake, {**after_words(), "barge_in_interim_ms": 250, "barge_in_overlap_ms": 125})
+    talk_over_reply(call, REPLY, speech_ms=2000)
+    t_begin, _ = call.begin()
+    ((t_int, intr),) = call.of(InterruptedOut)
+    assert intr.caller_text == "wait, stop"
+    assert t_int == pytest.approx(t_begin + 0.1 + 0.125 + 0.4, abs=1e-9)
+    assert fake.most_in_flight == 2
+    # The overlapping interim heard 125 ms more of the caller than the first.
+    first, second = [r for r in fake.requests if not r.is_final][:2]
+    assert len(second.audio) - len(first.audio) == 16 * 120  # whole 20 ms frames: 6 of them
+
+
+@pytest.mark.component
+@pytest.mark.parametrize(
+    ("workers", "overlap_ms"), [(1, 125), (2, 0)], ids=["no-spare-worker", "overlap-off"]
+)
+def test_barge_in_interims_run_one_at_a_time_without_a_spare_worker_or_with_overlap_off(
+    workers: int, overlap_ms: int
+) -> None:
+    counter = [0]
+    fake = FakeTranscriber(
+        lambda r: _first_empty_then_words(r, counter), delay_s=0.4, workers=workers
+    )
+    call = Call(
+        fake, {**after_words(), "barge_in_interim_ms": 250, "barge_in_overlap_ms": overlap_ms}
+    )
+    talk_over_reply(call, REPLY, speech_ms=2000)
+    t_begin, _ = call.begin()
+    ((t_int, _),) = call.of(InterruptedOut)
+    assert t_int == pytest.approx(t_begin + 0.1 + 0.4 + 0.4, abs=1e-9)
+    assert fake.most_in_flight == 1
+
+
+class _StaggeredTranscriber(FakeTranscriber):
+    """A FAKE whose n-th request takes ``delays[n]``: overlapping decodes end out of order."""
+
+    def __init__(self, texts: Any, delays: list[float]) -> None:
+        super().__init__(texts, workers=2)
+        self._delays = delays
+
+    async def transcribe(self, request: Any) -> Any:
+        n = len(self.requests)
+        self._delay_s = self._delays[n] if n < len(self._delays) else 0.0  # read before awaiting
+        return await super().transcribe(request)
+
+
+@pytest.mark.component
+def test_overlapping_interims_reach_the_client_in_order() -> None:
+    # The first decode takes 525 ms and the second 400 ms, started 125 ms later: the newer
+    # prefix comes back first. The client, which asked for interims, never gets the older
+    # prefix after it.
+    texts = lambda r: "x" if r.is_final else f"wait stop {len(r.audio)}"  # noqa: E731
+    fake = _StaggeredTranscriber(texts, [0.525, 0.4])
+    options = {**after_words(), "interim_results": True, "barge_in_overlap_ms": 125}
+    call = Call(fake, options)
+    talk_over_reply(call, REPLY, speech_ms=2000)
+    assert len(call.of(InterruptedOut)) == 1
+    assert fake.most_in_flight == 2
+    shown = [int(e.result.text.split()[-1]) for _, e in call.of(TranscriptOut) if not e.is_final]
+    assert shown and shown == sorted(shown)
+    first, second = [len(r.audio) for r in fake.requests if not r.is_final][:2]
+    assert shown[0] == second and first not in shown  # the stale first prefix was not sent
+
+
+class _PairedTranscriber(FakeTranscriber):
+    """A FAKE whose first two interims both come back, with words, once the second arrives."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda r: "x" if r.is_final else "wait, stop", workers=2)
+        self._both = asyncio.Event()
+        self._interims = 0
+
+    async def transcribe(self, request: Any) -> Any:
+        if not request.is_final and self._interims < 2:
+            self._interims += 1
+            if self._interims == 2:
+                self._both.set()
+            self.in_flight += 1  # counted as running while held back
+            try:
+                await self._both.wait()
+            finally:
+                self.in_flight -= 1
+        return await super().transcribe(request)
+
+
+@pytest.mark.component
+def test_two_overlapping_interims_with_words_cut_the_reply_once() -> None:
+    fake = _PairedTranscriber()
+    call = Call(fake, {**after_words(), "barge_in_overlap_ms": 125})
+    talk_over_reply(call, REPLY, speech_ms=2000)
+    t_begin, _ = call.begin()
+    ((t_int, intr),) = call.of(InterruptedOut)  # one report for one reply, not one per interim
+    assert intr.caller_text == "wait, stop"
+    assert t_int == pytest.approx(t_begin + 0.1 + 0.125, abs=1e-9)
+    assert len(call.of(PlaybackFinishedOut)) == 0
+
+
 @pytest.mark.component
 def test_only_the_interims_barge_in_alone_reads_go_to_the_barge_in_model() -> None:
     texts = lambda r: "wait, stop" if not r.is_final else "x"  # noqa: E731

@@ -232,6 +232,8 @@ class FakeTranscriber:
         fail: request numbers that raise :class:`FakeEngineError` (an engine fault).
         hang: request numbers that never finish until cancelled (a hung engine).
         speculate: what :meth:`can_speculate` answers.
+        workers: how many requests run at once as far as :meth:`spare_worker` tells (the
+            fake itself runs any number): a worker is spare while fewer are in flight.
         detected: the (language, detection probability) a request with no language gets;
             a callable gets the request. A request that names its language gets it, at 1.0.
 
@@ -248,6 +250,7 @@ class FakeTranscriber:
         fail: Container[int] = (),
         hang: Container[int] = (),
         speculate: bool = True,
+        workers: int = 1,
         detected: tuple[str, float] | Callable[[AsrRequest], tuple[str, float]] = ("en", 1.0),
     ) -> None:
         self._texts = texts
@@ -255,13 +258,21 @@ class FakeTranscriber:
         self._fail = fail
         self._hang = hang
         self._speculate = speculate
+        self._workers = workers
         self._detected = detected
         self.requests: list[AsrRequest] = []
         self.cancelled: list[int] = []
+        self.in_flight = 0
+        #: The most requests that were in flight at once.
+        self.most_in_flight = 0
 
     def can_speculate(self) -> bool:
         """The scripted answer."""
         return self._speculate
+
+    def spare_worker(self) -> bool:
+        """Fewer requests in flight than ``workers``."""
+        return self.in_flight < self._workers
 
     def encode_context(self, initial_prompt: str, hotwords: Sequence[str]) -> tuple[int, ...]:
         """One fake token per word."""
@@ -271,6 +282,8 @@ class FakeTranscriber:
         """Record the request, apply its knobs, return its scripted text."""
         index = len(self.requests)
         self.requests.append(request)
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
             if index in self._hang:
                 await asyncio.Event().wait()
@@ -279,6 +292,8 @@ class FakeTranscriber:
         except asyncio.CancelledError:
             self.cancelled.append(index)
             raise
+        finally:
+            self.in_flight -= 1
         if index in self._fail:
             raise FakeEngineError(f"fake recogniser fault on request {index} (scripted)")
         if callable(self._texts):
