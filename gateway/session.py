@@ -709,7 +709,8 @@ class CallSession:
                 if running and not (
                     overlap_ms > 0 and len(running) < 2 and transcriber.spare_worker()
                 ):
-                    await asyncio.wait(running)  # one at a time: the next follows this one
+                    # The next follows the first decode to end (not the last).
+                    await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                     continue
                 spacing_ms = overlap_ms if running else interval_ms
                 wait_s = spacing_ms / 1000.0

@@ -360,12 +360,12 @@ def test_after_words_interims_follow_each_other_at_the_interval_not_interval_plu
     assert t_int == pytest.approx(t_begin + 0.1 + 0.4 + 0.4, abs=1e-9)
 
 
-def _first_empty_then_words(r: Any, counter: list[int]) -> str:
-    """Scripted texts: finals "x"; the first interim nothing, every later one words."""
+def _first_empty_then_words(r: Any, counter: list[int], empty: int = 1) -> str:
+    """Scripted texts: finals "x"; the first ``empty`` interims nothing, later ones words."""
     if r.is_final:
         return "x"
     counter[0] += 1
-    return "" if counter[0] == 1 else "wait, stop"
+    return "" if counter[0] <= empty else "wait, stop"
 
 
 @pytest.mark.component
@@ -385,6 +385,22 @@ def test_a_spare_worker_starts_the_next_barge_in_interim_while_one_decodes() -> 
     # The overlapping interim heard 125 ms more of the caller than the first.
     first, second = [r for r in fake.requests if not r.is_final][:2]
     assert len(second.audio) - len(first.audio) == 16 * 120  # whole 20 ms frames: 6 of them
+
+
+@pytest.mark.component
+def test_with_two_interims_in_flight_the_next_starts_when_the_first_of_them_ends() -> None:
+    # Two prefixes without a word (started at +0.1 and +0.225 s, 400 ms each): the third
+    # starts when the first ends (+0.5 s), on its worker, not when both have.
+    counter = [0]
+    fake = FakeTranscriber(
+        lambda r: _first_empty_then_words(r, counter, empty=2), delay_s=0.4, workers=2
+    )
+    call = Call(fake, {**after_words(), "barge_in_interim_ms": 250, "barge_in_overlap_ms": 125})
+    talk_over_reply(call, REPLY, speech_ms=2000)
+    t_begin, _ = call.begin()
+    ((t_int, _),) = call.of(InterruptedOut)
+    assert t_int == pytest.approx(t_begin + 0.1 + 0.4 + 0.4, abs=1e-9)
+    assert fake.most_in_flight == 2
 
 
 @pytest.mark.component
