@@ -29,6 +29,8 @@ ranked as any other interim (``session.barge_in.urgent_interims: false``), inter
 on every interim (the gateway before ``session.language``), on one that uses a short prefix's
 interim only when its detection is sure (``interim_detect_min_ms``), and on one whose interims
 default to English (``session.language.interim_default``), interleaved call by call.
+``--overlap-interim-ms 0`` also runs the after_words cases on a server whose barge-in interims
+run one at a time (before ``session.barge_in.overlap_interim_ms``), interleaved.
 ``--barge-in-model tiny.en`` loads that model as ``asr.barge_in_model`` and runs the after_words
 cases with the interims only barge-in reads decoded by it, interleaved with the same cases on
 the call's own model (the default server turns it off: ``session.barge_in.barge_in_model``);
@@ -353,16 +355,27 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             vs = await stack.enter_async_context(running_server(hub=hub, **overrides))
             vch = await stack.enter_async_context(grpc.aio.insecure_channel(vs.target))
             variants[f"word count by {args.barge_in_model}"] = pb_grpc.VoiceGatewayStub(vch)
-        for ms in args.first_interim_ms or []:
+        barge_in_variants = [
+            (f"first interim at {ms} ms voiced", {"first_interim_speech_ms": ms})
+            for ms in args.first_interim_ms or []
+        ]
+        barge_in_variants += [
+            (
+                f"overlap {ms} ms" if ms else "one interim at a time",
+                {"overlap_interim_ms": ms},
+            )
+            for ms in args.overlap_interim_ms or []
+        ]
+        for vname, barge_in in barge_in_variants:
             vs = await stack.enter_async_context(
                 running_server(
                     hub=hub,
                     **overrides,
-                    session={"barge_in": {"first_interim_speech_ms": ms, "barge_in_model": False}},
+                    session={"barge_in": {**barge_in, "barge_in_model": False}},
                 )
             )
             vch = await stack.enter_async_context(grpc.aio.insecure_channel(vs.target))
-            variants[f"first interim at {ms} ms voiced"] = pb_grpc.VoiceGatewayStub(vch)
+            variants[vname] = pb_grpc.VoiceGatewayStub(vch)
         language_variants: dict[str, dict[str, Any]] = {
             "detect on every interim (before)": {"learn": False},
             "short prefixes need a sure detection": {
@@ -593,6 +606,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         type=lambda v: [int(x) for x in v.split(",")],
         help="also run the after_words cases on servers whose first interim over the reply "
         "waits for this much voiced audio (comma-separated ms), interleaved with the default",
+    )
+    ap.add_argument(
+        "--overlap-interim-ms",
+        type=lambda v: [int(x) for x in v.split(",")],
+        help="also run the after_words cases on servers whose next barge-in interim may start "
+        "this long after one still decoding (session.barge_in.overlap_interim_ms; "
+        "comma-separated ms, 0 = one at a time, as before), interleaved with the default",
     )
     ap.add_argument(
         "--language-variants",

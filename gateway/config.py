@@ -446,14 +446,15 @@ class BargeInConfig(_Frozen):
         "talk at once.",
     )
     overlap_interim_ms: int = Field(
-        125,
+        0,
         ge=0,
         le=5_000,
         description="after_words: while one of those interims decodes, the next may start this "
-        "long after it, on a worker that would otherwise idle (a worker free and nothing "
-        "waiting), at most two at once: on a CPU a decode on one core takes longer than the "
-        "interval, and a word the first prefix missed is heard a decode sooner; 0 = one at a "
-        "time, each interim_interval_ms after the one before.",
+        "long after it on an idle recognition worker (nothing waiting), at most two at once, so "
+        "that a word the first prefix missed is heard up to a decode sooner; 0 (the default) = "
+        "one at a time, each interim_interval_ms after the one before. On 2 CPU cores it does "
+        "not pay: the two decodes and the reply's synthesis share the cores, and each decode "
+        "slows (docs/barge-in.md); it is for machines with cores to spare.",
     )
     barge_in_model: bool = Field(
         True,

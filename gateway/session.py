@@ -112,7 +112,7 @@ class CallConfig:
     barge_in_urgent_interims: bool = True
     #: Start the next such interim this long after one still decoding, on a spare worker,
     #: at most two in flight, ms; 0 = one at a time.
-    barge_in_overlap_ms: int = 125
+    barge_in_overlap_ms: int = 0
     #: Decodes the interims only ``after_words`` reads; None = the call's own model.
     barge_in_model: BargeInModel | None = None
     #: The language the bot's voice speaks (ISO 639-1): interims only ``after_words`` reads,
