@@ -127,7 +127,7 @@ class TrainConfig:
     threads: int = 0
     qlora: bool = False
     language: str = "en"
-    replay_weight: float = 3.0
+    replay_weight: float = 6.0
     # "terms": on a domain example that contains a domain term, cross-entropy on the term's
     # tokens only and the rest of the sentence held to the base (KL, as replay); "text":
     # cross-entropy on the whole text.

@@ -111,8 +111,8 @@ def add_adapt_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--replay-weight",
         type=float,
-        default=3.0,
-        help="weight of the replay's KL divergence from the base beside the domain loss (3.0)",
+        default=6.0,
+        help="weight of the replay's KL divergence from the base beside the domain loss (6.0)",
     )
     p.add_argument(
         "--focus",

@@ -126,7 +126,7 @@ def test_the_command_writes_a_verified_model_with_its_report_and_nothing_else(
     assert heard["words"] == 8  # the base's "I am sure all schools would accept that."
     train_stage = next(p for p in progress if p.get("stage") == "train")
     assert train_stage["examples"] == 4 and train_stage["replay"] == 3
-    assert meta["training"]["replay_kl_last"] > 0 and meta["lora"]["replay_weight"] == 3.0
+    assert meta["training"]["replay_kl_last"] > 0 and meta["lora"]["replay_weight"] == 6.0
     assert meta["lora"]["focus"] == "terms"  # --terms given: only the term's tokens are fitted
     steps = [p for p in progress if p["event"] == "step"]
     assert steps[-1]["step"] == 8 and steps[-1]["eta_s"] == 0.0
