@@ -424,26 +424,16 @@ def test_barge_in_interims_run_one_at_a_time_without_a_spare_worker_or_with_over
     assert fake.most_in_flight == 1
 
 
-class _StaggeredTranscriber(FakeTranscriber):
-    """A FAKE whose n-th request takes ``delays[n]``: overlapping decodes end out of order."""
-
-    def __init__(self, texts: Any, delays: list[float]) -> None:
-        super().__init__(texts, workers=2)
-        self._delays = delays
-
-    async def transcribe(self, request: Any) -> Any:
-        n = len(self.requests)
-        self._delay_s = self._delays[n] if n < len(self._delays) else 0.0  # read before awaiting
-        return await super().transcribe(request)
-
-
 @pytest.mark.component
 def test_overlapping_interims_reach_the_client_in_order() -> None:
     # The first decode takes 525 ms and the second 400 ms, started 125 ms later: the newer
     # prefix comes back first. The client, which asked for interims, never gets the older
     # prefix after it.
     texts = lambda r: "x" if r.is_final else f"wait stop {len(r.audio)}"  # noqa: E731
-    fake = _StaggeredTranscriber(texts, [0.525, 0.4])
+    delays = [0.525, 0.4]  # the first two requests; later ones return at once
+    fake = FakeTranscriber(
+        texts, delay_s=lambda n: delays[n] if n < len(delays) else 0.0, workers=2
+    )
     options = {**after_words(), "interim_results": True, "barge_in_overlap_ms": 125}
     call = Call(fake, options)
     talk_over_reply(call, REPLY, speech_ms=2000)

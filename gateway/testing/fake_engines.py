@@ -228,7 +228,8 @@ class FakeTranscriber:
     Args:
         texts: what each request (numbered from 0 in arrival order) returns; a callable gets
             the request; past the end of a list, ``"utterance N"``.
-        delay_s: ``asyncio.sleep`` per request (virtual time under ``run_virtual``).
+        delay_s: ``asyncio.sleep`` per request (virtual time under ``run_virtual``); a
+            callable gets the request's number (overlapping requests that end out of order).
         fail: request numbers that raise :class:`FakeEngineError` (an engine fault).
         hang: request numbers that never finish until cancelled (a hung engine).
         speculate: what :meth:`can_speculate` answers.
@@ -246,7 +247,7 @@ class FakeTranscriber:
         self,
         texts: Sequence[str] | Callable[[AsrRequest], str] = (),
         *,
-        delay_s: float = 0.0,
+        delay_s: float | Callable[[int], float] = 0.0,
         fail: Container[int] = (),
         hang: Container[int] = (),
         speculate: bool = True,
@@ -287,8 +288,9 @@ class FakeTranscriber:
         try:
             if index in self._hang:
                 await asyncio.Event().wait()
-            if self._delay_s:
-                await asyncio.sleep(self._delay_s)
+            delay = self._delay_s(index) if callable(self._delay_s) else self._delay_s
+            if delay:
+                await asyncio.sleep(delay)
         except asyncio.CancelledError:
             self.cancelled.append(index)
             raise
