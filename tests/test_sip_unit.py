@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import random
+import socket
 import struct
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from clients.sip._rtp import (
 )
 from clients.sip._sdp import build_answer, negotiate, parse_sdp
 from clients.sip.cli import add_sip_arguments, run_sip
+from clients.sip.testing import sipp_ports
 
 pytestmark = pytest.mark.unit
 
@@ -491,3 +493,24 @@ async def test_fuzzed_datagrams_never_escape_and_the_bridge_still_answers() -> N
     bridge.datagram_received(request(branch="z9hG4bKafter"), SRC)
     assert fake.statuses() == [200]
     await bridge.aclose()
+
+
+def test_sipp_ports_never_overlap_the_media_block() -> None:
+    """SIPp binds the media base and the three ports above it; the SIP port must be none of them.
+
+    A SIP port equal to the media base + 2 once made SIPp fail to bind its video socket.
+    """
+    for _ in range(200):
+        sip, base = sipp_ports()
+        assert base % 2 == 0
+        assert sip not in range(base, base + 4)
+    # and every port handed out was free: binding them all now succeeds
+    held = []
+    try:
+        for p in (sip, *range(base, base + 4)):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            held.append(s)
+            s.bind(("127.0.0.1", p))
+    finally:
+        for s in held:
+            s.close()

@@ -42,6 +42,7 @@ __all__ = [
     "run_sipp",
     "running_kamailio",
     "sipp_binary",
+    "sipp_ports",
 ]
 
 #: The proxy configuration shipped for deployments (and run as is by the tests).
@@ -74,6 +75,32 @@ def free_udp_port(host: str = "127.0.0.1") -> int:
         if port % 2 == 0 and port < 65534:
             return port
     raise OSError("no free even UDP port")
+
+
+def sipp_ports(host: str = "127.0.0.1") -> tuple[int, int]:
+    """A SIP port and a media base port for SIPp that were free a moment ago and do not overlap.
+
+    SIPp binds the media base and the three ports above it (audio and video RTP and RTCP), so
+    two independent picks can collide: a SIP port equal to the base + 2 makes SIPp fail to bind
+    its video socket. All five are held at once while picking, so they are distinct and free.
+    """
+    for _ in range(50):
+        with contextlib.ExitStack() as held:
+            sip = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+            sip.bind((host, 0))
+            base_sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+            base_sock.bind((host, 0))
+            base = int(base_sock.getsockname()[1])
+            if base % 2 or base + 3 > 65535:
+                continue
+            try:
+                for p in range(base + 1, base + 4):
+                    s = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+                    s.bind((host, p))
+            except OSError:
+                continue
+            return int(sip.getsockname()[1]), base
+    raise OSError("no free UDP ports for SIPp")
 
 
 @dataclass(slots=True)
@@ -200,13 +227,14 @@ async def run_sipp(
     exe = sipp_binary()
     if exe is None:
         raise FileNotFoundError("sipp not found: apt-get install -y sip-tester")
+    sip_port, media_base = sipp_ports()
     args = [
         f"{target[0]}:{target[1]}",
         *(["-sf", str(scenario)] if isinstance(scenario, Path) else ["-sn", scenario]),
         "-i", "127.0.0.1",
-        "-p", str(free_udp_port()),
+        "-p", str(sip_port),
         "-mi", "127.0.0.1",
-        "-mp", str(media_port or free_udp_port()),
+        "-mp", str(media_port or media_base),
         "-m", str(calls),
         "-l", str(calls),
         "-r", str(rate),
