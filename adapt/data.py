@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+import onnxruntime
 import soxr
 
 from engines.tts import SpeakOptions, TtsConfig, TtsInputError, VitsStreamer
@@ -517,9 +518,11 @@ def synthesize_phrases(
     Each variant draws its own rate (``length_scale`` 0.85-1.2), expressiveness (``noise_scale``
     0.4-0.8, ``noise_w`` 0.5-1.0) and 0.1-0.5 s of silence either side (the segmenter's pre-roll
     and hangover); a ``phone_share`` of the variants then goes through :func:`phone_line`, since
-    calls reach the gateway through phone codecs. The option draws and the augmentation are
-    fixed by ``seed``; the voice's own sampling noise is not seedable (ONNX Runtime draws it), so
-    two runs give the same options but not bit-identical audio.
+    calls reach the gateway through phone codecs. Everything is fixed by ``seed``: the option
+    draws, the augmentation and the voice's own sampling noise (ONNX Runtime's random nodes seed
+    their generators from the process-wide seed when the voice is loaded, and that seed
+    otherwise comes from the clock), so two runs with one seed train on bit-identical audio and
+    differ only where they should.
 
     Args:
         phrases: the phrases (e.g. from :func:`read_phrases`).
@@ -536,6 +539,8 @@ def synthesize_phrases(
     """
     if variants < 1:
         raise AdaptDataError(f"variants={variants}: need at least one rendering per phrase")
+    # Before the load: the voice's random nodes take the process-wide seed when they are built.
+    onnxruntime.set_seed(seed)
     streamer = VitsStreamer.load(TtsConfig())
     try:
         rate = streamer.sample_rate_hz
