@@ -6,7 +6,9 @@ dropout 0.05, the base frozen. ``decoder_only`` puts the adapters on the decoder
 computes each clip's encoder output once, up front: the step then costs the decoder only
 (measured 0.24 s/step against 1.77 s with 30 s windows on 2 threads), which is the right trade
 when the domain is vocabulary (names, jargon) rather than acoustics. ``qlora`` holds the frozen
-base in 4 bits (bitsandbytes NF4) so a large model fits a small GPU; it needs CUDA.
+base in 4 bits (bitsandbytes NF4) so a large model fits a small GPU; bitsandbytes also has 4-bit
+kernels for the CPU (0.50 measured), so the same path runs, slower, where no GPU is, and that
+is how the tests prove it.
 
 Windows as served: the gateway does not encode 30 s for every utterance; it pads each one to the
 smallest bucket of :class:`engines.asr.config.EncoderWindowConfig` that leaves the margin after
@@ -64,6 +66,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from adapt._offline import no_hub_kernels
 from adapt.convert import BaseModel, hf_model
 from adapt.progress import Progress
 from engines.asr._policy import choose_encoder_frames
@@ -427,29 +430,57 @@ def check_device(cfg: TrainConfig) -> str:
     """The device training will run on ("cuda" when visible, else "cpu").
 
     Raises:
-        TrainError: ``qlora`` without a CUDA GPU (checked before data is loaded).
+        TrainError: ``qlora`` where bitsandbytes is missing or has no 4-bit kernels for the
+            device (checked before data is loaded).
     """
     import torch
 
-    cuda = torch.cuda.is_available()
-    if cfg.qlora and not cuda:
-        raise TrainError(
-            "--qlora holds the base in 4 bits with bitsandbytes, which needs a CUDA GPU; "
-            "none is visible here. Train without --qlora (plain LoRA runs on the CPU)"
-        )
-    return "cuda" if cuda else "cpu"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if cfg.qlora:
+        why = _no_4bit(device)
+        if why is not None:
+            raise TrainError(f"--qlora holds the base in 4 bits with bitsandbytes, but {why}")
+    return device
 
 
-def _qlora_model(base: BaseModel, work_dir: Path) -> Any:
-    """The base model with its linear layers in 4-bit NF4 on the GPU (bitsandbytes)."""
+def _no_4bit(device: str) -> str | None:
+    """Why bitsandbytes cannot run a 4-bit NF4 layer on ``device``; None when it can.
+
+    Tried on a tiny layer rather than read from a version table: CPU kernels arrived in recent
+    releases and depend on the build, and a failure here is one clear line before any data is
+    loaded, instead of a crash deep in transformers after minutes of synthesis.
+    """
     try:
-        import bitsandbytes  # noqa: F401
-    except ImportError as e:
-        raise TrainError("--qlora needs bitsandbytes: pip install 'voxgate[adapt-gpu]'") from e
+        with no_hub_kernels():
+            import bitsandbytes as bnb
+    except ImportError:
+        return "bitsandbytes is not installed: pip install 'voxgate[qlora]'"
+    import torch
+
+    nn: Any = bnb.nn  # untyped where installed, absent (Any) where not: one spelling for both
+    try:
+        layer = nn.Linear4bit(64, 64, compute_dtype=torch.bfloat16, quant_type="nf4")
+        layer = layer.to(device)
+        out = layer(torch.ones(1, 64, dtype=torch.bfloat16, device=device))
+        if out.shape != (1, 64) or not bool(torch.isfinite(out).all()):
+            return f"bitsandbytes {bnb.__version__} gives no usable 4-bit output on {device}"
+    except Exception as e:  # any failure of the probe means: no 4-bit kernels here
+        return (
+            f"bitsandbytes {bnb.__version__} has no 4-bit kernels for {device} "
+            f"({type(e).__name__}); train without --qlora, or install a release that has them"
+        )
+    return None
+
+
+def _qlora_model(base: BaseModel, work_dir: Path, device: str) -> Any:
+    """The base model with its linear layers in 4-bit NF4 on ``device`` (bitsandbytes)."""
     import peft
     import torch
     import transformers
 
+    # Progress on stderr is voxgate's own (bar or JSON lines); transformers' bars would break
+    # the JSON lines a supervisor parses.
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     hf_dir = work_dir / "hf-base"
     if not (hf_dir / "config.json").is_file():
         hf_model(base).save_pretrained(str(hf_dir))
@@ -460,7 +491,12 @@ def _qlora_model(base: BaseModel, work_dir: Path) -> Any:
         bnb_4bit_use_double_quant=True,
     )
     model = transformers.WhisperForConditionalGeneration.from_pretrained(
-        str(hf_dir), quantization_config=quant, device_map={"": 0}
+        str(hf_dir),
+        quantization_config=quant,
+        device_map={"": 0 if device == "cuda" else "cpu"},
+        # transformers swaps layers for model-hub kernels by default when ``kernels`` is
+        # installed (a download at run time); the plain torch layers are what was measured.
+        use_kernels=False,
     )
     return peft.prepare_model_for_kbit_training(  # type: ignore[no-untyped-call]
         model, use_gradient_checkpointing=False
@@ -560,8 +596,10 @@ def train(
     cfg.check()
     if not examples:
         raise TrainError("no training examples")
-    import peft
     import torch
+
+    with no_hub_kernels():
+        import peft
 
     prog = progress if progress is not None else Progress()
     device = check_device(cfg)
@@ -572,7 +610,7 @@ def train(
     ckpt_path = work_dir / CHECKPOINT_NAME
     fingerprint = _fingerprint(cfg, examples, base)
 
-    model = _qlora_model(base, work_dir) if cfg.qlora else hf_model(base).to(device)
+    model = _qlora_model(base, work_dir, device) if cfg.qlora else hf_model(base).to(device)
     lora = peft.LoraConfig(
         r=cfg.rank,
         lora_alpha=cfg.alpha,

@@ -64,7 +64,9 @@ def add_adapt_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of synthesis, split and batches")
     p.add_argument(
-        "--qlora", action="store_true", help="4-bit frozen base (bitsandbytes; CUDA GPU only)"
+        "--qlora",
+        action="store_true",
+        help="4-bit frozen base (bitsandbytes, the qlora extra; on a CUDA GPU, or slower on a CPU)",
     )
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument(
@@ -149,9 +151,12 @@ def _focus(choice: str, terms: Path | None) -> Literal["terms", "text"]:
 
 def run_adapt(args: argparse.Namespace) -> int:
     """Run ``voxgate adapt``; the exit status (0 ok, 2 bad input, 130 interrupted)."""
+    from adapt._offline import no_hub_kernels
+
     try:
-        for module in _EXTRA_MODULES:
-            importlib.import_module(module)
+        with no_hub_kernels():
+            for module in _EXTRA_MODULES:
+                importlib.import_module(module)
     except ImportError:
         print(EXTRA_MISSING, file=sys.stderr)
         return 2
