@@ -4,33 +4,42 @@ bitsandbytes is imported directly by ``--qlora`` and also by peft, which imports
 is installed (the ``qlora`` extra). On import, bitsandbytes' CPU backend asks the ``kernels``
 package for an optional kernel from the model hub (a network request) and warns when it does not
 get one. voxgate adapt never downloads at run time, and the built-in kernel is the one measured,
-so every import that may load bitsandbytes runs inside :func:`no_hub_kernels`.
+so bitsandbytes is imported first, here, with ``kernels`` unimportable for that one import; peft
+then finds it already imported.
+
+Only that import: transformers caches whether ``kernels`` is available the first time it asks,
+and an answer given while it was hidden would stay wrong for the rest of the process (measured:
+a later ``from_pretrained`` in the same process failed with "Kernels are not available").
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
-from collections.abc import Iterator
+from types import ModuleType
 
-__all__ = ["no_hub_kernels"]
+__all__ = ["import_bitsandbytes"]
 
 
-@contextlib.contextmanager
-def no_hub_kernels() -> Iterator[None]:
-    """Within the block ``kernels`` cannot be imported, so bitsandbytes takes its fallback.
+def import_bitsandbytes() -> ModuleType | None:
+    """bitsandbytes, imported without the hub lookup; None when it is not installed.
 
-    Only the first import of bitsandbytes in a process runs the lookup; later blocks cost
-    nothing. The backend's "failed to load" warning is silenced: nothing failed that was wanted.
+    Call it before anything imports peft. Once bitsandbytes is imported this returns it at once.
+    The backend's "failed to load" warning is silenced: nothing that was wanted failed.
     """
+    loaded = sys.modules.get("bitsandbytes")
+    if loaded is not None:
+        return loaded
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     hidden = sys.modules.get("kernels")
     sys.modules["kernels"] = None  # type: ignore[assignment]
     try:
-        yield
+        import bitsandbytes
+    except ImportError:
+        return None
     finally:
         if hidden is None:
             del sys.modules["kernels"]
         else:
             sys.modules["kernels"] = hidden
+    return bitsandbytes

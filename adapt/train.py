@@ -66,7 +66,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from adapt._offline import no_hub_kernels
+from adapt._offline import import_bitsandbytes
 from adapt.convert import BaseModel, hf_model
 from adapt.progress import Progress
 from engines.asr._policy import choose_encoder_frames
@@ -450,10 +450,8 @@ def _no_4bit(device: str) -> str | None:
     releases and depend on the build, and a failure here is one clear line before any data is
     loaded, instead of a crash deep in transformers after minutes of synthesis.
     """
-    try:
-        with no_hub_kernels():
-            import bitsandbytes as bnb
-    except ImportError:
+    bnb = import_bitsandbytes()
+    if bnb is None:
         return "bitsandbytes is not installed: pip install 'voxgate[qlora]'"
     import torch
 
@@ -596,10 +594,9 @@ def train(
     cfg.check()
     if not examples:
         raise TrainError("no training examples")
+    import_bitsandbytes()  # before peft, which imports it (when installed) with the hub lookup
+    import peft
     import torch
-
-    with no_hub_kernels():
-        import peft
 
     prog = progress if progress is not None else Progress()
     device = check_device(cfg)

@@ -151,12 +151,12 @@ def _focus(choice: str, terms: Path | None) -> Literal["terms", "text"]:
 
 def run_adapt(args: argparse.Namespace) -> int:
     """Run ``voxgate adapt``; the exit status (0 ok, 2 bad input, 130 interrupted)."""
-    from adapt._offline import no_hub_kernels
+    from adapt._offline import import_bitsandbytes
 
+    import_bitsandbytes()  # before peft imports it with a hub lookup (adapt/_offline.py)
     try:
-        with no_hub_kernels():
-            for module in _EXTRA_MODULES:
-                importlib.import_module(module)
+        for module in _EXTRA_MODULES:
+            importlib.import_module(module)
     except ImportError:
         print(EXTRA_MISSING, file=sys.stderr)
         return 2

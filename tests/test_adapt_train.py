@@ -384,6 +384,35 @@ def test_qlora_where_bitsandbytes_has_no_4bit_kernels_is_a_clear_error_before_tr
     assert not (tmp_path / "checkpoint.pt").exists()
 
 
+@pytest.mark.component
+def test_bitsandbytes_is_imported_without_the_hub_lookup_and_transformers_still_sees_kernels() -> (
+    None
+):
+    """In a fresh process (this one may have imported everything already): bitsandbytes comes
+    in without ``kernels`` (its hub lookup is skipped, so no request and no warning), and
+    transformers, asked afterwards, still finds ``kernels`` installed. Hiding ``kernels`` while
+    transformers first asked once poisoned its cached answer for the whole process, and a later
+    ``from_pretrained`` failed with "Kernels are not available"."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from adapt._offline import import_bitsandbytes\n"
+        "bnb = import_bitsandbytes()\n"
+        "assert bnb is not None and 'kernels' not in sys.modules, sorted(sys.modules)[:5]\n"
+        "import peft, transformers\n"
+        "from transformers.utils.import_utils import is_kernels_available\n"
+        "assert is_kernels_available()\n"
+        "assert sys.modules['bitsandbytes'] is bnb\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "kernels-community" not in proc.stderr, proc.stderr[-2000:]
+
+
 @pytest.mark.model
 @pytest.mark.component
 def test_terms_are_found_as_whole_words_in_any_case_and_focus_changes_the_loss(
