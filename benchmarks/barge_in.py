@@ -35,6 +35,10 @@ run one at a time (before ``session.barge_in.overlap_interim_ms``), interleaved.
 cases with the interims only barge-in reads decoded by it, interleaved with the same cases on
 the call's own model (the default server turns it off: ``session.barge_in.barge_in_model``);
 the interim counts then say which model decoded them.
+``--talking-first`` runs only calls where the caller is already talking when the Speak
+arrives (sent 0.5 s after their first word, under each policy, with and without echo) and
+reports how much of the reply the caller heard while still talking (``overlap_ms``, on the
+call's audio clock: the inbound audio sent when each reply frame arrived).
 """
 
 from __future__ import annotations
@@ -109,6 +113,14 @@ def onset_s(x: np.ndarray, threshold_dbfs: float = -40.0) -> float:
     return float(loud[0]) * FRAME / 8000 if len(loud) else 0.0
 
 
+def last_loud_s(x: np.ndarray, threshold_dbfs: float = -40.0) -> float:
+    """End of the last 20 ms frame louder than ``threshold_dbfs``: the caller's last word."""
+    n = len(x) // FRAME
+    rms = np.sqrt(np.mean(x[: n * FRAME].reshape(n, FRAME).astype(np.float64) ** 2, axis=1))
+    loud = np.nonzero(20 * np.log10(np.maximum(rms, 1e-9)) > threshold_dbfs)[0]
+    return float(loud[-1] + 1) * FRAME / 8000 if len(loud) else 0.0
+
+
 @dataclass
 class CallResult:
     interrupted_at: float | None = None
@@ -118,6 +130,16 @@ class CallResult:
     onset_sent_at: float | None = None
     begin_at: float | None = None  # the caller's SPEECH_BEGIN arrived
     events: list[str] = field(default_factory=list)
+    #: ``PlaybackInterrupted.played_ms``: how much of the reply the server says was heard.
+    played_ms: int | None = None
+    #: ``speak_after_s`` calls: reply audio that arrived while the caller was still talking
+    #: (from the caller's first to their last loud frame) and before ``interrupted``, ms; each
+    #: reply frame is placed on the call's audio clock by the inbound audio sent when it came.
+    overlap_ms: float | None = None
+    #: ``PlaybackInterrupted.at_offset_ms``: where the speech that cut the reply began, and
+    #: (``speak_after_s`` calls) where on the call's audio clock the Speak went out, ms.
+    at_offset_ms: int | None = None
+    speak_sent_ms: float | None = None
 
     @property
     def latency_ms(self) -> float:
@@ -145,12 +167,20 @@ async def run_call(
     reply: str = REPLY,
     path: np.ndarray | None = None,
     echo_handling: int = 0,
+    speak_after_s: float | None = None,
 ) -> CallResult:
     """One call: the reply plays, the line echoes it, and maybe a caller talks over it.
 
     ``path``: the echo path's impulse response at 8 kHz (None: flat); ``echo_handling``: the
-    call's ``BargeInConfig.echo_handling`` (0: the server's).
+    call's ``BargeInConfig.echo_handling`` (0: the server's). ``speak_after_s``: the caller
+    talks first: the call's audio starts at once with the caller ``CALLER_AT_S`` into it, and
+    the Speak goes out this long after the caller's first word (a bot that answers while the
+    caller is still talking); ``overlap_ms`` then says how much of the reply they heard while
+    still talking.
     """
+    talking_first = speak_after_s is not None
+    if talking_first and caller is None:
+        raise ValueError("speak_after_s needs a caller")
     line = EchoLine(8000, level_db if level_db is not None else -200.0, delay_ms, path=path)
     res = CallResult()
     rpc = stub.Converse()
@@ -164,20 +194,30 @@ async def run_call(
             echo_handling=echo_handling,  # type: ignore[arg-type]
         ),
     )
+    speak = pb.ConverseRequest(speak=pb.Speak(text=reply, speak_id="reply"))
     await rpc.write(pb.ConverseRequest(config=cfg))
-    await rpc.write(pb.ConverseRequest(speak=pb.Speak(text=reply, speak_id="reply")))
+    if not talking_first:
+        await rpc.write(speak)
+    sent_ms = [0.0]  # inbound audio written so far: the call's audio clock
+    reply_frames: list[tuple[float, float]] = []  # (audio clock at arrival, ms of reply audio)
+    cut_ms: float | None = None
 
     async def read() -> None:
+        nonlocal cut_ms
         while (msg := await rpc.read()) is not grpc.aio.EOF:
             now = time.monotonic()
             kind = msg.WhichOneof("event")
             res.events.append(kind)
             if kind == "audio":
                 line.heard(unmulaw(msg.audio.data), now)
+                reply_frames.append((sent_ms[0], len(msg.audio.data) / 8.0))  # μ-law 8 kHz
                 first_audio.set()
             elif kind == "interrupted":
                 res.interrupted_at = now
                 res.caller_text = msg.interrupted.caller_text
+                res.played_ms = msg.interrupted.played_ms
+                res.at_offset_ms = msg.interrupted.at_offset_ms
+                cut_ms = sent_ms[0]
                 done.set()
             elif kind == "playback_finished":
                 res.finished = True
@@ -192,22 +232,29 @@ async def run_call(
                     res.begin_at = now
 
     reader = asyncio.create_task(read())
-    started = asyncio.create_task(first_audio.wait())
-    await asyncio.wait({started, reader}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
-    if not first_audio.is_set():
-        started.cancel()
-        if reader.done():
-            reader.result()  # the call failed: say why
-        raise TimeoutError("no reply audio within 60 s")
+    if not talking_first:
+        started = asyncio.create_task(first_audio.wait())
+        await asyncio.wait({started, reader}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+        if not first_audio.is_set():
+            started.cancel()
+            if reader.done():
+                reader.result()  # the call failed: say why
+            raise TimeoutError("no reply audio within 60 s")
     t0 = time.monotonic()
     start = round(CALLER_AT_S * 8000)
+    speak_at_k: int | None = None
     if caller is not None:
         res.onset_sent_at = t0 + CALLER_AT_S + onset_s(caller)
+        if speak_after_s is not None:
+            speak_at_k = round((CALLER_AT_S + onset_s(caller) + speak_after_s) * 8000 / FRAME)
     k = 0
     stop_at: float | None = None
     while True:
         t = t0 + k * FRAME / 8000
         await asyncio.sleep(max(0.0, t - time.monotonic()))
+        if k == speak_at_k:
+            await rpc.write(speak)
+            res.speak_sent_ms = sent_ms[0]
         x = line.echo(t, FRAME)
         lo = k * FRAME - start  # the caller starts on a frame boundary
         if caller is not None and 0 <= lo < len(caller):
@@ -215,6 +262,7 @@ async def run_call(
             x[: len(seg)] += seg
         await rpc.write(pb.ConverseRequest(audio=pb.AudioChunk(data=mulaw(x))))
         k += 1
+        sent_ms[0] = k * FRAME / 8.0
         if done.is_set() and stop_at is None:
             stop_at = t + 0.5  # a little more line audio: no late events are missed
         if (stop_at is not None and t >= stop_at) or t - t0 > max_s:
@@ -222,6 +270,11 @@ async def run_call(
     await rpc.write(pb.ConverseRequest(hangup=pb.Hangup()))
     await rpc.done_writing()
     await asyncio.wait_for(reader, 60)
+    if talking_first and caller is not None:
+        talk_from = 1000.0 * (CALLER_AT_S + onset_s(caller))
+        talk_to = 1000.0 * (CALLER_AT_S + last_loud_s(caller))
+        until = talk_to if cut_ms is None else min(cut_ms, talk_to)
+        res.overlap_ms = sum(ms for at, ms in reply_frames if talk_from <= at < until)
     return res
 
 
@@ -315,6 +368,55 @@ def tap_interims() -> None:
 
     tapped.tapped = True  # type: ignore[attr-defined]
     AsrTranscriber.transcribe = tapped  # type: ignore[method-assign]
+
+
+#: ``--talking-first``: the Speak goes out this long after the caller's first word.
+TALKING_FIRST_SPEAK_AFTER_S = 0.5
+
+
+async def talking_first(
+    stub: pb_grpc.VoiceGatewayStub, callers: tuple[str, ...], repeats: int, reply: str
+) -> dict[str, dict[str, list[float]]]:
+    """The caller is talking when the Speak arrives: how much of the reply they hear over
+    their own speech, per policy, with no echo and with the reply echoed at -20 dB, 120 ms.
+
+    Returns ``{case: {"overlap_ms": [...], "played_ms": [...]}}`` (``played_ms``: what the
+    server reported heard at the cut; the reply's length, as -1, for a reply never cut).
+    """
+    policies = (
+        ("immediate", pb.BARGE_IN_IMMEDIATE),
+        ("after_words", pb.BARGE_IN_AFTER_WORDS),
+        ("never", pb.BARGE_IN_NEVER),
+    )
+    lines: tuple[tuple[str, float | None], ...] = (("no echo", None), ("echo -20 dB", -20.0))
+    clips = {name: load_caller(name) for name in callers}
+    out: dict[str, dict[str, list[float]]] = {}
+    for _ in range(repeats):
+        for clip in clips.values():
+            for pname, policy in policies:
+                for lname, level in lines:
+                    r = await run_call(
+                        stub,
+                        guard=True,
+                        policy=policy,
+                        level_db=level,
+                        caller=clip,
+                        reply=reply,
+                        speak_after_s=TALKING_FIRST_SPEAK_AFTER_S,
+                    )
+                    cell = out.setdefault(f"{pname}, {lname}", {"overlap_ms": [], "played_ms": []})
+                    cell["overlap_ms"].append(r.overlap_ms if r.overlap_ms is not None else -1.0)
+                    cell["played_ms"].append(-1.0 if r.played_ms is None else float(r.played_ms))
+    print(
+        f"\ncaller talking when the Speak arrives ({TALKING_FIRST_SPEAK_AFTER_S} s after their "
+        "first word): reply ms heard while they still talked (median / p95), per call; "
+        "played_ms at the cut (-1: never cut)"
+    )
+    for label, cell in out.items():
+        print(f"  {label:<28} {fmt_ms(cell['overlap_ms'])}   n={len(cell['overlap_ms'])}")
+        print("      per call: " + ", ".join(f"{v:.0f}" for v in cell["overlap_ms"]))
+        print("      played_ms: " + ", ".join(f"{v:.0f}" for v in cell["played_ms"]))
+    return out
 
 
 def fmt_ms(values: list[float]) -> str:
@@ -420,6 +522,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             columns.append((canceller, aec_stubs[canceller], True))
         path = None if not args.echo_path_ms else dispersive_path(args.echo_path_ms)
         print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
+        if args.talking_first:
+            out["talking_first"] = await talking_first(stub, callers, repeats, reply)
+            return out
         if path is not None:
             print(f"echo path: spread over 12 ms, decaying with tau {args.echo_path_ms} ms")
         if args.only == "after_words":
@@ -632,6 +737,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--barge-in-model",
         help="also run the after_words cases with their word-count interims decoded by this "
         "model (asr.barge_in_model, e.g. tiny.en), interleaved with the call's own model",
+    )
+    ap.add_argument(
+        "--talking-first",
+        action="store_true",
+        help="only calls where the caller is already talking when the Speak arrives (every "
+        "policy, with and without echo): the reply ms they hear over their own speech",
     )
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args(argv)

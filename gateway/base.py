@@ -102,6 +102,8 @@ class EngineInfo:
 
     models: list[ModelDescription] = field(default_factory=list)
     voices: list[VoiceDescription] = field(default_factory=list)
+    #: Real-time calls the recogniser holds by the start-up calibration (0: not calibrated).
+    asr_capacity_calls: int = 0
 
 
 class EngineHub(Protocol):

@@ -282,51 +282,103 @@ class BatcherConfig(_Frozen):
 
 
 class AdmissionConfig(_Frozen):
-    """Admission from measured cost (gateway/admission.py).
+    """Admission from capacity, with latency as a guard (gateway/admission.py).
 
-    ``limits.max_concurrent_calls`` stays the hard ceiling. New streams are refused
-    (RESOURCE_EXHAUSTED, with a retry hint) while the admitted ones are still within the
-    latency budget, not after they degrade.
+    ``limits.max_concurrent_calls`` stays the hard ceiling. Each call reserves one real-time
+    call equivalent; the replica holds ``capacity_calls`` of them (calibrated at start and
+    measured from live traffic when 0). The latency guard refuses only while the recogniser is
+    busy past ``target_utilisation``; an idle replica always admits.
     """
 
     enabled: bool = Field(
-        True, description="Admit by measured load; off = only max_concurrent_calls applies."
+        True, description="Admit by capacity; off = only max_concurrent_calls applies."
+    )
+    capacity_calls: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="Real-time calls this replica holds; 0 = calibrated at start from the "
+        "engine's measured cost of a reference utterance, then measured from live traffic.",
+    )
+    reference_turn_s: float = Field(
+        12.0,
+        gt=0.0,
+        le=600.0,
+        description="The calibration's model of a real-time call: its caller speaks the "
+        "5 s reference utterance once per this many seconds (a turn-taking call, the caller "
+        "talking about 40 % of the time), s.",
+    )
+    reference_overhead: float = Field(
+        1.5,
+        ge=1.0,
+        le=10.0,
+        description="The calibration's factor for what a call costs besides one final per "
+        "utterance (speculative finals that are discarded, interims, barge-in checks).",
+    )
+    realtime_slack_ms: int = Field(
+        2_000,
+        ge=0,
+        le=600_000,
+        description="A call whose audio runs more than this far ahead of its own clock is "
+        "bulk (a file sent faster than real time): served from spare capacity at a later "
+        "deadline, and not judged against the real-time latency target, ms.",
+    )
+    bulk_deadline_s: float = Field(
+        10.0,
+        gt=0.0,
+        le=3_600.0,
+        description="Deadline of a bulk call's final: real-time finals due sooner go first, "
+        "and a bulk final never waits longer than this behind them, s.",
     )
     latency_budget_s: float = Field(
-        1.0,
+        1.5,
         gt=0.0,
         le=60.0,
-        description="The p95 of end of speech -> final that admitted calls are promised, s.",
+        description="The p95 of end of speech -> final that admitted real-time calls are "
+        "promised, s.",
     )
     refuse_at: float = Field(
-        0.7,
+        0.8,
         gt=0.0,
         le=1.0,
-        description="Refuse new calls once the recent p95 passes this fraction of "
-        "latency_budget_s (headroom for the calls already admitted).",
+        description="While the recogniser is busy, refuse new calls once the real-time calls' "
+        "recent p95 passes this fraction of latency_budget_s (headroom for admitted calls).",
     )
     max_queue_wait_s: float = Field(
         0.3,
         gt=0.0,
         le=60.0,
-        description="Refuse new calls once the recent p95 of batch-queue wait passes this, s.",
+        description="Deprecated in v0.3, no effect: queue waits include bulk calls' backlog, "
+        "which is no sign of overload; accepted so that existing configs load.",
     )
     target_utilisation: float = Field(
         0.75,
         gt=0.0,
         le=1.0,
-        description="Engine utilisation the capacity estimate admits up to: capacity = calls x "
-        "target / measured utilisation (queueing delay grows sharply near 1).",
+        description="Engine utilisation the capacity admits up to (queueing delay grows "
+        "sharply near 1); at or past it the latency guard and the ladder may act.",
     )
     max_synthesize_streams: int = Field(
         0,
         ge=0,
         le=1_024,
-        description="Synthesize streams at once; 0 = TTS threads - 1 (at least 1), so one "
-        "thread always stays free for the replies of calls.",
+        description="Replies of calls and Synthesize streams synthesized at once before new "
+        "Synthesize streams are refused; 0 = 6 per TTS thread. Recognition load never refuses "
+        "synthesis.",
     )
     window_s: float = Field(
-        10.0, ge=1.0, le=600.0, description="How far back 'recent' p95 and utilisation look, s."
+        5.0,
+        ge=1.0,
+        le=600.0,
+        description="How far back 'recent' p95 and utilisation look, s (a refusal clears "
+        "within about this long after the load goes).",
+    )
+    capacity_window_s: float = Field(
+        60.0,
+        ge=1.0,
+        le=3_600.0,
+        description="How far back live traffic prices a real-time call (engine busy time per "
+        "call over several of its turns; one utterance's decode is no price), s.",
     )
     ramp_doubling: bool = Field(
         False,
@@ -336,11 +388,11 @@ class AdmissionConfig(_Frozen):
         "idle replica; turn it on behind a balancer that retries elsewhere.",
     )
     min_samples: int = Field(
-        3,
+        5,
         ge=1,
         le=1_000,
-        description="Observations a recent p95 needs before it can refuse a call: one slow "
-        "final of a lone caller (a cold start) is no evidence of overload.",
+        description="Real-time finals a recent p95 needs before it can refuse a call: a few "
+        "slow finals are no evidence of overload.",
     )
     sample_interval_s: float = Field(
         0.5, gt=0.0, le=60.0, description="How often the load is sampled, s."
@@ -362,13 +414,15 @@ class AdmissionConfig(_Frozen):
 class DegradeConfig(_Frozen):
     """The load-adaptive quality ladder (gateway/degrade.py).
 
-    Shed in a fixed order when the recent p95 latency or queue wait passes its threshold;
-    restore with hysteresis.
+    Shed in a fixed order only past measured capacity (the recogniser busy past
+    ``admission.target_utilisation``, or more calls than the capacity counts) *and* with the
+    real-time calls' recent p95 over ``latency_s``; restore with hysteresis. Calls are told
+    (``QualityChanged`` on their stream).
     """
 
     enabled: bool = Field(True, description="Shed quality under load; off = never.")
     latency_s: float = Field(
-        1.0,
+        1.5,
         gt=0.0,
         le=60.0,
         description="Shed one step while the recent p95 end of speech -> final is above this, s.",
@@ -377,7 +431,8 @@ class DegradeConfig(_Frozen):
         0.5,
         gt=0.0,
         le=60.0,
-        description="... or while the recent p95 batch-queue wait is above this, s.",
+        description="Deprecated in v0.3, no effect (queue waits include bulk calls' "
+        "backlog); accepted so that existing configs load.",
     )
     restore_ratio: float = Field(
         0.5,

@@ -2,11 +2,14 @@
 
 Admission (``gateway/admission.py``) keeps new calls out before the admitted ones degrade; this
 is the safety net for when the admitted calls themselves get busier (everyone talks at once, a
-noisy neighbour takes a core). When the recent p95 of end of speech -> final passes
-``degrade.latency_s``, or the recent p95 of batch-queue wait passes ``degrade.queue_wait_s``, one
-more step of :data:`LADDER` is shed, at most one per ``step_interval_s``; once both are below
-``restore_ratio`` of their thresholds for ``restore_after_s``, the last step shed is restored
-(one step per calm period: hysteresis, so the ladder does not flap).
+noisy neighbour takes a core). Only past measured capacity (the recogniser busy past
+``admission.target_utilisation``, or more calls in progress than the capacity counts) and while
+the real-time calls' recent p95 of end of speech -> final is over ``degrade.latency_s``, one
+more step of :data:`LADDER` is shed, at most one per ``step_interval_s``; once the p95 is below
+``restore_ratio`` of it (or the replica is back within capacity) for ``restore_after_s``, the
+last step shed is restored (one step per calm period: hysteresis, so the ladder does not flap).
+On a replica within capacity a slow final is the engine's own speed: shedding would lose
+quality and buy nothing, so one caller never loses its interims or word times.
 
 The ladder, cheapest quality loss first:
 
@@ -24,7 +27,9 @@ The ladder, cheapest quality loss first:
 
 Steps 2-3 change only calls that asked for MBR or a beam (the gateway's default is greedy), so
 on default traffic they cost nothing and save nothing. Every change is a metric
-(``voxgate_degrade_level``, ``voxgate_degrade_steps_total{direction,step}``) and one log line.
+(``voxgate_degrade_level``, ``voxgate_degrade_steps_total{direction,step}``), one log line, and
+a ``QualityChanged`` event on every call in progress (and on new calls while any step is in
+force), naming the steps shed, so a client never gets less than it asked for silently.
 
 :class:`DegradePolicy` is pure (time is passed in); :class:`QualityLevel` is the shared state
 that sessions read when they build each request, so a step reaches calls already in progress.
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -76,10 +82,30 @@ class QualityLevel:
     """
 
     def __init__(self, level: int = 0) -> None:
-        self.level = level
+        self._level = level
+        #: Called with the new level after every change (sessions tell their clients).
+        self.listeners: list[Callable[[int], None]] = []
 
     def __repr__(self) -> str:
-        return f"QualityLevel({self.level})"
+        return f"QualityLevel({self._level})"
+
+    @property
+    def level(self) -> int:
+        """Steps shed, 0 (full quality) to ``len(LADDER)``."""
+        return self._level
+
+    @level.setter
+    def level(self, value: int) -> None:
+        if value == self._level:
+            return
+        self._level = value
+        for listener in list(self.listeners):
+            listener(value)
+
+    @property
+    def shed(self) -> tuple[Step, ...]:
+        """The steps in force, in the order they were shed."""
+        return LADDER[: self._level]
 
     @property
     def interim_results(self) -> bool:
@@ -120,11 +146,10 @@ class LadderMove:
 
 
 class DegradePolicy:
-    """When to shed or restore a step, from the recent p95s; pure and synchronous.
+    """When to shed or restore a step, from the recent p95 and the capacity; pure.
 
-    ``pressure`` is the larger of (final p95 / ``latency_s``) and (queue-wait p95 /
-    ``queue_wait_s``); a signal with no observations in the window (NaN) counts as 0, since
-    nothing finished and nothing waited.
+    ``pressure`` is the real-time calls' final p95 over ``latency_s``, and 0 while the replica
+    is within its capacity or no final was measured (NaN): nothing to shed for.
 
     * pressure > 1: shed one step, unless one was shed less than ``step_interval_s`` ago;
     * pressure < ``restore_ratio``: once that has held for ``restore_after_s`` (and as long
@@ -143,22 +168,18 @@ class DegradePolicy:
         self._last_move: float | None = None
         self._calm_since: float | None = None
 
-    def pressure(self, final_p95_s: float, queue_wait_p95_s: float) -> float:
-        """The larger of the two signals over its threshold (0 for no observations)."""
-        cfg = self.config
-        parts = [0.0]
-        if not math.isnan(final_p95_s):
-            parts.append(final_p95_s / cfg.latency_s)
-        if not math.isnan(queue_wait_p95_s):
-            parts.append(queue_wait_p95_s / cfg.queue_wait_s)
-        return max(parts)
+    def pressure(self, final_p95_s: float, *, over_capacity: bool) -> float:
+        """The real-time final p95 over its threshold; 0 within capacity or unmeasured."""
+        if not over_capacity or math.isnan(final_p95_s):
+            return 0.0
+        return final_p95_s / self.config.latency_s
 
-    def update(self, now: float, final_p95_s: float, queue_wait_p95_s: float) -> LadderMove | None:
+    def update(self, now: float, final_p95_s: float, *, over_capacity: bool) -> LadderMove | None:
         """Feed one sample; returns the move made, if any (``level`` is already updated)."""
         cfg = self.config
         if not cfg.enabled:
             return None
-        p = self.pressure(final_p95_s, queue_wait_p95_s)
+        p = self.pressure(final_p95_s, over_capacity=over_capacity)
         if p > 1.0:
             self._calm_since = None
             recent = self._last_move is not None and now - self._last_move < cfg.step_interval_s

@@ -27,6 +27,7 @@ __all__ = [
     "MarkReachedOut",
     "OutboundEvent",
     "PlaybackFinishedOut",
+    "QualityOut",
     "RejectedSpeakIn",
     "SpeakIn",
     "SpeechOut",
@@ -177,6 +178,14 @@ class ErrorOut:
 
 
 @dataclass(frozen=True, slots=True)
+class QualityOut:
+    """What the server sheds under load now (``QualityChanged``); empty = full quality."""
+
+    shed: tuple[str, ...]
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
 class DtmfOut:
     """A keypad digit, echoed to the bot on the event stream."""
 
@@ -193,4 +202,5 @@ OutboundEvent = (
     | PlaybackFinishedOut
     | ErrorOut
     | DtmfOut
+    | QualityOut
 )

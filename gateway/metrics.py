@@ -10,9 +10,34 @@ so that two servers in one process (tests, benchmarks) never count each other's 
 
 from __future__ import annotations
 
+from collections import deque
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["GatewayMetrics"]
+__all__ = ["GatewayMetrics", "RecentValues"]
+
+
+class RecentValues:
+    """The last observations with their times, for exact quantiles over a recent window.
+
+    A histogram's buckets make a p95 pessimistic by up to a whole bucket (a 0.51 s final read
+    as 0.75 s), which is no basis for refusing a caller; this keeps the values themselves.
+
+    Args:
+        most: observations kept (the oldest are dropped first).
+    """
+
+    def __init__(self, most: int = 4096) -> None:
+        self._items: deque[tuple[float, float]] = deque(maxlen=most)
+
+    def add(self, now: float, value: float) -> None:
+        """Record ``value`` observed at ``now`` (seconds on the event loop's clock)."""
+        self._items.append((now, value))
+
+    def window(self, now: float, window_s: float) -> list[float]:
+        """The values observed in the last ``window_s`` before ``now``."""
+        since = now - window_s
+        return [v for t, v in self._items if t > since]
 
 
 class GatewayMetrics:
@@ -25,8 +50,15 @@ class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        #: End of speech -> final of real-time calls, exact (admission and the ladder read it).
+        self.realtime_finals = RecentValues()
         self.calls_active = Gauge(
             "voxgate_calls_active", "Calls (Converse/StreamingRecognize) in progress.", registry=r
+        )
+        self.calls_bulk = Gauge(
+            "voxgate_calls_bulk",
+            "Calls in progress whose audio runs ahead of real time (files being transcribed).",
+            registry=r,
         )
         self.calls_total = Counter(
             "voxgate_calls_total", "Calls started, by RPC.", ["rpc"], registry=r
@@ -83,8 +115,18 @@ class GatewayMetrics:
             "voxgate_asr_fallbacks_total",
             "Decoding retries by model, kind (final, interim) and step: window (re-encoded on "
             "the full 30 s window), temperature (sampled hotter), language (the runner-up "
-            "detected language); each costs about one more decode.",
+            "detected language); each costs about one more decode. Step budget: the ladder "
+            "stopped because its next retry would have ended after asr.policy.decode_budget_s "
+            "(the best text so far was kept).",
             ["model", "kind", "step"],
+            registry=r,
+        )
+        self.asr_finals_from_interim = Counter(
+            "voxgate_asr_finals_from_interim_total",
+            "Finals whose text is the utterance's last interim, by why the final decode gave "
+            "none: its error kind (deadline_exceeded, resource_exhausted, internal) or its "
+            "gate (repetition, low_logprob).",
+            ["reason"],
             registry=r,
         )
         self.asr_model_loaded = Gauge(

@@ -12,13 +12,18 @@ import asyncio
 import logging
 import os
 import time
+import wave
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
+import numpy.typing as npt
+
 from engines.asr import BUNDLED_MODELS, ModelFilesError, WhisperEngine, resolve_model_dir
-from engines.asr.base import AsrEngine, AsrRequest, AsrResult
+from engines.asr.base import AsrEngine, AsrOptions, AsrRequest, AsrResult
+from engines.base import ASR_SAMPLE_RATE_HZ, UtteranceStats
 from engines.tts import (
     SpeakOptions,
     TtsChunk,
@@ -253,6 +258,12 @@ class AsrTranscriber:
     orders finals first, and here interims may occupy at most ``workers - 1`` workers at once
     (all of them when there is only one, as on a GPU, where they share batches with finals).
     An interim that finds no free slot is skipped, not queued.
+
+    Finals of bulk calls (audio sent faster than real time, ``AsrRequest.bulk``) are served
+    from spare capacity: due ``bulk_deadline_s`` after they are queued (so real-time finals,
+    due sooner, go first, and a bulk final still never starves), and at most ``workers - 1``
+    of them run at once, so a file being transcribed never holds every worker while a
+    real-time caller's final waits. They wait for a slot; they are never skipped.
     """
 
     def __init__(
@@ -264,12 +275,15 @@ class AsrTranscriber:
         deadline_s: float = 1.0,
         *,
         default_model: str = "",
+        bulk_deadline_s: float = 10.0,
     ) -> None:
         self.batcher = batcher
         self._metrics = metrics
         self._encode_context = context_encoder
         self._deadline_s = deadline_s
+        self._bulk_deadline_s = bulk_deadline_s
         self._interim_slots = asyncio.Semaphore(max(1, workers - 1))
+        self._bulk_slots = asyncio.Semaphore(max(1, workers - 1))
         self._default_model = default_model
 
     async def transcribe(self, request: AsrRequest) -> AsrResult:
@@ -282,6 +296,9 @@ class AsrTranscriber:
         and nothing waits (:meth:`spare_worker`), so urgent ones are bounded by the calls
         talking over a reply.
         """
+        if request.is_final and request.bulk:
+            async with self._bulk_slots:
+                return await self._submit(request)
         if request.is_final or request.urgent:
             return await self._submit(request)
         if self._interim_slots.locked():
@@ -307,7 +324,10 @@ class AsrTranscriber:
         loop = asyncio.get_running_loop()
         began = loop.time()
         first_rank = request.is_final or request.urgent
-        deadline = began + (self._deadline_s if first_rank else 4 * self._deadline_s)
+        if request.is_final and request.bulk:
+            deadline = began + self._bulk_deadline_s
+        else:
+            deadline = began + (self._deadline_s if first_rank else 4 * self._deadline_s)
         # Counted by model name (a replaced model's generations share it).
         model = model_name_of(request.options.model) or self._default_model
         kind = "final" if request.is_final else "interim"
@@ -447,6 +467,9 @@ class EngineHubImpl:
             await self.aclose()
             raise EngineLoadError(f"cannot load the engines: {exc}") from exc
         if self._asr_engines:
+            if self.config.admission.enabled and not self.config.admission.capacity_calls:
+                # After both engines loaded: the voice's warm-up must not share the cores.
+                self.info.asr_capacity_calls = await asyncio.to_thread(self._calibrate)
             await self._start_models()
             await self._start_batcher()
 
@@ -553,6 +576,44 @@ class EngineHubImpl:
                 compute_type=str(getattr(engine, "compute_type", "")),
             )
         ]
+
+    def _calibrate(self) -> int:
+        """Real-time calls the recogniser holds, from its measured cost of a reference utterance.
+
+        Admission needs a capacity before any caller has been measured (an idle replica must
+        know when to stop admitting a burst). One worker decodes the bundled 5.3 s reference
+        utterance twice (the faster run counts: the first may still warm caches); a real-time
+        call is modelled as that utterance once per ``admission.reference_turn_s``, times
+        ``reference_overhead`` for speculation, interims and barge-in checks. Live traffic
+        re-measures it (gateway/admission.py).
+        """
+        adm = self.config.admission
+        engine = self._asr_engines[0]
+        audio = read_reference_utterance()
+        voiced = np.abs(audio.reshape(-1, 320)).max(axis=1) > 0.01
+        stats = UtteranceStats.from_frames(audio, voiced, 20)
+        request = AsrRequest(audio, stats, AsrOptions(), is_final=True)
+        costs = []
+        for _ in range(2):
+            began = time.perf_counter()
+            engine.infer_batch([request])
+            costs.append(time.perf_counter() - began)
+        counters = getattr(engine, "counters", None)
+        if counters is not None:
+            counters.reset()
+        per_call = min(costs) * adm.reference_overhead / adm.reference_turn_s
+        workers = len(self._asr_engines)
+        capacity = max(1, int(workers * adm.target_utilisation / per_call))
+        log.info(
+            "admission: the reference utterance (%.1f s) decodes in %.0f ms; %d worker(s) hold "
+            "about %d real-time calls at target_utilisation=%g",
+            len(audio) / ASR_SAMPLE_RATE_HZ,
+            1000 * min(costs),
+            workers,
+            capacity,
+            adm.target_utilisation,
+        )
+        return capacity
 
     def _load_named(self, entry: ModelEntry) -> LoadedModel:
         """Load a named model with the default model's settings (threads, device, policy)."""
@@ -673,6 +734,7 @@ class EngineHubImpl:
             self._asr_engines[0].encode_context,
             self._metrics,
             default_model=first.name,
+            bulk_deadline_s=self.config.admission.bulk_deadline_s,
         )
         log.info(
             "asr batcher: %d worker(s), max batch %d%s",
@@ -705,3 +767,12 @@ def build_hub(config: GatewayConfig) -> EngineHubImpl | None:
     if not config.engines:
         return None
     return EngineHubImpl(config)
+
+
+def read_reference_utterance() -> npt.NDArray[np.float32]:
+    """The bundled calibration utterance (gateway/data/ATTRIBUTION.md), float32 at 16 kHz."""
+    path = Path(__file__).parent / "data" / "reference_utterance.wav"
+    with wave.open(str(path), "rb") as w:
+        assert w.getframerate() == ASR_SAMPLE_RATE_HZ and w.getsampwidth() == 2
+        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+    return (pcm.astype(np.float32) / 32768.0)[: len(pcm) // 320 * 320]

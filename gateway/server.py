@@ -176,12 +176,19 @@ class GatewayServer:
         servicer = self.servicer
         assert servicer is not None
         cfg = self.config
-        sampler = LoadSampler(self.metrics, cfg.admission.window_s)
+        sampler = LoadSampler(self.metrics, cfg.admission.window_s, cfg.admission.capacity_window_s)
         ladder = DegradePolicy(cfg.degrade)
         loop = asyncio.get_running_loop()
         while True:
             now = loop.time()
-            snap = sampler.sample(now)
+            bulk = servicer.bulk_calls()
+            self.metrics.calls_bulk.set(bulk)
+            snap = sampler.sample(
+                now,
+                calls=servicer.active_calls,
+                bulk_calls=bulk,
+                calibrated_capacity=servicer.info.asr_capacity_calls,
+            )
             servicer.load = snap
             load = servicer.admission.load(snap, active_calls=servicer.active_calls)
             self.metrics.load.set(load)
@@ -191,20 +198,23 @@ class GatewayServer:
             move = ladder.update(
                 now,
                 snap.final_p95_s if snap.finals >= least else math.nan,
-                snap.queue_wait_p95_s if snap.queue_waits >= least else math.nan,
+                over_capacity=servicer.admission.over_capacity(
+                    snap, active_calls=servicer.active_calls
+                ),
             )
             if move is not None:
                 servicer.quality.level = move.level
                 self.metrics.degrade_level.set(move.level)
                 self.metrics.degrade_steps.labels(move.direction, move.step.name).inc()
                 log.warning(
-                    "degrade: %s %s (%s), level %d; p95 final %.2f s, queue wait %.2f s",
+                    "degrade: %s %s (%s), level %d; real-time p95 final %.2f s, "
+                    "recogniser %.0f%% busy",
                     move.direction,
                     move.step.name,
                     move.step.description,
                     move.level,
                     snap.final_p95_s,
-                    snap.queue_wait_p95_s,
+                    100 * snap.asr_utilisation,
                 )
             if cfg.admission.health_when_full and servicer.accepting:
                 full = load >= 1.0 if not self.full else load >= 0.9

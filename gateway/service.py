@@ -42,6 +42,7 @@ from gateway.events import (
     MarkReachedOut,
     OutboundEvent,
     PlaybackFinishedOut,
+    QualityOut,
     RejectedSpeakIn,
     SpeakIn,
     SpeechOut,
@@ -313,6 +314,10 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             self.active_synthesize -= 1
             self.metrics.synthesize_active.dec()
 
+    def bulk_calls(self) -> int:
+        """Calls in progress whose audio runs ahead of real time now (see CallSession.bulk)."""
+        return sum(1 for session in self._sessions.values() if session.bulk)
+
     def refusal(self, kind: StreamKind) -> Refusal | None:
         """Whether one more stream of ``kind`` would be refused now, and why."""
         return self.admission.decide(
@@ -499,6 +504,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             log_id=session_id,
             metrics=self.metrics,
             quality=self.quality,
+            realtime_slack_ms=self.config.admission.realtime_slack_ms,
         )
         self._sessions[session_id] = session
         if self._ending:
@@ -1005,6 +1011,10 @@ def _outbound(event: OutboundEvent) -> pb.ConverseResponse:
             playback_finished=pb.PlaybackFinished(
                 speak_id=event.speak_id, duration_ms=event.duration_ms
             )
+        )
+    if isinstance(event, QualityOut):
+        return pb.ConverseResponse(
+            quality_changed=pb.QualityChanged(shed=list(event.shed), description=event.description)
         )
     if isinstance(event, ErrorOut):
         return pb.ConverseResponse(

@@ -59,6 +59,7 @@ from gateway.events import (
     MarkReachedOut,
     OutboundEvent,
     PlaybackFinishedOut,
+    QualityOut,
     RejectedSpeakIn,
     SpeakIn,
     SpeechOut,
@@ -81,6 +82,10 @@ log = logging.getLogger("voxgate.session")
 
 #: Outgoing audio is cut into frames of this length; barge-in stops within one frame.
 FRAME_MS = 20
+
+#: Why a final may have no text although the caller spoke: its decode looped or was unsure.
+#: Its utterance's last interim then stands in (``CallSession._final_or_interim``).
+_UNSURE = frozenset({"repetition", "low_logprob"})
 
 
 # --- the call -----------------------------------------------------------------------------------
@@ -183,8 +188,14 @@ class _Playback:
     sent_ms: int = 0
     words: list[tuple[str, int]] = field(default_factory=list)
     policy: BargeInPolicy = field(default_factory=BargeInPolicy)
-    #: Utterances whose speech began during this reply -> their SPEECH_BEGIN offset, ms.
+    #: Utterances heard over this reply -> their SPEECH_BEGIN offset, ms: speech that began
+    #: during it, and speech in progress when it started that went on over it
+    #: (``CallSession._check_speech_in_progress``).
     heard_from: dict[int, int] = field(default_factory=dict)
+    #: The speech in progress when the first frame went out has been looked at once, and its
+    #: voiced time then (what the caller says over the reply is counted from there).
+    looked_at_speech: bool = False
+    voiced_ms_at_start: int = 0
 
 
 class CallSession:
@@ -201,6 +212,7 @@ class CallSession:
         detector: the voice model behind the segmenter (default: the configured one).
         quality: the server's degradation level (gateway/degrade.py), read at every request so
             that shedding reaches calls in progress; full quality when omitted.
+        realtime_slack_ms: audio this far ahead of the call's own clock makes it :attr:`bulk`.
     """
 
     def __init__(
@@ -215,8 +227,10 @@ class CallSession:
         metrics: GatewayMetrics | None = None,
         detector: VoiceDetector | None = None,
         quality: QualityLevel | None = None,
+        realtime_slack_ms: int = 2_000,
     ) -> None:
         self.config = config
+        self._realtime_slack_ms = realtime_slack_ms
         self._quality = quality if quality is not None else QualityLevel()
         self.log_id = log_id
         self._metrics = metrics if metrics is not None else GatewayMetrics()
@@ -240,6 +254,8 @@ class CallSession:
         self._playback_task: asyncio.Task[None] | None = None
         self._seq = 0
         self._barge_pending_from: int | None = None
+        # The utterance in progress (index, SPEECH_BEGIN offset), None between utterances.
+        self._speech: tuple[int, int] | None = None
         # The echo guard hears what the caller heard: output frames decoded back to 16 kHz.
         self._echo: EchoGuard | GatedEchoCanceller | LineEchoCanceller | None = None
         if config.echo_guard and config.mode == "converse" and synthesizer is not None:
@@ -261,6 +277,9 @@ class CallSession:
         self._first_interim_due = False
         self._speech_end_at: dict[int, float] = {}
         self._final_done: set[int] = set()
+        #: Utterance index -> (samples decoded, result) of its longest interim with text: the
+        #: final's stand-in when the final decode gives none (see _final_or_interim).
+        self._interim_texts: dict[int, tuple[int, AsrResult]] = {}
         self._interim_task: asyncio.Task[None] | None = None
         #: Sequence number of the last interim sent to the client (overlapping decodes may
         #: come back out of order; an older one is then not sent).
@@ -278,6 +297,7 @@ class CallSession:
             maxsize=8
         )
         self._ending = False
+        self._quality_pending = False
         self._idle_timer: asyncio.TimerHandle | None = None
         #: Why the call is being ended from the server side (shutdown, a limit), if it is.
         self._end_reason: CallError | None = None
@@ -288,6 +308,19 @@ class CallSession:
             if synthesizer is not None and config.mode == "converse"
             else None
         )
+
+    @property
+    def bulk(self) -> bool:
+        """Whether the caller's audio runs ahead of real time (a file sent fast), now.
+
+        Such a call is legitimate and is served, but from spare capacity: its finals carry a
+        later deadline, and their latency (mostly its own backlog) is not a real-time
+        caller's, so admission and the ladder do not read it.
+        """
+        if self._first_audio_at is None:
+            return False
+        elapsed_ms = (asyncio.get_running_loop().time() - self._first_audio_at) * 1000.0
+        return self._audio_ms_in - elapsed_ms > self._realtime_slack_ms
 
     def shutdown(self) -> None:
         """End the call for a server shutdown, losing no speech (see :meth:`end`)."""
@@ -332,6 +365,10 @@ class CallSession:
                 "utterance was transcribed",
             )
             timers.append(loop.call_later(max_s, self.end, reason))
+        # The call is told what the server sheds under load, now and at every change.
+        if self._quality.level:
+            self._quality_changed(self._quality.level)
+        self._quality.listeners.append(self._quality_changed)
         reader = asyncio.create_task(self._read_loop(source), name="reader")
         try:
             async with asyncio.TaskGroup() as tg:
@@ -347,6 +384,7 @@ class CallSession:
                 raise _first(call_errors) from eg
             raise
         finally:
+            self._quality.listeners.remove(self._quality_changed)
             for timer in timers:
                 timer.cancel()
             if self._idle_timer is not None:
@@ -429,6 +467,7 @@ class CallSession:
                 if self._echo is not None:
                     samples = self._echo.process(samples, loop.time())
                 self._handle_segments(self._segmenter.push(self._gated(samples)))
+                self._check_speech_in_progress()
                 self._maybe_first_interim()
                 # SPEECH_BEGIN goes out first, then barge-in stops playback right behind it.
                 await self._flush_pending_emits()
@@ -501,6 +540,7 @@ class CallSession:
             if isinstance(ev, SpeechBegin):
                 self._pending_emits.append(SpeechOut(True, ev.offset_ms, ev.utterance_index))
                 self._barge_pending_from = ev.offset_ms
+                self._speech = (ev.utterance_index, ev.offset_ms)
                 if self._playback is not None:
                     self._playback.heard_from[ev.utterance_index] = ev.offset_ms
                     if self._playback.policy.mode == "after_words":
@@ -509,6 +549,7 @@ class CallSession:
                 self._pending_emits.append(SpeechOut(False, ev.offset_ms, ev.utterance_index))
                 self._speech_end_at[ev.utterance_index] = asyncio.get_running_loop().time()
                 self._barge_pending_from = None
+                self._speech = None
             elif not ev.dropped and self._transcriber is not None:
                 self._pending_utts.append(ev)
 
@@ -537,6 +578,49 @@ class CallSession:
             return
         self._barge_pending_from = None
         await self._stop_playback(reason_offset_ms=start, clear_queue=True)
+
+    def _check_speech_in_progress(self) -> None:
+        """Speech in progress when a reply starts playing counts once it goes on over it.
+
+        A caller still talking when the bot's reply starts is talked over as much as one who
+        starts during it (before this, such a reply played on for 1.3-1.6 s, until the caller's
+        next utterance). The utterance counts from the reply's first frame as if it had begun
+        then, under the reply's policy (``immediate``: the cut, after
+        ``barge_in_min_speech_ms`` counted from the speech's start, while the caller still
+        talks; ``after_words``: its interims, words said before the reply included; ``never``:
+        nothing), once the caller is heard over the reply:
+
+        * voiced at the first look after the first frame went out: that audio left the caller
+          before the reply could reach them, so it cannot be its echo;
+        * in a pause then (trailing silence, the hangover running), only once they say as much
+          again as begins an utterance (``vad.start_speech_ms`` voiced): a caller who is done
+          lets the bot answer, and the reply's echo, should a block slip past the echo guard,
+          needs as much to cut it as to open an utterance of its own.
+
+        So a caller whose utterance ends within the hangover without talking again is not cut
+        off: they had finished, and the bot's reply is the answer.
+        """
+        pb, speech = self._playback, self._speech
+        if pb is None or pb.started_at == 0.0 or speech is None or pb.policy.mode == "never":
+            return
+        index, begin_ms = speech
+        if index in pb.heard_from:
+            return  # began during the reply (SPEECH_BEGIN counted it), or already counted
+        seg = self._segmenter
+        if not pb.looked_at_speech:
+            pb.looked_at_speech = True
+            pb.voiced_ms_at_start = seg.voiced_ms
+            heard = seg.state is SegmenterState.SPEAKING
+        else:
+            said = seg.voiced_ms - pb.voiced_ms_at_start
+            heard = seg.state is SegmenterState.SPEAKING and said >= self.config.vad.start_speech_ms
+        if not heard:
+            return
+        pb.heard_from[index] = begin_ms
+        if pb.policy.mode == "immediate":
+            self._barge_pending_from = begin_ms  # _check_barge_in applies the minimum
+        else:
+            self._first_interim_due = True
 
     def _maybe_first_interim(self) -> None:
         """Wake the interim loop once the caller over an after_words reply can be decoded.
@@ -583,7 +667,7 @@ class CallSession:
         utt = seg.preview()
         if utt is None or utt.dropped:
             return
-        req = AsrRequest(utt.audio, utt.stats, self._asr_options(), is_final=True)
+        req = AsrRequest(utt.audio, utt.stats, self._asr_options(), is_final=True, bulk=self.bulk)
         task = asyncio.create_task(transcriber.transcribe(req), name=f"speculative-{index}")
         self._specs[index] = _Speculation(utt.start_ms, utt.speech_end_ms, task)
 
@@ -612,32 +696,77 @@ class CallSession:
             spec.task.cancel()
             self._metrics.asr_speculative.labels("discarded").inc()
             spec = None
-        req = AsrRequest(utt.audio, utt.stats, self._asr_options(), is_final=True)
+        req = AsrRequest(utt.audio, utt.stats, self._asr_options(), is_final=True, bulk=self.bulk)
+        decoded: AsrResult | None = None
+        failure: ErrorOut | None = None
         try:
             if spec is not None:
-                result = await spec.task
+                decoded = await spec.task
                 self._metrics.asr_speculative.labels("used").inc()
             else:
-                result = await self._transcriber.transcribe(req)
+                decoded = await self._transcriber.transcribe(req)
         except CallError as exc:
-            await self._emit(ErrorOut(exc.kind, exc.message, "utterance", utt.index))
-            return
+            failure = ErrorOut(exc.kind, exc.message, "utterance", utt.index)
         except Exception:  # an engine fault fails this utterance, not the call
             log.exception("call %s: utterance %d failed", self.log_id, utt.index)
             message = f"recognition failed (internal error; server log has call {self.log_id})"
-            await self._emit(ErrorOut(ErrorKind.INTERNAL, message, "utterance", utt.index))
-            return
+            failure = ErrorOut(ErrorKind.INTERNAL, message, "utterance", utt.index)
         self._final_done.add(utt.index)
-        self._learn_language(req.options, result)
+        result = self._final_or_interim(utt.index, decoded, failure)
+        if result is None:
+            assert failure is not None
+            await self._emit(failure)
+            return
+        if result is decoded:
+            self._learn_language(req.options, result)
         ended = self._speech_end_at.pop(utt.index, None)
         now = asyncio.get_running_loop().time()
         latency = int((now - ended) * 1000) if ended is not None else 0
         if ended is not None:
             self._metrics.asr_final_latency.observe(latency / 1000.0)
+            if not req.bulk:  # a file's backlog is no real-time caller's wait
+                self._metrics.realtime_finals.add(now, latency / 1000.0)
         await self._emit(
             TranscriptOut(result, True, utt.start_ms, utt.end_ms, utt.index, latency_ms=latency)
         )
         await self._check_words_barge_in(utt.index, result.text)
+
+    def _final_or_interim(
+        self, index: int, decoded: AsrResult | None, failure: ErrorOut | None
+    ) -> AsrResult | None:
+        """The final to send: the decoded one, or the utterance's last interim in its place.
+
+        No utterance with text is lost: when the final decode failed (a hung batch past
+        ``batch_timeout_s``, a full queue, an engine fault) or gave no text because it looped
+        or was unsure (``repetition``, ``low_logprob``: the ladder kept no usable attempt,
+        often because its budget ran out), the caller's words that an interim already heard
+        become the final (its ``fallbacks`` end with ``interim``), instead of an error event
+        or nothing. A final that judged the audio not to be speech (``no_speech``,
+        ``hallucination``) stands: it heard the whole utterance, the interim only a prefix.
+        None when there is no final and no interim text (the failure is reported).
+        """
+        kept = self._interim_texts.pop(index, None)
+        if decoded is not None and (decoded.text or decoded.dropped_reason not in _UNSURE):
+            return decoded
+        if kept is None:
+            return decoded
+        interim = kept[1]
+        if decoded is not None:
+            reason = decoded.dropped_reason
+            steps = (*decoded.fallbacks, "interim")
+        else:
+            assert failure is not None
+            reason = failure.kind.value
+            steps = ("interim",)
+        self._metrics.asr_finals_from_interim.labels(reason).inc()
+        log.warning(
+            "call %s: utterance %d: the final decode gave no text (%s); its last interim's "
+            "text is the final",
+            self.log_id,
+            index,
+            reason,
+        )
+        return replace(interim, fallbacks=steps)
 
     def _learn_language(self, options: AsrOptions, result: AsrResult) -> None:
         """Remember a final's language when it was detected confidently (for the interims)."""
@@ -779,9 +908,15 @@ class CallSession:
             result = await self._transcriber.transcribe(req)
         except CallError:
             return  # interim work is best-effort: a full queue just skips it
+        if not result.text or result.language_probability < min_language_prob:
+            return
+        if index not in self._final_done:
+            # Kept even after SPEECH_END (an interim still decoding then): the final's stand-in.
+            kept = self._interim_texts.get(index)
+            if kept is None or kept[0] <= len(utt.audio):
+                self._interim_texts[index] = (len(utt.audio), result)
         # Once SPEECH_END is out, only the final may describe that utterance.
-        ended = index in self._speech_end_at or index in self._final_done
-        if ended or not result.text or result.language_probability < min_language_prob:
+        if index in self._speech_end_at or index in self._final_done:
             return
         if wanted:
             if seq < self._interim_shown:
@@ -801,7 +936,12 @@ class CallSession:
         )
 
     async def _check_words_barge_in(self, index: int, text: str) -> None:
-        """``after_words``: a transcript of speech that began during the reply may stop it."""
+        """``after_words``: a transcript of speech heard over the reply may stop it.
+
+        Speech that began during the reply, or was in progress when it started and went on
+        over it (:meth:`_check_speech_in_progress`): then every word of the utterance counts,
+        those said before the reply too.
+        """
         pb = self._playback
         if pb is None or pb.policy.mode != "after_words" or index not in pb.heard_from:
             return
@@ -833,8 +973,8 @@ class CallSession:
                 await self._emit(MarkReachedOut(item.name))
                 continue
             pb = _Playback(item, policy=self._policy_for(item))
-            # Only speech that starts during this reply interrupts it; a caller already talking
-            # when the bot starts (the bot chose to talk over them) does not cut it at once.
+            # Speech in progress now counts only once the reply plays and the caller is heard
+            # over it (_check_speech_in_progress), not at once: they may be done by then.
             self._barge_pending_from = None
             self._playback = pb
             task = asyncio.create_task(self._play(pb), name="playback")
@@ -1005,6 +1145,24 @@ class CallSession:
     async def _emit(self, event: OutboundEvent) -> None:
         await self._out.put(event)
 
+    def _quality_changed(self, level: int) -> None:
+        """Queue a ``QualityChanged`` for the client (the ladder moved, or it is in force).
+
+        Called synchronously by :class:`QualityLevel`; when the outbound queue is full (a
+        client that does not read) the send loop writes it after its next event instead.
+        """
+        if self._out.full():
+            self._quality_pending = True
+        else:
+            self._out.put_nowait(self._quality_event())
+
+    def _quality_event(self) -> QualityOut:
+        steps = self._quality.shed
+        return QualityOut(
+            tuple(step.name for step in steps),
+            "; ".join(step.description for step in steps) or "full quality",
+        )
+
     async def _send(
         self,
         sink: Callable[[OutboundEvent], Awaitable[None]],
@@ -1028,6 +1186,9 @@ class CallSession:
                 try:
                     async with asyncio.timeout(stall_s):
                         await sink(event)
+                        if self._quality_pending:
+                            self._quality_pending = False
+                            await sink(self._quality_event())
                 except TimeoutError:
                     raise write_stalled(self.limits.write_stall_timeout_s) from None
         finally:

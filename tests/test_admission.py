@@ -27,12 +27,12 @@ from gateway.admission import (
     AdmissionPolicy,
     LoadSampler,
     LoadSnapshot,
-    WindowedHistogram,
     WindowedTotal,
+    quantile,
 )
 from gateway.config import AdmissionConfig, LimitsConfig
 from gateway.degrade import LADDER
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, RecentValues
 from gateway.server import SERVICE_NAME, GatewayServer
 from gateway.testing.batched import FakeBatchedAsrHub, fake_result
 from gateway.testing.fake_engines import FakeBatchEngine, FakeToneSynthesizer
@@ -50,31 +50,27 @@ HANG_S = 30.0
 # -- windowed views ----------------------------------------------------------------------------
 
 
-def test_windowed_histogram_sees_only_the_last_window() -> None:
-    bounds = (0.1, 0.5, 1.0, math.inf)
-    h = WindowedHistogram(window_s=10.0)
-    h.add(0.0, bounds, (0, 0, 0, 0))
-    assert math.isnan(h.quantile(0.95)) and h.count == 0
-    h.add(5.0, bounds, (90, 95, 100, 100))  # 90 fast, 5 medium, 5 slow
-    assert h.count == 100
-    assert (h.quantile(0.5), h.quantile(0.95), h.quantile(0.99)) == (0.1, 0.5, 1.0)
-    # The baseline is the newest reading at or before the window's start: at 12 s that is
-    # still 0 s (the 5 s reading holds observations that may be younger than 2 s).
-    h.add(12.0, bounds, (90, 95, 100, 100))
-    assert h.count == 100
-    h.add(16.0, bounds, (90, 95, 100, 100))  # nothing new since 5 s, now out of the window
-    assert h.count == 0 and math.isnan(h.quantile(0.95))
-    h.add(17.0, bounds, (90, 95, 100, 101))  # one observation past the last bucket
-    assert h.quantile(0.95) == math.inf
+def test_recent_values_give_exact_quantiles_of_the_window() -> None:
+    r = RecentValues()
+    for i in range(20):
+        r.add(float(i), 0.1 * (i + 1))  # 0.1 .. 2.0 s at 0 .. 19 s
+    window = r.window(19.0, 10.0)  # observed after 9 s: ten values, 1.1 .. 2.0 s
+    assert len(window) == 10
+    # Nearest rank: the p95 of ten finals is the slowest, the p50 the fifth; no bucket edges.
+    assert quantile(window, 0.95) == pytest.approx(2.0)
+    assert quantile(window, 0.5) == pytest.approx(1.5)
+    assert math.isnan(quantile(r.window(100.0, 10.0), 0.95))
+    assert quantile([0.51] * 19 + [0.9], 0.95) == pytest.approx(0.51)  # a bucket read 0.75
 
 
-def test_windowed_total_rate_and_mean() -> None:
+def test_windowed_total_rate_mean_and_maximum() -> None:
     t = WindowedTotal(window_s=4.0)
     assert t.rate() == 0.0
     for now, total in [(0.0, 0.0), (1.0, 0.5), (2.0, 1.0), (3.0, 1.5), (4.0, 2.0), (5.0, 3.0)]:
         t.add(now, total)
     assert t.rate() == pytest.approx((3.0 - 0.5) / 4.0)  # baseline: the reading at 1.0 s
     assert t.mean() == pytest.approx((0.5 + 1.0 + 1.5 + 2.0 + 3.0) / 5)
+    assert t.maximum() == 3.0
 
 
 def test_sampler_reads_what_the_server_measures() -> None:
@@ -82,19 +78,19 @@ def test_sampler_reads_what_the_server_measures() -> None:
     m.engine_workers.labels("asr").set(2)
     m.engine_workers.labels("tts").set(4)
     sampler = LoadSampler(m, window_s=10.0)
-    sampler.sample(0.0)
-    m.calls_active.set(3)
-    for latency in [0.2] * 19 + [2.5]:
-        m.asr_final_latency.observe(latency)
-    m.asr_queue_wait.observe(0.04)
+    sampler.sample(0.0, calls=0, bulk_calls=0)
+    for i, latency in enumerate([0.2] * 19 + [2.5]):
+        m.realtime_finals.add(5.0 + i * 0.1, latency)
     m.asr_busy.inc(8.0)  # 8 s of engine time in 10 s over 2 workers
     m.tts_streams_active.set(2)
-    snap = sampler.sample(10.0)
-    assert (snap.calls, snap.asr_workers, snap.tts_threads, snap.tts_streams) == (3, 2, 4, 2)
+    snap = sampler.sample(10.0, calls=4, bulk_calls=1, calibrated_capacity=12)
+    assert (snap.calls, snap.bulk_calls, snap.asr_workers) == (4, 1, 2)
+    assert (snap.tts_threads, snap.tts_streams, snap.calibrated_capacity) == (4, 2, 12)
     assert snap.final_p95_s == 0.2 and snap.finals == 20  # 19 of 20 within 0.2 s
-    assert snap.queue_wait_p95_s == 0.05
     assert snap.asr_utilisation == pytest.approx(0.4)
-    assert snap.calls_mean == pytest.approx(1.5)  # 0 then 3
+    assert snap.priced_utilisation == pytest.approx(0.4)
+    assert snap.calls_mean == pytest.approx(1.5)  # 0 then 3 real-time calls
+    assert snap.bulk_in_window
 
 
 # -- the policy ----------------------------------------------------------------------------------
@@ -110,11 +106,11 @@ def calm(**over: Any) -> LoadSnapshot:
         "calls_mean": 4.0,
         "asr_workers": 2,
         "asr_utilisation": 0.2,
+        "priced_utilisation": 0.2,
         "final_p95_s": 0.3,
         "finals": 40,
-        "queue_wait_p95_s": 0.02,
-        "queue_waits": 40,
-        "tts_threads": 4,
+        "calibrated_capacity": 10,
+        "tts_threads": 2,
     }
     return LoadSnapshot(**{**base, **over})
 
@@ -124,104 +120,142 @@ def test_a_calm_replica_admits_and_reports_its_load() -> None:
     assert p.decide("call", calm(), active_calls=4, active_synthesize=0) is None
     # 4 calls cost 0.2 of the engine: 0.05 each, 15 fit at 0.75 utilisation.
     assert p.capacity(calm()) == 15
-    # The largest part: latency 0.3 s of the 0.7 s refusal point (capacity is 4/15).
-    assert p.load(calm(), active_calls=4) == pytest.approx(0.43, abs=0.01)
+    assert p.load(calm(), active_calls=4) == pytest.approx(4 / 15, abs=0.01)
+
+
+def test_an_idle_replica_always_admits() -> None:
+    """However slow its last finals were: nobody is on it."""
+    hot = calm(final_p95_s=9.0, asr_utilisation=1.0, calibrated_capacity=1, calls_mean=0.0)
+    assert policy().decide("call", hot, active_calls=0, active_synthesize=0) is None
+
+
+def test_slow_finals_on_a_quiet_engine_are_its_speed_not_overload() -> None:
+    """One real-time caller whose finals take 1-2 s on a small CPU never locks out the next."""
+    slow = calm(
+        calls=1, calls_mean=1.0, final_p95_s=2.0, asr_utilisation=0.15, priced_utilisation=0.05
+    )
+    p = policy()
+    for active in (1, 2, 5):
+        assert p.decide("call", slow, active_calls=active, active_synthesize=0) is None
+    assert not p.over_capacity(slow, active_calls=2)
+
+
+def test_the_latency_guard_acts_only_while_the_engine_is_busy() -> None:
+    p = policy(retry_after_ms=1500)
+    busy = calm(final_p95_s=1.21, asr_utilisation=0.8, calls_mean=16.0)  # 60 fit
+    refusal = p.decide("call", busy, active_calls=5, active_synthesize=0)
+    assert refusal is not None and refusal.reason == "latency"
+    assert "1.21 s, over the admission limit 1.20 s" in refusal.message
+    assert refusal.retry_after_ms == 1500 and "retry in 1.5 s" in refusal.message
+    assert p.load(busy, active_calls=5) == 1.0
+    assert p.over_capacity(busy, active_calls=5)
+    # Below the refusal point, or too few finals, it admits.
+    assert (
+        p.decide(
+            "call",
+            calm(final_p95_s=1.19, asr_utilisation=0.8, calls_mean=16.0),
+            active_calls=5,
+            active_synthesize=0,
+        )
+        is None
+    )
+    few = calm(final_p95_s=3.0, finals=4, asr_utilisation=0.8, calls_mean=16.0)
+    assert p.decide("call", few, active_calls=5, active_synthesize=0) is None
 
 
 def test_the_hard_ceiling_holds_with_admission_off() -> None:
     p = policy(enabled=False)
-    hot = calm(final_p95_s=9.0)
+    hot = calm(final_p95_s=9.0, asr_utilisation=1.0, calibrated_capacity=1)
     assert p.decide("call", hot, active_calls=49, active_synthesize=0) is None
     refusal = p.decide("call", hot, active_calls=50, active_synthesize=0)
     assert refusal is not None and refusal.reason == "max_concurrent_calls"
     assert "max_concurrent_calls=50" in refusal.message
 
 
-@pytest.mark.parametrize(
-    ("snap", "reason"),
-    [
-        (calm(final_p95_s=0.71), "latency"),  # over refuse_at 0.7 x budget 1.0
-        (calm(final_p95_s=math.inf), "latency"),
-        (calm(queue_wait_p95_s=0.31), "queue_wait"),
-    ],
-)
-def test_recognition_pressure_refuses_before_the_budget_is_spent(
-    snap: LoadSnapshot, reason: str
-) -> None:
-    p = policy(retry_after_ms=1500)
-    refusal = p.decide("call", snap, active_calls=4, active_synthesize=0)
-    assert refusal is not None and refusal.reason == reason
-    assert refusal.retry_after_ms == 1500 and "retry in 1.5 s" in refusal.message
-    assert p.load(snap, active_calls=4) == 1.0
-    # Synthesize shares the CPU: it waits too while recognition is past its refusal point.
-    assert p.decide("synthesize", snap, active_calls=4, active_synthesize=0) is not None
-
-
-def test_the_capacity_estimate_refuses_the_call_that_would_not_fit() -> None:
+def test_the_capacity_refuses_the_call_that_would_not_fit() -> None:
     p = policy()
-    snap = calm(calls=10, calls_mean=10.0, asr_utilisation=0.6)  # 0.06 a call: 12 fit
+    snap = calm(calls=10, calls_mean=10.0, priced_utilisation=0.6)  # 0.06 a call: 12 fit
     assert p.capacity(snap) == 12
     assert p.decide("call", snap, active_calls=11, active_synthesize=0) is None
     refusal = p.decide("call", snap, active_calls=12, active_synthesize=0)
     assert refusal is not None and refusal.reason == "engine_capacity"
-    assert "holds about 12" in refusal.message
+    assert "holds about 12 real-time calls" in refusal.message
     assert p.load(snap, active_calls=12) == 1.0
     assert p.load(snap, active_calls=6) < 1.0
+    assert p.over_capacity(snap, active_calls=13)
 
 
 @pytest.mark.parametrize(
     "snap",
     [
-        calm(asr_utilisation=0.05),  # too little work to price a call
+        calm(priced_utilisation=0.05),  # too little work to price a call
         calm(calls_mean=0.5),
-        calm(asr_workers=0),  # no recogniser
+        calm(bulk_in_window=True),  # a file's backlog is not the real-time calls' cost
     ],
 )
-def test_no_estimate_without_enough_measured_work(snap: LoadSnapshot) -> None:
-    assert policy().capacity(snap) is None
-    p = policy(ramp_doubling=False)
-    assert p.decide("call", snap, active_calls=40, active_synthesize=0) is None
+def test_unmeasured_windows_fall_back_to_the_calibration(snap: LoadSnapshot) -> None:
+    p = policy()
+    assert p.measured_capacity(snap) is None
+    assert p.capacity(snap) == 10
+    assert p.decide("call", snap, active_calls=9, active_synthesize=0) is None
+    refusal = p.decide("call", snap, active_calls=10, active_synthesize=0)
+    assert refusal is not None and refusal.reason == "engine_capacity"
+
+
+def test_configured_capacity_wins_and_no_recogniser_has_none() -> None:
+    assert policy(capacity_calls=3).capacity(calm()) == 3
+    assert policy().capacity(calm(asr_workers=0)) is None
+    none = calm(asr_workers=0, calibrated_capacity=0)
+    assert policy().decide("call", none, active_calls=40, active_synthesize=0) is None
+
+
+def test_a_bulk_call_reserves_one_call_and_no_latency() -> None:
+    """A file sent at 3.5x keeps a worker busy; it neither prices nor refuses real-time calls."""
+    p = policy()
+    snap = calm(
+        calls=3,
+        bulk_calls=1,
+        calls_mean=2.0,
+        asr_utilisation=0.55,
+        bulk_in_window=True,
+        finals=10,
+        final_p95_s=0.6,
+    )
+    for active in range(1, 10):
+        assert p.decide("call", snap, active_calls=active, active_synthesize=0) is None
+    assert p.decide("call", snap, active_calls=10, active_synthesize=0) is not None
 
 
 def test_unmeasured_load_may_at_most_double_per_window() -> None:
     """With slow start on, a burst of callers cannot get in before their cost is measured."""
     assert policy().ramp_limit(calm()) is None  # off by default
-    p = policy(ramp_doubling=True)
-    idle = calm(calls=0, calls_mean=0.0, asr_utilisation=0.0, finals=0, queue_waits=0)
+    p = policy(ramp_doubling=True, capacity_calls=100)
+    idle = calm(calls=0, calls_mean=0.0, asr_utilisation=0.0, finals=0)
     assert p.ramp_limit(idle) == 2  # one call per worker to start with
     assert p.decide("call", idle, active_calls=1, active_synthesize=0) is None
     refusal = p.decide("call", idle, active_calls=2, active_synthesize=0)
     assert refusal is not None and refusal.reason == "ramp"
-    assert "at most double per 10 s" in refusal.message
-    grown = calm(calls=3, calls_mean=3.0, asr_utilisation=0.05)  # still unpriced
+    assert "at most double per 5 s" in refusal.message
+    grown = calm(calls=3, calls_mean=3.0, priced_utilisation=0.05)
     assert p.ramp_limit(grown) == 6
     assert p.decide("call", grown, active_calls=5, active_synthesize=0) is None
     assert p.decide("call", grown, active_calls=6, active_synthesize=0) is not None
-    assert policy().ramp_limit(idle) is None
 
 
-def test_no_finals_yet_is_not_pressure() -> None:
-    snap = calm(final_p95_s=NAN, finals=0, queue_wait_p95_s=NAN, queue_waits=0)
-    assert policy().decide("call", snap, active_calls=4, active_synthesize=0) is None
-
-
-def test_one_slow_final_is_not_evidence_of_overload() -> None:
-    """A lone caller's cold first decode must not lock the replica for a whole window."""
-    snap = calm(final_p95_s=2.0, finals=2, queue_wait_p95_s=0.9, queue_waits=2)
-    assert policy().decide("call", snap, active_calls=1, active_synthesize=0) is None
-    assert policy().load(snap, active_calls=1) < 1.0
-    slow = calm(final_p95_s=2.0, finals=3)
-    assert policy().decide("call", slow, active_calls=1, active_synthesize=0) is not None
-
-
-def test_synthesize_leaves_one_tts_thread_for_calls() -> None:
+def test_synthesis_has_its_own_capacity_and_ignores_recognition_load() -> None:
     p = policy()
-    assert p.max_synthesize(calm(tts_threads=4)) == 3
-    assert p.max_synthesize(calm(tts_threads=1)) == 1
-    assert p.decide("synthesize", calm(), active_calls=0, active_synthesize=2) is None
-    refusal = p.decide("synthesize", calm(), active_calls=0, active_synthesize=3)
-    assert refusal is not None and refusal.reason == "synthesis"
+    assert p.max_synthesize(calm(tts_threads=2)) == 12
+    assert p.max_synthesize(calm(tts_threads=0)) == 1
     assert policy(max_synthesize_streams=8).max_synthesize(calm()) == 8
+    # Recognition past every limit: a bot's reply is still synthesized.
+    hot = calm(final_p95_s=9.0, asr_utilisation=1.0, calibrated_capacity=1)
+    assert p.decide("synthesize", hot, active_calls=50, active_synthesize=3) is None
+    # Replies of calls and Synthesize streams together fill it.
+    full = calm(tts_streams=12)
+    refusal = p.decide("synthesize", full, active_calls=0, active_synthesize=2)
+    assert refusal is not None and refusal.reason == "synthesis"
+    assert "max_synthesize_streams=12" in refusal.message
+    assert p.decide("synthesize", calm(), active_calls=0, active_synthesize=12) is not None
 
 
 # -- through a real server ---------------------------------------------------------------------
@@ -242,7 +276,16 @@ async def fake_asr_server(
     over: dict[str, Any] = {
         "limits": {"max_realtime_factor": 1000.0},
         "session": {"speculative_finals": False},
-        "admission": {"window_s": 2.0, "sample_interval_s": 0.05, "retry_after_ms": 1500},
+        # These calls send their audio at once but stand for real-time callers here (the tests
+        # are about the latency guard and the ladder, which read only real-time finals).
+        "admission": {
+            "window_s": 2.0,
+            "sample_interval_s": 0.05,
+            "retry_after_ms": 1500,
+            "realtime_slack_ms": 600_000,
+            "capacity_window_s": 2.0,
+            "min_samples": 3,
+        },
         "degrade": {"enabled": False},
     }
     for key, value in overrides.items():
@@ -356,7 +399,15 @@ async def test_the_ladder_sheds_under_latency_and_restores_when_calm(speech_dir:
         "restore_after_s": 0.3,
     }
     async with fake_asr_server(
-        engine, degrade=degrade, admission={"enabled": False, "window_s": 1.0, "min_samples": 1}
+        engine,
+        degrade=degrade,
+        # Past capacity whenever the fake recogniser works (the ladder sheds only then).
+        admission={
+            "enabled": False,
+            "window_s": 1.0,
+            "min_samples": 1,
+            "target_utilisation": 0.2,
+        },
     ) as (srv, ch):
         stub = pb_grpc.VoiceGatewayStub(ch)
         assert srv.servicer is not None
@@ -364,9 +415,19 @@ async def test_the_ladder_sheds_under_latency_and_restores_when_calm(speech_dir:
         task = asyncio.create_task(_collect(stub.Converse(requests(call_audio(speech_dir)))))
         await wait_for(lambda: servicer.quality.level == len(LADDER), "every step shed")
         assert srv.metrics.value("voxgate_degrade_level") == len(LADDER)
+        # A call that starts now is told what it gets less of, before anything else.
+        late = await _collect(stub.Converse(requests([config()])))
+        kinds = [e.WhichOneof("event") for e in late]
+        assert kinds[:2] == ["started", "quality_changed"]
+        assert list(late[1].quality_changed.shed) == [s.name for s in LADDER]
         for step in (s.name for s in LADDER):
             assert srv.metrics.value("voxgate_degrade_steps_total", direction="shed", step=step)
-        await asyncio.wait_for(task, HANG_S)
+        events = await asyncio.wait_for(task, HANG_S)
+        # The call in progress heard every step as it was shed, in order.
+        told = [list(e.quality_changed.shed) for e in events if e.HasField("quality_changed")]
+        names = [s.name for s in LADDER]
+        assert all(t == names[: len(t)] for t in told)  # always the ladder's order
+        assert names in told
         # Requests queued after the encoder step carry the smaller margin.
         margins = {item.options.encoder_margin_ms for item in engine.items_seen}
         assert 500 in margins

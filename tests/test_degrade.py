@@ -22,16 +22,16 @@ from gateway.events import SpeakIn
 pytestmark = pytest.mark.unit
 
 NAN = math.nan
-CFG = DegradeConfig(
-    latency_s=1.0, queue_wait_s=0.5, restore_ratio=0.5, step_interval_s=3.0, restore_after_s=10.0
-)
+CFG = DegradeConfig(latency_s=1.0, restore_ratio=0.5, step_interval_s=3.0, restore_after_s=10.0)
+#: The replica works past its measured capacity (the default of these samples).
+OVER = True
 
 
-def run(policy: DegradePolicy, samples: list[tuple[float, float, float]]) -> list[tuple]:
-    """Feed (time, final p95, queue-wait p95) samples; return the moves as tuples."""
+def run(policy: DegradePolicy, samples: list[tuple[float, float, bool]]) -> list[tuple]:
+    """Feed (time, real-time final p95, over capacity) samples; return the moves as tuples."""
     moves = []
-    for now, final, wait in samples:
-        move = policy.update(now, final, wait)
+    for now, final, over in samples:
+        move = policy.update(now, final, over_capacity=over)
         if move is not None:
             moves.append((now, move.direction, move.step.name, move.level))
     return moves
@@ -51,7 +51,7 @@ def test_the_ladder_is_the_documented_order() -> None:
 def test_sheds_one_step_per_interval_in_order_and_stops_at_the_top() -> None:
     policy = DegradePolicy(CFG)
     # Overloaded for 20 s, sampled every 0.5 s.
-    samples = [(t / 2, 1.5, NAN) for t in range(41)]
+    samples = [(t / 2, 1.5, OVER) for t in range(41)]
     moves = run(policy, samples)
     assert moves == [
         (0.0, "shed", "interim_results", 1),
@@ -64,16 +64,28 @@ def test_sheds_one_step_per_interval_in_order_and_stops_at_the_top() -> None:
     assert policy.level == len(LADDER)
 
 
-def test_queue_wait_alone_sheds() -> None:
+def test_slow_finals_within_capacity_shed_nothing() -> None:
+    """One caller on an idle CPU: its finals are slow because the engine is, not from load."""
     policy = DegradePolicy(CFG)
-    assert run(policy, [(0.0, 0.2, 0.6)]) == [(0.0, "shed", "interim_results", 1)]
+    assert run(policy, [(float(t), 5.0, False) for t in range(60)]) == []
+    assert policy.pressure(5.0, over_capacity=False) == 0.0
+    # The same finals past capacity shed at once.
+    assert run(policy, [(60.0, 5.0, OVER)]) == [(60.0, "shed", "interim_results", 1)]
+
+
+def test_back_within_capacity_restores_though_finals_stay_slow() -> None:
+    policy = DegradePolicy(CFG)
+    run(policy, [(0.0, 2.0, OVER)])
+    assert run(policy, [(1.0 + t, 2.0, False) for t in range(12)]) == [
+        (11.0, "restore", "interim_results", 0)
+    ]
 
 
 def test_restores_in_reverse_one_step_per_calm_period() -> None:
     policy = DegradePolicy(CFG)
-    run(policy, [(0.0, 2.0, NAN), (3.0, 2.0, NAN)])
+    run(policy, [(0.0, 2.0, OVER), (3.0, 2.0, OVER)])
     assert policy.level == 2
-    calm = [(4.0 + t / 2, 0.3, 0.1) for t in range(60)]  # 4.0 .. 33.5 s
+    calm = [(4.0 + t / 2, 0.3, OVER) for t in range(60)]  # 4.0 .. 33.5 s
     assert run(policy, calm) == [
         (14.0, "restore", "mbr", 1),
         (24.0, "restore", "interim_results", 0),
@@ -82,37 +94,37 @@ def test_restores_in_reverse_one_step_per_calm_period() -> None:
 
 def test_hysteresis_band_holds_the_level_and_resets_the_calm_clock() -> None:
     policy = DegradePolicy(CFG)
-    run(policy, [(0.0, 2.0, NAN)])
+    run(policy, [(0.0, 2.0, OVER)])
     # Below the shed threshold but above restore_ratio: hold, however long.
-    assert run(policy, [(float(t), 0.8, NAN) for t in range(1, 60)]) == []
+    assert run(policy, [(float(t), 0.8, OVER) for t in range(1, 60)]) == []
     assert policy.level == 1
     # Calm for 9 s, one sample in the band, calm again: the 10 s start over.
-    samples = [(60.0 + t, 0.2, NAN) for t in range(10)] + [(70.0, 0.7, NAN)]
-    samples += [(71.0 + t, 0.2, NAN) for t in range(11)]
+    samples = [(60.0 + t, 0.2, OVER) for t in range(10)] + [(70.0, 0.7, OVER)]
+    samples += [(71.0 + t, 0.2, OVER) for t in range(11)]
     assert run(policy, samples) == [(81.0, "restore", "interim_results", 0)]
 
 
 def test_no_observations_count_as_no_pressure() -> None:
     policy = DegradePolicy(CFG)
-    run(policy, [(0.0, 3.0, NAN)])
-    assert policy.pressure(NAN, NAN) == 0.0
-    assert run(policy, [(float(t), NAN, NAN) for t in range(1, 12)]) == [
+    run(policy, [(0.0, 3.0, OVER)])
+    assert policy.pressure(NAN, over_capacity=OVER) == 0.0
+    assert run(policy, [(float(t), NAN, OVER) for t in range(1, 12)]) == [
         (11.0, "restore", "interim_results", 0)
     ]
 
 
 def test_renewed_overload_during_restore_sheds_again_at_once() -> None:
     policy = DegradePolicy(CFG)
-    run(policy, [(0.0, 2.0, NAN), (3.0, 2.0, NAN)])
-    run(policy, [(4.0 + t, 0.1, NAN) for t in range(11)])  # restores one at 14.0
+    run(policy, [(0.0, 2.0, OVER), (3.0, 2.0, OVER)])
+    run(policy, [(4.0 + t, 0.1, OVER) for t in range(11)])  # restores one at 14.0
     assert policy.level == 1
-    assert run(policy, [(15.0, 1.2, NAN)]) == []  # 1 s after the restore: within step_interval
-    assert run(policy, [(17.0, 1.2, NAN)]) == [(17.0, "shed", "mbr", 2)]
+    assert run(policy, [(15.0, 1.2, OVER)]) == []  # 1 s after the restore: within step_interval
+    assert run(policy, [(17.0, 1.2, OVER)]) == [(17.0, "shed", "mbr", 2)]
 
 
 def test_disabled_never_moves() -> None:
     policy = DegradePolicy(DegradeConfig(enabled=False))
-    assert run(policy, [(float(t), 9.0, 9.0) for t in range(30)]) == []
+    assert run(policy, [(float(t), 9.0, OVER) for t in range(30)]) == []
 
 
 # -- what each step does to a call -----------------------------------------------------------
@@ -158,3 +170,15 @@ def test_the_encoder_step_moves_an_utterance_to_a_smaller_bucket() -> None:
     full = plan_decoding(stats, AsrOptions(), policy, window)
     shed = plan_decoding(stats, QualityLevel(5).asr_options(AsrOptions()), policy, window)
     assert (full.encoder_frames, shed.encoder_frames) == (1500, 1000)
+
+
+def test_a_level_change_tells_every_listener_once() -> None:
+    q = QualityLevel(0)
+    heard: list[int] = []
+    q.listeners.append(heard.append)
+    q.level = 2
+    q.level = 2  # no change, no event
+    q.level = 0
+    assert heard == [2, 0]
+    q.level = 3
+    assert [s.name for s in q.shed] == ["interim_results", "mbr", "beam"]

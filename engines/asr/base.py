@@ -80,6 +80,8 @@ class AsrRequest:
         urgent: an interim whose words may stop the bot's reply (``after_words`` barge-in):
             while it waits the caller and the bot talk at once, so it is scheduled as a final
             is. The engine decodes it like any interim.
+        bulk: from a call sending audio faster than real time (a file): scheduled after
+            real-time finals, from spare capacity. Scheduling only; the engine ignores it.
     """
 
     audio: FloatArray
@@ -88,6 +90,7 @@ class AsrRequest:
     is_final: bool = True
     voiced_spans_ms: tuple[tuple[int, int], ...] = ()
     urgent: bool = False
+    bulk: bool = False
 
     @property
     def batch_key(self) -> Hashable:
@@ -147,6 +150,10 @@ class AsrResult:
             again, hotter) and ``language`` (the runner-up detected language). Each costs
             about one more decode; a model trained on the serving windows needs fewer
             ``window`` steps (docs/adapt.md), which the gateway's metrics show per model.
+            A last ``budget`` says the ladder was cut: its next step would have ended after
+            the item's latency budget (``DecodingPolicyConfig.decode_budget_s``), so the text
+            is the best of the attempts made. The gateway appends ``interim`` when a final
+            had no text of its own and carries its utterance's last interim instead.
     """
 
     text: str

@@ -202,7 +202,7 @@ class Dtmf(_message.Message):
     def __init__(self, digit: _Optional[str] = ..., duration_ms: _Optional[int] = ...) -> None: ...
 
 class ConverseResponse(_message.Message):
-    __slots__ = ("started", "speech", "transcript", "audio", "mark", "interrupted", "error", "dtmf", "playback_finished")
+    __slots__ = ("started", "speech", "transcript", "audio", "mark", "interrupted", "error", "dtmf", "playback_finished", "quality_changed")
     STARTED_FIELD_NUMBER: _ClassVar[int]
     SPEECH_FIELD_NUMBER: _ClassVar[int]
     TRANSCRIPT_FIELD_NUMBER: _ClassVar[int]
@@ -212,6 +212,7 @@ class ConverseResponse(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     DTMF_FIELD_NUMBER: _ClassVar[int]
     PLAYBACK_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    QUALITY_CHANGED_FIELD_NUMBER: _ClassVar[int]
     started: SessionStarted
     speech: SpeechEvent
     transcript: Transcript
@@ -221,7 +222,8 @@ class ConverseResponse(_message.Message):
     error: ErrorEvent
     dtmf: Dtmf
     playback_finished: PlaybackFinished
-    def __init__(self, started: _Optional[_Union[SessionStarted, _Mapping]] = ..., speech: _Optional[_Union[SpeechEvent, _Mapping]] = ..., transcript: _Optional[_Union[Transcript, _Mapping]] = ..., audio: _Optional[_Union[AudioOut, _Mapping]] = ..., mark: _Optional[_Union[MarkReached, _Mapping]] = ..., interrupted: _Optional[_Union[PlaybackInterrupted, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ..., dtmf: _Optional[_Union[Dtmf, _Mapping]] = ..., playback_finished: _Optional[_Union[PlaybackFinished, _Mapping]] = ...) -> None: ...
+    quality_changed: QualityChanged
+    def __init__(self, started: _Optional[_Union[SessionStarted, _Mapping]] = ..., speech: _Optional[_Union[SpeechEvent, _Mapping]] = ..., transcript: _Optional[_Union[Transcript, _Mapping]] = ..., audio: _Optional[_Union[AudioOut, _Mapping]] = ..., mark: _Optional[_Union[MarkReached, _Mapping]] = ..., interrupted: _Optional[_Union[PlaybackInterrupted, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ..., dtmf: _Optional[_Union[Dtmf, _Mapping]] = ..., playback_finished: _Optional[_Union[PlaybackFinished, _Mapping]] = ..., quality_changed: _Optional[_Union[QualityChanged, _Mapping]] = ...) -> None: ...
 
 class SessionStarted(_message.Message):
     __slots__ = ("session_id", "effective_config", "model", "voice", "server_version")
@@ -342,6 +344,14 @@ class PlaybackFinished(_message.Message):
     speak_id: str
     duration_ms: int
     def __init__(self, speak_id: _Optional[str] = ..., duration_ms: _Optional[int] = ...) -> None: ...
+
+class QualityChanged(_message.Message):
+    __slots__ = ("shed", "description")
+    SHED_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    shed: _containers.RepeatedScalarFieldContainer[str]
+    description: str
+    def __init__(self, shed: _Optional[_Iterable[str]] = ..., description: _Optional[str] = ...) -> None: ...
 
 class ErrorEvent(_message.Message):
     __slots__ = ("code", "message", "scope", "utterance_index", "speak_id")
