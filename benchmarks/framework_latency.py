@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._stats import median, percentile
-from clients.voxgate_client.testing import SERVER_ENV, TARGET_ENV, TEST_CONFIG_YAML, LocalServer
+from clients.voxgate_client.testing import SERVER_ENV, TARGET_ENV, LocalServer
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEECH = ROOT.parent / "shared" / "data" / "speech"
@@ -41,9 +41,9 @@ WORKERS = {
     "pipecat": (".venv-pipecat", "framework_latency_pipecat.py"),
     "livekit": (".venv-livekit", "framework_latency_livekit.py"),
 }
-#: The test config (admission and degradation off) with the TTS phrase cache off as well: the
+#: The default configuration with the TTS phrase cache off: the
 #: two paths synthesise the same sentences, and the second must not be a cache hit.
-BENCH_CONFIG_YAML = TEST_CONFIG_YAML + "tts:\n  cache_bytes: 0\n"
+BENCH_CONFIG_YAML = "tts:\n  cache_bytes: 0\n"
 TEXTS = [
     "Sure, your table for two is booked at seven tonight.",
     "I can help with that. What is the order number?",

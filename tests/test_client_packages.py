@@ -25,7 +25,6 @@ from clients.voxgate_client.testing import (
     METRICS_ENV,
     SERVER_ENV,
     TARGET_ENV,
-    TEST_CONFIG_YAML,
     LocalServer,
 )
 
@@ -50,7 +49,7 @@ def server() -> Iterator[LocalServer]:
     os.environ.update(env)
     os.environ.pop(TARGET_ENV, None)
     try:
-        with LocalServer(config_yaml=TEST_CONFIG_YAML) as srv:
+        with LocalServer() as srv:
             yield srv
     finally:
         for k, v in saved.items():

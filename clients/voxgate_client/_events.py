@@ -23,6 +23,7 @@ __all__ = [
     "MarkReached",
     "PlaybackFinished",
     "PlaybackInterrupted",
+    "QualityChanged",
     "ServerEvent",
     "SessionStarted",
     "SpeechBegin",
@@ -208,6 +209,20 @@ class Dtmf:
     received_s: float = _received()
 
 
+@dataclass(frozen=True, slots=True)
+class QualityChanged:
+    """The server sheds quality past its capacity; ``shed`` is what this call gets less of now.
+
+    Sent when a call starts while steps are shed, and on every change; empty ``shed`` means
+    full quality again. ``"interim_results"`` means no interim transcripts, ``"word_times"``
+    finals without words: a bot that relies on either can see why they stopped.
+    """
+
+    shed: tuple[str, ...]
+    description: str
+    received_s: float = _received()
+
+
 ServerEvent = (
     SessionStarted
     | SpeechBegin
@@ -219,6 +234,7 @@ ServerEvent = (
     | PlaybackFinished
     | ErrorEvent
     | Dtmf
+    | QualityChanged
 )
 
 
@@ -293,6 +309,9 @@ def event_from_proto(msg: pb.ConverseResponse, received_s: float = 0.0) -> Serve
         )
     if kind == "dtmf":
         return Dtmf(msg.dtmf.digit, msg.dtmf.duration_ms, t)
+    if kind == "quality_changed":
+        q = msg.quality_changed
+        return QualityChanged(tuple(q.shed), q.description, t)
     return None
 
 
@@ -384,5 +403,9 @@ def event_to_proto(event: ServerEvent) -> pb.ConverseResponse:
                 utterance_index=event.utterance_index,
                 speak_id=event.speak_id,
             )
+        )
+    if isinstance(event, QualityChanged):
+        return pb.ConverseResponse(
+            quality_changed=pb.QualityChanged(shed=list(event.shed), description=event.description)
         )
     return pb.ConverseResponse(dtmf=pb.Dtmf(digit=event.digit, duration_ms=event.duration_ms))

@@ -26,17 +26,10 @@ __all__ = [
     "METRICS_ENV",
     "SERVER_ENV",
     "TARGET_ENV",
-    "TEST_CONFIG_YAML",
     "LocalServer",
     "ServerStartError",
     "server_command",
 ]
-
-#: Server config for functional tests on a small shared machine: admission control (which
-#: refuses new calls while measured latency is high) and the degradation ladder (which sheds
-#: interim transcripts under load) off, so a loaded test machine changes no test's outcome;
-#: speed is measured by benchmarks, not asserted by tests.
-TEST_CONFIG_YAML = "admission:\n  enabled: false\ndegrade:\n  enabled: false\n"
 
 #: ``host:port`` of an already running server; when set no process is started.
 TARGET_ENV = "VOXGATE_TEST_TARGET"

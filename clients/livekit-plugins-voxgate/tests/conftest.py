@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from livekit import rtc
 from voxgate_client import read_wav, sample_call_path
-from voxgate_client.testing import TEST_CONFIG_YAML, LocalServer
+from voxgate_client.testing import LocalServer
 
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[LocalServer]:
-    with LocalServer(config_yaml=TEST_CONFIG_YAML) as srv:
+    with LocalServer() as srv:
         yield srv
 
 

@@ -53,6 +53,7 @@ from voxgate_client import (
     CallConfig,
     CallEndedError,
     ErrorEvent,
+    QualityChanged,
     SessionStarted,
     SpeechBegin,
     Transcript,
@@ -288,6 +289,13 @@ class VoxgateSTTService(STTService):
                 elif isinstance(event, ErrorEvent):
                     # One utterance failed; the stream goes on.
                     await self.push_error(f"voxgate: {event.code.name}: {event.message}")
+                elif isinstance(event, QualityChanged):
+                    # The server sheds quality past its capacity (interims, word times...):
+                    # say so, rather than let the pipeline wonder where its interims went.
+                    logger.warning(
+                        f"{self}: voxgate server quality: "
+                        f"{', '.join(event.shed) or 'full'} ({event.description})"
+                    )
         except VoxgateError as exc:
             await self.push_error(f"voxgate stream ended: {exc}")
             await self._call_event_handler("on_connection_error", str(exc))

@@ -9,12 +9,12 @@ import pytest
 from pipecat.frames.frames import Frame, InputAudioRawFrame
 from pipecat.tests.utils import SleepFrame
 from voxgate_client import read_wav, sample_call_path
-from voxgate_client.testing import TEST_CONFIG_YAML, LocalServer
+from voxgate_client.testing import LocalServer
 
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[LocalServer]:
-    with LocalServer(config_yaml=TEST_CONFIG_YAML) as srv:
+    with LocalServer() as srv:
         yield srv
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from voxgate_client.testing import TEST_CONFIG_YAML, LocalServer
+from voxgate_client.testing import LocalServer
 
 
 @pytest.fixture(scope="session")
 def target() -> Iterator[str]:
-    with LocalServer(config_yaml=TEST_CONFIG_YAML) as srv:
+    with LocalServer() as srv:
         yield srv.target

@@ -34,6 +34,7 @@ from voxgate_client import (
     CallConfig,
     CallEndedError,
     ErrorEvent,
+    QualityChanged,
     SpeechBegin,
     SpeechEnd,
     Transcript,
@@ -310,6 +311,13 @@ class SpeechStream(stt.SpeechStream):
             elif isinstance(event, ErrorEvent):
                 # One utterance failed; the stream goes on.
                 logger.warning("voxgate utterance error %s: %s", event.code.name, event.message)
+            elif isinstance(event, QualityChanged):
+                # The server sheds quality past its capacity (interims, word times...).
+                logger.warning(
+                    "voxgate server quality: %s (%s)",
+                    ", ".join(event.shed) or "full",
+                    event.description,
+                )
 
     def _start_of_speech(self) -> None:
         if not self._speaking:
