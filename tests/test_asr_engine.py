@@ -140,11 +140,10 @@ def test_interims_decode_once_and_keep_the_gates() -> None:
     any CPU, and the claim about interims can fail (four of the set's unsure items: each
     final of them retries, which is slow).
     """
-    engine = WhisperEngine.load(
-        WhisperConfig(
-            inter_threads=1, intra_threads=2, policy=DecodingPolicyConfig(no_speech_threshold=0.9)
-        )
-    )
+    # No latency budget either: on a slow or loaded CPU it could stop the finals' retries
+    # before the first one, and that the finals retry is the premise here.
+    policy = DecodingPolicyConfig(no_speech_threshold=0.9, decode_budget_s=600.0)
+    engine = WhisperEngine.load(WhisperConfig(inter_threads=1, intra_threads=2, policy=policy))
     try:
         _interims_decode_once(engine)
     finally:

@@ -21,7 +21,12 @@ from conftest import read_wav_int16
 from engines.asr._policy import choose_encoder_frames
 from engines.asr._whisper import WhisperEngine
 from engines.asr.base import AsrOptions, AsrRequest
-from engines.asr.config import FULL_WINDOW_FRAMES, UTTERANCE_ENCODER_WINDOWS, WhisperConfig
+from engines.asr.config import (
+    FULL_WINDOW_FRAMES,
+    UTTERANCE_ENCODER_WINDOWS,
+    DecodingPolicyConfig,
+    WhisperConfig,
+)
 from gateway.testing.signals import stats_for
 
 pytestmark = pytest.mark.model
@@ -33,7 +38,11 @@ CAPPED = UTTERANCE_ENCODER_WINDOWS.model_copy(
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[WhisperEngine]:
-    eng = WhisperEngine.load(WhisperConfig(encoder=CAPPED, inter_threads=1, intra_threads=2))
+    # No latency budget: the whole ladder is what is checked (tests/test_asr_budget*.py cut it).
+    policy = DecodingPolicyConfig(decode_budget_s=600.0)
+    eng = WhisperEngine.load(
+        WhisperConfig(encoder=CAPPED, inter_threads=1, intra_threads=2, policy=policy)
+    )
     eng.warmup()
     yield eng
     eng.close()

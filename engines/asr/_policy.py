@@ -36,6 +36,7 @@ from engines.base import UtteranceStats
 __all__ = [
     "EXTRA_SUPPRESS_SYMBOLS",
     "HALLUCINATION_PHRASES",
+    "MAX_FALLBACKS",
     "DecodingPlan",
     "choose_encoder_frames",
     "compression_ratio",
@@ -54,6 +55,9 @@ __all__ = [
 
 #: Whisper's longest decode (448 positions) minus room for the prompt.
 MAX_DECODE_TOKENS = 224
+
+#: No cap on retry steps beyond the ladder's own length (languages, window, temperatures).
+MAX_FALLBACKS = 64
 
 #: Phrases Whisper emits on non-speech, per language, in :func:`normalize_phrase` form. A result
 #: that *is* one of these (not merely contains one) is dropped: a caller really saying
@@ -118,6 +122,10 @@ class DecodingPlan:
         apply_gates: run :func:`gate_result` on the output.
         window_fallback: a degenerate decode on a short bucket may be re-encoded on the full
             window (still subject to ``EncoderWindowConfig.fallback_to_full_window``).
+        max_fallbacks: most retry steps (language, window, temperature) the item may take;
+            short speech gets ``DecodingPolicyConfig.short_speech_max_fallbacks``.
+        budget_s: the item's latency budget from when the engine starts on it; a retry that
+            would end after it is not started (``DecodingPolicyConfig.decode_budget_s``).
     """
 
     beam_size: int
@@ -132,6 +140,8 @@ class DecodingPlan:
     mbr_candidates: int
     apply_gates: bool
     window_fallback: bool = True
+    max_fallbacks: int = MAX_FALLBACKS
+    budget_s: float = math.inf
 
 
 def skip_reason(stats: UtteranceStats, options: AsrOptions, cfg: DecodingPolicyConfig) -> str:
@@ -195,6 +205,11 @@ def plan_decoding(
     interim, 0.25 s later with more of the word, is the cheaper retry. The gates still apply
     to what that one decode says.
 
+    Short speech (less than ``short_speech_ms`` voiced) gets a short ladder: on a word or two
+    ("Not!") a log-prob under -1 is common and says nothing of a loop, yet such a word ran the
+    whole ladder (4.6 s for 0.3 s of speech). Every item carries ``decode_budget_s`` too; the
+    engine stops its ladder there.
+
     Args:
         stats: VAD statistics; ``duration_ms`` sizes the encoder bucket and decode cap.
         options: the call's options (beam, MBR, alternatives, silence awareness).
@@ -225,6 +240,12 @@ def plan_decoding(
         mbr_candidates=mbr,
         apply_gates=options.silence_aware,
         window_fallback=is_final,
+        max_fallbacks=(
+            cfg.short_speech_max_fallbacks
+            if stats.speech_ms < cfg.short_speech_ms
+            else MAX_FALLBACKS
+        ),
+        budget_s=cfg.decode_budget_s,
     )
 
 

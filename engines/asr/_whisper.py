@@ -9,7 +9,7 @@ sampling) and issues one ``encode`` / ``generate`` per group:
    its language where the call did not fix one;
 3. decode; an item whose decode loops or fails Whisper's gates is re-encoded on the full 30 s
    window, then retried at rising temperatures, each time re-batched with the others that need
-   the same retry;
+   the same retry, while its own latency budget lasts (see :meth:`WhisperEngine._next_step`);
 4. gate, pick the output (best or MBR), align words with cross-attention, build the results.
 
 When a logits processor applies to an item (a boosted phrase, the silence-aware end of text,
@@ -97,6 +97,8 @@ class EngineCounters:
         window_fallbacks: items re-encoded on the full window.
         temperature_fallbacks: decode retries at a higher temperature.
         language_fallbacks: decode retries in the runner-up detected language.
+        budget_cuts: items whose retry ladder stopped because the next step would have ended
+            after their latency budget (``DecodingPolicyConfig.decode_budget_s``).
         loop_s: wall time inside our own decode loop.
         loop_items: decodes run by the loop instead of ``generate``.
         loop_steps: decoder steps the loop ran (one step serves every live item).
@@ -114,6 +116,7 @@ class EngineCounters:
     window_fallbacks: int = 0
     temperature_fallbacks: int = 0
     language_fallbacks: int = 0
+    budget_cuts: int = 0
     loop_s: float = 0.0
     loop_items: int = 0
     loop_steps: int = 0
@@ -170,6 +173,14 @@ class _Job:
     fallbacks: list[str] = field(default_factory=list)
     encoded_frames: int = 0
     done: bool = False
+    #: When the job's latency budget ends, on the engine's clock (``plan.budget_s`` after the
+    #: engine started on it); no retry starts that would end after it.
+    deadline: float = math.inf
+    #: How long the job's last decode round took (the whole round: the job waits for all of
+    #: it), the estimate of what its next retry costs.
+    decode_s: float = 0.0
+    #: When its decode in our loop began (``run_continuous``), on the engine's clock.
+    round_started: float = 0.0
 
     @property
     def content_frames(self) -> int:
@@ -217,14 +228,30 @@ class WhisperEngine:
     Threading: not thread-safe; one worker thread calls every method (CTranslate2's own
     ``inter_threads`` workers run underneath). Units: audio is float32 mono 16 kHz; times in
     results are ms from the utterance start.
+
+    Args:
+        model: the CTranslate2 Whisper model.
+        hf_tokenizer: its ``tokenizers.Tokenizer``.
+        config: the engine's settings.
+        clock: seconds on a monotonic clock; the latency budgets are kept on it (tests pass a
+            fake one whose time the fake model advances).
     """
 
     def __init__(
-        self, model: ctranslate2.models.Whisper, hf_tokenizer: Any, config: WhisperConfig
+        self,
+        model: ctranslate2.models.Whisper,
+        hf_tokenizer: Any,
+        config: WhisperConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = f"whisper-{Path(config.model).name}"
         self.config = config
         self.counters = EngineCounters()
+        self._clock = clock
+        # Seconds per item of the last encode at each frame count: what a full-window
+        # re-encode is expected to cost when deciding whether it fits an item's budget.
+        self._encode_cost_s: dict[int, float] = {}
         self._model = model
         self._hf_tokenizer = hf_tokenizer
         self._multilingual = bool(model.is_multilingual)
@@ -239,11 +266,12 @@ class WhisperEngine:
     # ------------------------------------------------------------------ lifecycle
 
     @classmethod
-    def load(cls, config: object = None) -> Self:
+    def load(cls, config: object = None, *, clock: Callable[[], float] = time.monotonic) -> Self:
         """Load the model named by ``config`` from local files (never from a hub).
 
         Args:
             config: a :class:`WhisperConfig`, a mapping of its fields, or None for defaults.
+            clock: the clock the latency budgets are kept on (see the class).
 
         Raises:
             engines.asr._model_files.ModelFilesError: model files missing or corrupt.
@@ -270,7 +298,7 @@ class WhisperEngine:
             flash_attention=cfg.flash_attention,
         )
         hf_tok = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        engine = cls(model, hf_tok, cfg)
+        engine = cls(model, hf_tok, cfg, clock=clock)
         engine._loop_shared = _LoopShared(model_dir, cfg.decode_loop.weights)
         return engine
 
@@ -281,18 +309,28 @@ class WhisperEngine:
         per-object caches and unsynchronised cost counters, so each batcher worker gets its
         own object. The sibling inherits this engine's measurements (warmup is not repeated).
         """
-        twin = type(self)(self._model, self._hf_tokenizer, self.config)
+        twin = type(self)(self._model, self._hf_tokenizer, self.config, clock=self._clock)
         twin._halved_max_length = self._halved_max_length
+        twin._encode_cost_s = dict(self._encode_cost_s)
         twin._loop_shared = self._loop_shared
         return twin
 
     def warmup(self) -> None:
-        """Calibrate ``max_length``, then run encode, generate and align on faint noise."""
+        """Calibrate ``max_length``, then run encode, generate and align on faint noise.
+
+        The noise is also encoded on the full window once: that is what a ``window`` retry
+        costs, which decides whether one fits an item's budget (the encoder's cost grows
+        faster than its frames: 2000 frames took a third of 3000's on the 2-core CPU), and
+        the first real retry then finds CTranslate2's buffers for that shape ready.
+        """
         self._calibrate_max_length()
         rng = np.random.default_rng(0)
         audio = (rng.standard_normal(ASR_SAMPLE_RATE_HZ) * 0.01).astype(np.float32)
         stats = UtteranceStats(1000, 1000, 1.0, 0, 0, -40.0, -40.0, -30.0)
         self.infer_batch([AsrRequest(audio, stats, AsrOptions(silence_aware=False))])
+        began = self._clock()
+        self._model.encode(self._storage([self._feature(audio, FULL_WINDOW_FRAMES)]))
+        self._encode_cost_s[FULL_WINDOW_FRAMES] = self._clock() - began
         self.counters.reset()
 
     def _calibrate_max_length(self) -> None:
@@ -405,10 +443,12 @@ class WhisperEngine:
         for frames, group in by_frames.items():
             for sl in self._chunks(len(group)):
                 part = group[sl]
+                began = self._clock()
                 feats = self._storage([self._feature(j.audio, frames) for j in part])
                 t0 = time.perf_counter()
                 out = np.array(self._model.encode(feats, to_cpu=to_cpu))
                 self.counters.encode_s += time.perf_counter() - t0
+                self._encode_cost_s[frames] = (self._clock() - began) / len(part)
                 self.counters.encoded_frames += frames * len(part)
                 for j, enc in zip(part, out, strict=True):
                     j.encoder_out[frames] = enc
@@ -677,38 +717,113 @@ class WhisperEngine:
                 job.frames, job.language, temperature, hyps, float(res.no_speech_prob), degenerate
             )
         )
-        if not degenerate:
-            job.done = True
-        elif job.alt_languages:
-            job.language = job.alt_languages.pop(0)
-            job.temp_idx = 0
-            self.counters.language_fallbacks += 1
-            job.fallbacks.append("language")
-        elif (
+
+    def _retry_step(self, job: _Job) -> str | None:
+        """The ladder's next step for a job whose last decode failed, or None at its end.
+
+        The order: the runner-up detected language, the full window, a hotter temperature;
+        short speech stops after ``plan.max_fallbacks`` steps.
+        """
+        if len(job.fallbacks) >= job.plan.max_fallbacks:
+            return None
+        if job.alt_languages:
+            return "language"
+        if (
             job.frames < FULL_WINDOW_FRAMES
             and self.config.encoder.fallback_to_full_window
             and job.plan.window_fallback
         ):
+            return "window"
+        if job.temp_idx + 1 < len(job.plan.temperatures):
+            return "temperature"
+        return None
+
+    def _retry_fits(self, job: _Job, step: str, now: float) -> bool:
+        """Whether ``step`` is expected to end before the job's deadline.
+
+        A retry costs about what the job's last round did (the same decode at another
+        language or temperature), plus a full-window encode for a ``window`` step. Measured,
+        not configured, so a loaded machine or a slow device retries less by itself.
+        """
+        if now >= job.deadline:
+            return False
+        plan = job.plan
+        rows = (plan.beam_size if job.temp_idx == 0 else plan.best_of, plan.best_of)
+        if step == "temperature" and rows[0] < rows[1]:
+            # Sampling decodes best_of rows where greedy decoded one: the first hotter round
+            # took 2.3x the greedy one for best_of 5 on the 2-core CPU (15 s of speech);
+            # sqrt(rows) is that ratio, and on a GPU an overestimate.
+            cost = job.decode_s * math.sqrt(rows[1] / rows[0])
+        else:
+            cost = job.decode_s
+        if step == "window" and FULL_WINDOW_FRAMES not in job.encoder_out:
+            cost += self._encode_cost(FULL_WINDOW_FRAMES)
+        return now + cost <= job.deadline
+
+    def _encode_cost(self, frames: int) -> float:
+        """Expected seconds to encode one item on ``frames``: measured, else scaled up.
+
+        ``warmup`` measures the full window; an engine that was not warmed up scales its
+        largest measured encode by the frame ratio (an underestimate: the cost grows faster).
+        """
+        if frames in self._encode_cost_s:
+            return self._encode_cost_s[frames]
+        if not self._encode_cost_s:
+            return 0.0
+        known = max(self._encode_cost_s)
+        return self._encode_cost_s[known] * frames / known
+
+    def _next_step(self, job: _Job, now: float) -> None:
+        """After a decode: the job is done, or takes the ladder's next step if it fits.
+
+        A step that would end after the job's deadline is not taken: the job leaves with its
+        best attempt so far (:meth:`_chosen_attempt`) and ``budget`` ends its fallbacks.
+        """
+        if not job.attempts[-1].degenerate:
+            job.done = True
+            return
+        step = self._retry_step(job)
+        if step is None:
+            job.done = True
+            return
+        if not self._retry_fits(job, step, now):
+            job.done = True
+            job.fallbacks.append("budget")
+            self.counters.budget_cuts += 1
+            return
+        if step == "language":
+            job.language = job.alt_languages.pop(0)
+            job.temp_idx = 0
+            self.counters.language_fallbacks += 1
+        elif step == "window":
             job.frames = FULL_WINDOW_FRAMES
             job.temp_idx = 0
             self.counters.window_fallbacks += 1
-            job.fallbacks.append("window")
-        elif job.temp_idx + 1 < len(job.plan.temperatures):
+        else:
             job.temp_idx += 1
             self.counters.temperature_fallbacks += 1
-            job.fallbacks.append("temperature")
-        else:
-            job.done = True
+        job.fallbacks.append(step)
 
     @staticmethod
     def _chosen_attempt(job: _Job, ratio_threshold: float) -> _Attempt:
+        """The attempt to keep: the last one if it passed, else the best of all so far.
+
+        Whisper's rule when every temperature failed: prefer non-looping text, then log-prob.
+        Attempts on the latest window (the full one after a ``window`` step) come before those
+        on the short bucket it replaced, among texts that do not loop; a ladder cut by the
+        budget gets the same choice over the attempts it had time for.
+        """
         last = job.attempts[-1]
         if not last.degenerate:
             return last
-        # Whisper's rule when every temperature failed: prefer non-looping text, then log-prob.
-        full = [a for a in job.attempts if a.frames == job.frames] or job.attempts
-        ok = [a for a in full if policy.compression_ratio(a.hyps[0].text) <= ratio_threshold]
-        return max(ok or full, key=lambda a: a.hyps[0].avg_logprob)
+
+        def rank(a: _Attempt) -> tuple[bool, bool, float]:
+            best = a.hyps[0]
+            loops = policy.compression_ratio(best.text) > ratio_threshold
+            loops = loops or policy.has_repetition_loop(best.tokens)
+            return (not loops, a.frames == job.frames, best.avg_logprob)
+
+        return max(job.attempts, key=rank)
 
     def _align(self, items: list[tuple[_Job, _Attempt, _Hyp]]) -> dict[int, list[AsrWord]]:
         """Word times from cross-attention for each (job, attempt, hyp); keyed by ``id(job)``."""
@@ -754,7 +869,11 @@ class WhisperEngine:
         ``max_utterance_s``; beyond that it is ignored with a warning). The steps: plan a job
         per 30 s chunk (or refuse the item), run encode/decode rounds until every job is done,
         choose and gate each job's hypothesis, align the words, merge chunks per item.
+
+        Each item's latency budget (``policy.decode_budget_s``) starts now, when the engine
+        starts on it, whatever it waited in the batcher's queue before.
         """
+        started = self._clock()
         results: list[AsrResult | None] = [None] * len(items)
         jobs: list[_Job] = []
         for i, req in enumerate(items):
@@ -762,7 +881,7 @@ class WhisperEngine:
             if refused is not None:
                 results[i] = refused
             else:
-                jobs.extend(self._plan_jobs(i, req))
+                jobs.extend(self._plan_jobs(i, req, started))
         self._run_rounds(jobs)
         chosen = {id(job): self._choose(job) for job in jobs}
         to_align = [
@@ -804,7 +923,8 @@ class WhisperEngine:
         utterance gets exactly one ``emit``, when its last round is done (gates, alignment and
         merging as in :meth:`infer_batch`). Returns when nothing is decoding and ``pull`` gave
         nothing. Jobs the loop cannot decode (``no_repeat_ngram_size``) run through
-        ``generate`` at once, blocking the step they join at.
+        ``generate`` at once, blocking the step they join at. An utterance's latency budget
+        starts when it is admitted, so the utterances of one run each have their own deadline.
         """
         loop = self._new_loop()
         live: dict[int, tuple[_Job, float, DecodeItem]] = {}
@@ -825,6 +945,7 @@ class WhisperEngine:
                 return
             self._encode([job])  # a window fallback needs the full-window encoding
             temp, item = self._loop_item(job)
+            job.round_started = self._clock()
             if counter[1] and loop.active:
                 self.counters.loop_joined += 1
             loop.add(item)
@@ -833,6 +954,7 @@ class WhisperEngine:
 
         def admit(reqs: Sequence[AsrRequest]) -> None:
             jobs: list[_Job] = []
+            started = self._clock()
             for req in reqs:
                 refused = self._refusal(req)
                 if refused is not None:
@@ -840,7 +962,7 @@ class WhisperEngine:
                     continue
                 index = counter[0]
                 counter[0] += 1
-                planned = self._plan_jobs(index, req)
+                planned = self._plan_jobs(index, req, started)
                 open_reqs[index] = (req, planned)
                 jobs.extend(planned)
             self._encode(jobs)  # the newcomers' encodes are batched
@@ -867,6 +989,9 @@ class WhisperEngine:
                 job, temp, _ = live.pop(id(item))
                 assert item.result is not None
                 self._loop_record(job, temp, item.result)
+                now = self._clock()
+                job.decode_s = now - job.round_started
+                self._next_step(job, now)
                 advance(job)
 
     def _finish_request(self, jobs: list[_Job]) -> AsrResult:
@@ -902,8 +1027,11 @@ class WhisperEngine:
             )
         return None
 
-    def _plan_jobs(self, index: int, req: AsrRequest) -> list[_Job]:
-        """One job per 30 s chunk of the request's audio, each with its decoding plan."""
+    def _plan_jobs(self, index: int, req: AsrRequest, started: float) -> list[_Job]:
+        """One job per 30 s chunk of the request's audio, each with its decoding plan.
+
+        ``started`` is when the engine took the request: its budget counts from there.
+        """
         cfg = self.config
         audio = np.asarray(req.audio, dtype=np.float32).reshape(-1)
         limit = int(cfg.max_utterance_s * ASR_SAMPLE_RATE_HZ)
@@ -940,6 +1068,7 @@ class WhisperEngine:
                 plan,
                 lang,
                 plan.encoder_frames,
+                deadline=started + plan.budget_s,
             )
             if len(audio) <= _WINDOW_SAMPLES:
                 job.voiced_spans_ms = req.voiced_spans_ms
@@ -947,11 +1076,20 @@ class WhisperEngine:
         return jobs
 
     def _run_rounds(self, jobs: list[_Job]) -> None:
-        """Encode and decode until every job is done (fallbacks add rounds)."""
+        """Encode and decode until every job is done (fallbacks add rounds).
+
+        After each round every job decides its own next step against its own deadline, so a
+        job whose budget is spent leaves with its best text while the others retry on.
+        """
         pending = jobs
         while pending:
             self._encode(pending)
+            began = self._clock()
             self._decode(pending)
+            now = self._clock()
+            for job in pending:
+                job.decode_s = now - began
+                self._next_step(job, now)
             pending = [j for j in jobs if not j.done]
 
     def _choose(self, job: _Job) -> tuple[_Attempt, _Hyp, str]:

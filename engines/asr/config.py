@@ -153,6 +153,33 @@ class DecodingPolicyConfig(BaseModel):
         description="Speech ratio under which a lone filler word ('you', 'thank you') is taken "
         "as a hallucination.",
     )
+    decode_budget_s: float = Field(
+        default=2.0,
+        ge=0.0,
+        le=600.0,
+        description="Latency budget of one utterance's decode, counted from when the engine "
+        "starts on it, s. The first decode always runs; each retry (runner-up language, "
+        "full-window re-encode, hotter sample) starts only when the item's own rounds so far "
+        "say it will end within the budget, else the item keeps its best text so far "
+        "(AsrResult.fallbacks ends with 'budget'). Per item: other items of its batch go on. "
+        "0 = never retry. Twice admission.latency_budget_s: a final that needs retries is the "
+        "tail beyond that promise, and this stays far below batcher.batch_timeout_s.",
+    )
+    short_speech_ms: int = Field(
+        default=1000,
+        ge=0,
+        le=30_000,
+        description="Utterances with less voiced time than this, in ms, get the short retry "
+        "ladder (short_speech_max_fallbacks): on a word or two a low log-prob is the norm, not "
+        "a loop, and hotter samples rarely change it.",
+    )
+    short_speech_max_fallbacks: int = Field(
+        default=1,
+        ge=0,
+        le=16,
+        description="Most retries for short speech (short_speech_ms): the first of the ladder "
+        "(runner-up language, else the full window) is the one that helps a single word.",
+    )
 
     @model_validator(mode="after")
     def _check_temperatures(self) -> DecodingPolicyConfig:
