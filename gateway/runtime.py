@@ -578,14 +578,17 @@ class EngineHubImpl:
         ]
 
     def _calibrate(self) -> int:
-        """Real-time calls the recogniser holds, from its measured cost of a reference utterance.
+        """Real-time calls this replica holds, from the engines' measured cost of one turn.
 
         Admission needs a capacity before any caller has been measured (an idle replica must
-        know when to stop admitting a burst). One worker decodes the bundled 5.3 s reference
-        utterance twice (the faster run counts: the first may still warm caches); a real-time
-        call is modelled as that utterance once per ``admission.reference_turn_s``, times
-        ``reference_overhead`` for speculation, interims and barge-in checks. Live traffic
-        re-measures it (gateway/admission.py).
+        know when to stop admitting a burst). A real-time call is modelled as one turn every
+        ``admission.reference_turn_s``: the caller speaks the bundled 5.3 s reference
+        utterance (its final decode, times ``reference_overhead`` for speculation, interims
+        and barge-in checks) and, when this server has a voice on the same CPU, the bot
+        answers with a reference reply. Each is timed twice on one worker and the faster run
+        counts (the first may still warm caches). The replica holds the calls whose cost fills
+        ``target_utilisation`` of its recogniser workers. Live traffic re-prices it
+        (gateway/admission.py).
         """
         adm = self.config.admission
         engine = self._asr_engines[0]
@@ -593,22 +596,26 @@ class EngineHubImpl:
         voiced = np.abs(audio.reshape(-1, 320)).max(axis=1) > 0.01
         stats = UtteranceStats.from_frames(audio, voiced, 20)
         request = AsrRequest(audio, stats, AsrOptions(), is_final=True)
-        costs = []
-        for _ in range(2):
-            began = time.perf_counter()
-            engine.infer_batch([request])
-            costs.append(time.perf_counter() - began)
+        asr_s = _fastest_of_two(lambda _: engine.infer_batch([request]))
         counters = getattr(engine, "counters", None)
         if counters is not None:
             counters.reset()
-        per_call = min(costs) * adm.reference_overhead / adm.reference_turn_s
+        tts_s = 0.0
+        streamer = self._streamer
+        on_cpu = getattr(streamer, "device", "cpu") == "cpu" and self.config.asr.device == "cpu"
+        if streamer is not None and on_cpu:
+            # Two texts: the second run of one text would be a phrase-cache hit.
+            tts_s = _fastest_of_two(
+                lambda i: list(streamer.stream(REFERENCE_REPLIES[i], SpeakOptions()))
+            )
+        per_call = (asr_s * adm.reference_overhead + tts_s) / adm.reference_turn_s
         workers = len(self._asr_engines)
         capacity = max(1, int(workers * adm.target_utilisation / per_call))
         log.info(
-            "admission: the reference utterance (%.1f s) decodes in %.0f ms; %d worker(s) hold "
-            "about %d real-time calls at target_utilisation=%g",
-            len(audio) / ASR_SAMPLE_RATE_HZ,
-            1000 * min(costs),
+            "admission: a reference turn costs %.0f ms of recognition and %.0f ms of synthesis; "
+            "%d worker(s) hold about %d real-time calls at target_utilisation=%g",
+            1000 * asr_s,
+            1000 * tts_s,
             workers,
             capacity,
             adm.target_utilisation,
@@ -767,6 +774,23 @@ def build_hub(config: GatewayConfig) -> EngineHubImpl | None:
     if not config.engines:
         return None
     return EngineHubImpl(config)
+
+
+#: The bot's side of the calibration's reference turn (about 2.5 s of speech each).
+REFERENCE_REPLIES = (
+    "Thanks. Let me check that for you right now.",
+    "Sure. Let me look that up for you right away.",
+)
+
+
+def _fastest_of_two(work: Callable[[int], object]) -> float:
+    """Seconds the faster of two runs of ``work`` (given the run's index) took."""
+    costs = []
+    for i in range(2):
+        began = time.perf_counter()
+        work(i)
+        costs.append(time.perf_counter() - began)
+    return min(costs)
 
 
 def read_reference_utterance() -> npt.NDArray[np.float32]:
