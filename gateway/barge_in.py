@@ -2,12 +2,19 @@
 
 * ``immediate``: playback stops as soon as caller speech begins (after the call's
   ``min_speech_ms``), right behind SPEECH_BEGIN. The fastest, and what most bots want.
-* ``after_words``: playback stops on the first transcript (interim or final) of speech that began
-  during the reply with at least ``min_words`` words that are not backchannels. A caller who says
+* ``after_words``: playback stops on the first transcript (interim or final) of speech heard over
+  the reply with at least ``min_words`` words that are not backchannels. A caller who says
   "mm-hmm", "yeah" or "okay" while the bot talks is listening, not interrupting; a cough or a
   door is not a word at all. It costs the time of a word or two plus one interim decode, so the
   session runs interims during such a reply at ``session.barge_in.interim_interval_ms``.
 * ``never``: announcements, legal text; playback never stops for the caller.
+
+Speech heard over a reply is speech that begins during it, and speech already in progress when
+it starts that goes on over it (a caller still talking when the bot starts is talked over as
+much): under ``immediate`` it cuts once the reply plays, when the speech is ``min_speech_ms``
+old counted from its start and the caller still talks; under ``after_words`` all its words
+count, those said before the reply too. A caller in a pause when the reply starts is taken to
+be done and is not cut off unless they talk again (``CallSession._check_speech_in_progress``).
 
 The interims that only ``after_words`` reads need a word count in time, not the call's
 transcript, so a server may decode them with a smaller model (``asr.barge_in_model``,

@@ -18,7 +18,13 @@ import pytest
 
 from benchmarks.barge_in import load_caller, run_call
 from engines.asr.base import AsrOptions
-from gateway.barge_in import DEFAULT_BACKCHANNELS, BargeInModel, BargeInPolicy, content_words
+from gateway.barge_in import (
+    DEFAULT_BACKCHANNELS,
+    BargeInMode,
+    BargeInModel,
+    BargeInPolicy,
+    content_words,
+)
 from gateway.config import LanguageConfig, LimitsConfig, VadConfig, load_config
 from gateway.echo import EchoGuard, GatedEchoCanceller, LineEchoCanceller, echo_similarity
 from gateway.events import (
@@ -585,22 +591,180 @@ def test_speak_immediate_overrides_an_after_words_call() -> None:
     assert t_int == t_begin
 
 
-@pytest.mark.component
-def test_speech_that_began_before_the_reply_does_not_interrupt_it_under_after_words() -> None:
-    call = Call(FakeTranscriber(["wait stop"] * 20, delay_s=0.1), after_words())
+# --- speech in progress when a reply starts (virtual clock, fake engines) -----------------------
+
+
+def reply_over_speech(
+    call: Call,
+    speech: bytes,
+    speak_at_s: float,
+    *,
+    speak: SpeakIn = REPLY,
+    echo_db: float | None = None,
+    total_s: float = 7.0,
+) -> None:
+    """The caller says ``speech`` from 0 s; the Speak arrives ``speak_at_s`` into it.
+
+    20 ms a message for ``total_s``; with ``echo_db`` the line also returns the reply that
+    much down and 120 ms late (a phone's 60 ms jitter buffer before it), under the caller.
+    """
+    caller = pcm16_to_float(np.frombuffer(speech, "<i2"))
+    line = EchoLine(16000, echo_db if echo_db is not None else -200.0, 120.0)
 
     async def main() -> None:
+        loop = asyncio.get_running_loop()
         runner = asyncio.create_task(call.run())
-        speech = asyncio.create_task(call.say(tone(1500) + silence(1000)))
-        await asyncio.sleep(0.5)  # the caller is talking when the bot starts
-        await call.inbox.put(REPLY)
-        await speech
-        await asyncio.sleep(6.0)
+        t0, seen = loop.time(), 0
+        for k in range(round(total_s / FRAME_S)):
+            t = t0 + k * FRAME_S
+            await asyncio.sleep(max(0.0, t - loop.time()))
+            if k == round(speak_at_s / FRAME_S):
+                await call.inbox.put(speak)
+            for _, ev in call.out[seen:]:
+                if isinstance(ev, AudioOutEvent):
+                    line.heard(pcm16_to_float(np.frombuffer(ev.data, "<i2")), loop.time())
+            seen = len(call.out)
+            x = line.echo(t, 320)
+            part = caller[k * 320 : (k + 1) * 320]
+            x[: len(part)] += part
+            await call.inbox.put(AudioIn(float_to_pcm16(x).astype("<i2").tobytes()))
         await call.inbox.put(None)
         await asyncio.wait_for(runner, 600)
 
     run_virtual(main())
+
+
+def first_reply_frame(call: Call) -> float:
+    return min(t for t, e in call.of(AudioOutEvent) if e.speak_id == "s1")
+
+
+@pytest.mark.component
+def test_immediate_cuts_a_reply_that_starts_while_the_caller_talks() -> None:
+    """The bot starts over a caller who is talking: cut once its first frame is out, by the
+    next 20 ms of the caller's audio, before the caller has heard any of it."""
+    call = Call(FakeTranscriber(delay_s=0.1))
+    reply_over_speech(call, tone(1500) + silence(1000), speak_at_s=0.5)
+    t_begin, begin = call.begin()  # the caller's one utterance, begun before the reply
+    assert t_begin < 0.5
+    ((t_int, intr),) = call.of(InterruptedOut)
+    assert first_reply_frame(call) <= t_int <= first_reply_frame(call) + FRAME_S + 1e-9
+    assert intr.at_offset_ms == begin.offset_ms  # the speech that was in progress
+    assert intr.played_ms == 0  # cut before its first frame was due to play
+    assert not call.of(PlaybackFinishedOut)
+
+
+@pytest.mark.component
+@pytest.mark.parametrize(("speech_ms", "cut"), [(1500, True), (600, False)])
+def test_min_speech_counts_from_the_start_of_speech_in_progress_while_the_caller_talks(
+    speech_ms: int, cut: bool
+) -> None:
+    """``barge_in_min_speech_ms: 800``, speech from 0 s, the reply from 0.3 s: cut when the
+    speech is 800 ms old, not 800 ms after the reply started; a caller who stops at 600 ms
+    (before the minimum, in the reply's first moments) lets it play to the end."""
+    call = Call(FakeTranscriber(delay_s=0.1), {"barge_in_min_speech_ms": 800})
+    reply_over_speech(call, tone(speech_ms) + silence(1000), speak_at_s=0.3)
+    _, begin = call.begin()
+    if cut:
+        ((t_int, intr),) = call.of(InterruptedOut)
+        assert t_int == pytest.approx(0.78, abs=1e-9)  # the message that ends at 800 ms
+        assert intr.at_offset_ms == begin.offset_ms == 0
+    else:
+        assert not call.of(InterruptedOut)
+        ((_, fin),) = call.of(PlaybackFinishedOut)
+        assert fin.duration_ms == 5000
+
+
+@pytest.mark.component
+@pytest.mark.parametrize("resumes", [False, True], ids=["done", "talks-again"])
+def test_a_caller_in_trailing_silence_when_the_reply_starts_cuts_it_only_by_talking_again(
+    resumes: bool,
+) -> None:
+    """The caller stopped at 0.8 s; the reply starts at 0.9 s, inside their 600 ms hangover.
+    Done talking, they let it play (the utterance ends within the hangover, uncut); talking
+    again at 1.1 s (the same utterance), they cut it once they have said as much as begins
+    an utterance (100 ms voiced)."""
+    speech = tone(800) + silence(300) + (tone(400) if resumes else b"")
+    call = Call(FakeTranscriber(delay_s=0.1))
+    reply_over_speech(call, speech + silence(1000), speak_at_s=0.9)
+    _, begin = call.begin()  # one utterance either way
+    if resumes:
+        ((t_int, intr),) = call.of(InterruptedOut)
+        assert t_int == pytest.approx(1.18, abs=1e-9)  # the 5th voiced 20 ms from 1.1 s
+        assert intr.at_offset_ms == begin.offset_ms == 0
+    else:
+        assert not call.of(InterruptedOut)
+        assert call.of(PlaybackFinishedOut)
+
+
+@pytest.mark.component
+def test_after_words_counts_the_words_of_speech_in_progress() -> None:
+    """The reply starts while the caller talks: its first interim runs at once (the utterance
+    already holds more than 200 ms voiced), over the whole utterance, words said before the
+    reply included."""
+    texts = lambda r: "wait stop" if not r.is_final else "x"  # noqa: E731
+    call = Call(FakeTranscriber(texts, delay_s=0.1), after_words())
+    reply_over_speech(call, tone(1500) + silence(1000), speak_at_s=0.5)
+    _, begin = call.begin()
+    ((t_int, intr),) = call.of(InterruptedOut)
+    # One decode (0.1 s) from the caller's first 20 ms after the reply's first frame.
+    assert first_reply_frame(call) + 0.1 <= t_int <= first_reply_frame(call) + 0.1 + FRAME_S
+    assert intr.at_offset_ms == begin.offset_ms and intr.caller_text == "wait stop"
+    assert call.transcriber is not None
+    first = next(r for r in call.transcriber.requests if not r.is_final)
+    assert len(first.audio) >= 16 * 500  # the speech from before the reply, too
+    assert first.urgent  # an interim barge-in reads, as for speech begun during the reply
+
+
+@pytest.mark.component
+@pytest.mark.parametrize(
+    ("said", "min_words"), [("Mm-hmm, yeah.", 1), ("wait stop", 3)], ids=["backchannel", "few"]
+)
+def test_after_words_speech_in_progress_needs_min_words_too(said: str, min_words: int) -> None:
+    call = Call(FakeTranscriber(lambda r: said, delay_s=0.1), after_words(min_words=min_words))
+    reply_over_speech(call, tone(1500) + silence(1000), speak_at_s=0.5)
     assert not call.of(InterruptedOut)
+    assert call.of(PlaybackFinishedOut)
+    assert call.transcriber is not None
+    assert len([r for r in call.transcriber.requests if not r.is_final]) >= 3  # it listened
+
+
+@pytest.mark.component
+@pytest.mark.parametrize(
+    ("options", "speak"),
+    [
+        ({"barge_in_policy": BargeInPolicy("never")}, REPLY),
+        (after_words(), SpeakIn("x" * 50, "s1", barge_in="never")),
+    ],
+    ids=["call-never", "speak-never"],
+)
+def test_never_plays_on_over_speech_in_progress(options: dict[str, Any], speak: SpeakIn) -> None:
+    call = Call(FakeTranscriber(["wait stop"] * 20, delay_s=0.1), options)
+    reply_over_speech(call, tone(1500) + silence(1000), speak_at_s=0.5, speak=speak)
+    assert not call.of(InterruptedOut)
+    ((_, fin),) = call.of(PlaybackFinishedOut)
+    assert fin.duration_ms == 5000
+
+
+@pytest.mark.component
+@pytest.mark.parametrize("policy", ["immediate", "after_words"])
+@pytest.mark.parametrize("guard", [True, False], ids=["guard", "no-guard"])
+def test_the_replys_echo_does_not_carry_speech_in_progress_over_it(
+    policy: BargeInMode, guard: bool
+) -> None:
+    """The caller stopped at 0.8 s, the reply starts at 0.9 s inside their hangover, and the
+    line returns it 10 dB down from 1.08 s on: echo alone. With the guard the utterance ends
+    and the reply plays on; without it the echo would go on with the caller's utterance and
+    cut the reply (the case the guard is for)."""
+    texts = lambda r: "wait stop"  # noqa: E731  (an echo heard as words, should it reach ASR)
+    options = {"barge_in_policy": BargeInPolicy(policy), "echo_guard": guard}
+    call = Call(FakeTranscriber(texts, delay_s=0.1), options)
+    reply_over_speech(call, tone(800), speak_at_s=0.9, echo_db=-10.0)
+    if guard:
+        call.begin()  # the caller's one utterance, and nothing the echo opened
+        assert not call.of(InterruptedOut)
+        assert call.of(PlaybackFinishedOut)
+    else:
+        assert call.of(InterruptedOut)
 
 
 # --- the echo guard in a session (virtual clock, fake tone voice) --------------------------------
