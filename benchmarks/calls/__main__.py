@@ -13,11 +13,12 @@ what a user runs), then, for ``--duration`` seconds:
   (a 4 s burst, then 3.5x real time) through ``StreamingRecognize``, again and again.
 
 Per probe: calls admitted and refused (``RESOURCE_EXHAUSTED``); end of speech -> final, from
-the last sample of a clip sent to the last final covering it received (so the 600 ms hangover
-is in it) p50/p95; first reply audio (``Speak`` written -> first ``AudioOut``) p50/p95; late
-reply chunks (a client-side player starts at a reply's first chunk and plays in real time:
-``benchmarks.tts_concurrency.play``); the ladder's steps seen (``QualityChanged``); lost finals
-(a clip no final covers); and whether the fast client was admitted and finished.
+the clip's last word sent (its last 20 ms frame above -40 dBFS) to the last final covering it
+received (so the 600 ms hangover is in it) p50/p95; first reply audio (``Speak`` written ->
+first ``AudioOut``) p50/p95; late reply chunks (a client-side player starts at a reply's first
+chunk and plays in real time: ``benchmarks.tts_concurrency.play``); the ladder's steps seen
+(``QualityChanged``); lost finals (a clip no final covers); and whether the fast client was
+admitted and finished.
 
 Then the largest N with 0 refused, 0 late chunks and p95 final <= ``--p95-goal-s``, by doubling
 and bisection, for each server given (``--baseline DIR`` adds an older checkout of the
@@ -116,6 +117,17 @@ def serve(source: Path, extra: list[str]) -> Iterator[str]:
 # --- caller audio -------------------------------------------------------------------------------
 
 
+def speech_end_ms(pcm: np.ndarray) -> int:
+    """Where the clip's speech ends: the end of its last 20 ms frame above -40 dBFS RMS.
+
+    Recordings carry trailing silence; end of speech is the caller's last word, not the file.
+    """
+    n = len(pcm) // (CHUNK_BYTES // 2)
+    frames = pcm[: n * (CHUNK_BYTES // 2)].astype(np.float32).reshape(n, -1) / 32768.0
+    loud = np.flatnonzero(np.sqrt((frames**2).mean(axis=1)) > 0.01)
+    return int((loud[-1] + 1) * CHUNK_MS) if len(loud) else len(pcm) * 1000 // RATE_HZ
+
+
 def load_clips(speech_dir: Path) -> list[np.ndarray]:
     """The shared set's 16 kHz mono clips of 1-8 s, as int16 arrays."""
     clips = []
@@ -205,11 +217,14 @@ async def caller(
                         pcm = clips[k % len(clips)]
                         k += 1
                         begin_ms = sent_ms
+                        # The last word's end, on the call's clock and on the wall clock.
+                        spoken_ms = begin_ms + speech_end_ms(pcm)
+                        spoken_at = start + spoken_ms / 1000.0
                         data = pcm.tobytes()
                         data += bytes(-len(data) % CHUNK_BYTES)
                         for i in range(0, len(data), CHUNK_BYTES):
                             await chunk(data[i : i + CHUNK_BYTES])
-                        clip_ends.append((begin_ms, sent_ms, loop.time()))
+                        clip_ends.append((begin_ms, spoken_ms, spoken_at))
                         reply_over.clear()
                         reply_started.clear()
                         gap = float(rng.uniform(1.0, 2.5))
