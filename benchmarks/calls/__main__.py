@@ -96,7 +96,8 @@ def serve(source: Path, extra: list[str]) -> Iterator[str]:
         for _ in stdout:  # keep draining
             pass
 
-    threading.Thread(target=read, daemon=True).start()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     began = time.monotonic()
     while not found and proc.poll() is None and time.monotonic() - began < 300:
         time.sleep(0.1)
@@ -111,6 +112,9 @@ def serve(source: Path, extra: list[str]) -> Iterator[str]:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
+        reader.join(5)
+        stdout.close()
         log.close()
 
 
