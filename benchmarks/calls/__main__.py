@@ -61,11 +61,12 @@ RATE_HZ = 16_000
 CHUNK_MS = 20
 CHUNK_BYTES = RATE_HZ * CHUNK_MS // 1000 * 2
 
+#: One- and two-sentence replies; {n} makes each distinct, so none is a phrase-cache hit.
 REPLIES = (
-    "Sure, I can help with that.",
-    "Thanks. Let me check that for you right now.",
-    "Got it. Your order is on its way.",
-    "Of course. Is there anything else I can do for you today?",
+    "Sure, ticket {n} is open.",
+    "Thanks. Let me check order {n} for you right now.",
+    "Got it. Parcel {n} is on its way.",
+    "Of course. Booking {n} is confirmed. Is there anything else I can do for you today?",
 )
 
 
@@ -252,7 +253,9 @@ async def caller(
                     elif isinstance(event, Transcript) and event.is_final:
                         finals.append((event.start_ms, event.end_ms, now, event.text))
                         if event.text.strip():
-                            text = REPLIES[n_reply % len(REPLIES)]
+                            text = REPLIES[n_reply % len(REPLIES)].format(
+                                n=1000 * idx + n_reply + 17 * os.getpid() % 900
+                            )
                             n_reply += 1
                             sid = await call.speak(text)
                             replies[sid] = {"sent": loop.time(), "frames": []}
