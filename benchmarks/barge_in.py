@@ -63,7 +63,7 @@ if __package__ in (None, ""):
 
 from benchmarks._stats import median, percentile  # noqa: E402
 from engines.asr.base import AsrRequest, AsrResult  # noqa: E402
-from gateway.config import BargeInConfig, GatewayConfig, load_config  # noqa: E402
+from gateway.config import BargeInConfig, load_config  # noqa: E402
 from gateway.models import BARGE_IN_KEY  # noqa: E402
 from gateway.runtime import AsrTranscriber, build_hub  # noqa: E402
 from gateway.testing.echo_line import EchoLine, dispersive_path  # noqa: E402
@@ -436,13 +436,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     asr: dict[str, Any] = {"barge_in_model": args.barge_in_model} if args.barge_in_model else {}
     cfg = load_config(None, {"engines": "asr,tts", "asr": asr})
     hub = build_hub(cfg)
-    # One caller at a time on a shared machine: load shedding and admission would only blur
-    # the comparison (and refuse calls when other processes load the CPU).
+    # The default configuration, admission and the ladder included: one caller at a time is
+    # always admitted and never past capacity.
     overrides: dict[str, Any] = {"limits": {"idle_timeout_s": 0}}
     own_model = {"barge_in": {"barge_in_model": False}}  # the hub's barge-in model is a variant
-    for section in ("admission", "degrade"):
-        if section in GatewayConfig.model_fields:
-            overrides[section] = {"enabled": False}
     out: dict[str, Any] = {"echo": [], "latency": {}, "backchannel": {}}
     async with contextlib.AsyncExitStack() as stack:
         srv = await stack.enter_async_context(
