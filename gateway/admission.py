@@ -12,11 +12,12 @@ than real time (whose finals queue behind its own backlog by design) locked ever
   re-measured from live traffic (engine busy seconds per worker per second divided by the
   real-time calls that caused it) once there is enough of it. ``admission.capacity_calls``
   overrides both. A new call is refused only when the calls in progress already fill it.
-* **Faster than real time is legitimate, and counts by what it takes.** A call whose audio runs
-  more than ``realtime_slack_ms`` ahead of its own clock is *bulk* (a file being transcribed):
-  it reserves one RTE like any call, its excess is served from spare capacity only (its finals
-  carry a later deadline and use at most ``workers - 1`` workers at once, see
-  ``AsrTranscriber``), and its finals are not judged against the real-time latency target.
+* **Faster than real time is legitimate, and takes only what is spare.** A call whose audio
+  runs more than ``realtime_slack_ms`` ahead of its own clock is *bulk* (a file being
+  transcribed): it reserves no RTE (a new call counts as real-time until its pace shows), its
+  finals carry a later deadline and bulk finals use at most ``workers - 1`` workers at once
+  (see ``AsrTranscriber``), so real-time callers keep their latency beside it; and its finals
+  are not judged against the real-time latency target.
 * **Latency is a guard, not the trigger.** The exact recent p95 of end of speech -> final of the
   *real-time* calls (no histogram buckets) refuses new calls only while the engine is really
   busy (utilisation at or over ``target_utilisation``): a slow final on an idle engine is the
@@ -324,7 +325,13 @@ class AdmissionPolicy:
         return None
 
     def decide(
-        self, kind: StreamKind, snap: LoadSnapshot, *, active_calls: int, active_synthesize: int
+        self,
+        kind: StreamKind,
+        snap: LoadSnapshot,
+        *,
+        active_calls: int,
+        active_synthesize: int,
+        bulk_calls: int = 0,
     ) -> Refusal | None:
         """None to admit one more stream of ``kind``, else why not.
 
@@ -333,6 +340,9 @@ class AdmissionPolicy:
             snap: the latest measurements.
             active_calls: recognition calls in progress now (live, not sampled).
             active_synthesize: Synthesize streams in progress now (live).
+            bulk_calls: of ``active_calls``, those sending faster than real time now (live).
+                They are served from spare capacity only, so they reserve none of it; a new
+                call is counted as real-time (its pace is not known yet).
         """
         cfg = self.config
         hint = cfg.retry_after_ms
@@ -361,11 +371,12 @@ class AdmissionPolicy:
             )
         if not cfg.enabled or active_calls == 0:  # an idle replica always admits
             return None
+        realtime = active_calls - bulk_calls
         cap = self.capacity(snap)
-        if cap is not None and active_calls + 1 > cap:
+        if cap is not None and realtime + 1 > cap:
             return Refusal(
                 "engine_capacity",
-                f"server is at capacity: {active_calls} calls in progress and it holds about "
+                f"server is at capacity: {realtime} real-time calls in progress and it holds about "
                 f"{cap} real-time calls (at target_utilisation={cfg.target_utilisation:g}); "
                 f"retry in {hint / 1000:g} s or on another replica",
                 hint,
@@ -384,18 +395,20 @@ class AdmissionPolicy:
             )
         return None
 
-    def load(self, snap: LoadSnapshot, *, active_calls: int) -> float:
+    def load(self, snap: LoadSnapshot, *, active_calls: int, bulk_calls: int = 0) -> float:
         """Load for a balancer, 0..1; 1 exactly when a new call would be refused."""
         parts = [active_calls / self.max_calls]
         if self.config.enabled:
             cap = self.capacity(snap)
             if cap is not None:
-                parts.append(active_calls / cap)
+                parts.append((active_calls - bulk_calls) / cap)
             ramp = self.ramp_limit(snap)
             if ramp is not None:
                 parts.append(active_calls / ramp)
         value = max(parts)
-        full = self.decide("call", snap, active_calls=active_calls, active_synthesize=0)
+        full = self.decide(
+            "call", snap, active_calls=active_calls, active_synthesize=0, bulk_calls=bulk_calls
+        )
         if value >= 1.0 or full is not None:
             return 1.0
         # Below 1 while there is still room for one more call.

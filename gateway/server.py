@@ -190,7 +190,9 @@ class GatewayServer:
                 calibrated_capacity=servicer.info.asr_capacity_calls,
             )
             servicer.load = snap
-            load = servicer.admission.load(snap, active_calls=servicer.active_calls)
+            load = servicer.admission.load(
+                snap, active_calls=servicer.active_calls, bulk_calls=bulk
+            )
             self.metrics.load.set(load)
             self.metrics.admission_capacity.set(servicer.admission.capacity(snap) or 0)
             # As for admission: too few observations are no evidence (a cold first decode).
@@ -199,7 +201,7 @@ class GatewayServer:
                 now,
                 snap.final_p95_s if snap.finals >= least else math.nan,
                 over_capacity=servicer.admission.over_capacity(
-                    snap, active_calls=servicer.active_calls
+                    snap, active_calls=servicer.active_calls - bulk
                 ),
             )
             if move is not None:

@@ -325,6 +325,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             self.load,
             active_calls=self.active_calls,
             active_synthesize=self.active_synthesize,
+            bulk_calls=self.bulk_calls() if kind == "call" else 0,
         )
 
     async def ListModels(  # noqa: N802

@@ -209,8 +209,8 @@ def test_configured_capacity_wins_and_no_recogniser_has_none() -> None:
     assert policy().decide("call", none, active_calls=40, active_synthesize=0) is None
 
 
-def test_a_bulk_call_reserves_one_call_and_no_latency() -> None:
-    """A file sent at 3.5x keeps a worker busy; it neither prices nor refuses real-time calls."""
+def test_bulk_calls_reserve_no_capacity_and_no_latency() -> None:
+    """Files sent at 3.5x use spare capacity only; they neither price nor refuse real-time calls."""
     p = policy()
     snap = calm(
         calls=3,
@@ -224,6 +224,10 @@ def test_a_bulk_call_reserves_one_call_and_no_latency() -> None:
     for active in range(1, 10):
         assert p.decide("call", snap, active_calls=active, active_synthesize=0) is None
     assert p.decide("call", snap, active_calls=10, active_synthesize=0) is not None
+    # Ten calls of which three are files: seven real-time calls, room for the eighth.
+    assert p.decide("call", snap, active_calls=10, active_synthesize=0, bulk_calls=3) is None
+    assert p.load(snap, active_calls=10, bulk_calls=3) == pytest.approx(0.7)
+    assert p.decide("call", snap, active_calls=13, active_synthesize=0, bulk_calls=3) is not None
 
 
 def test_unmeasured_load_may_at_most_double_per_window() -> None:

@@ -49,7 +49,23 @@ async def stub(server: GatewayServer) -> AsyncIterator[pb_grpc.VoiceGatewayStub]
 async def run_call(
     rpc: Any, cfg: pb.ConverseRequest, data: bytes, chunk: int, pace_s: float = 0.0
 ) -> list[pb.ConverseResponse]:
-    return [r async for r in rpc(requests([cfg, *chunks(data, chunk)], pace_s))]
+    """One call; refused at admission (the server's capacity), it retries after the hint.
+
+    Several tests open a dozen calls at once, more than a busy 2-core machine's capacity may
+    hold: a well-behaved client waits the server's ``grpc-retry-pushback-ms`` and tries again.
+    """
+    for _ in range(60):
+        try:
+            return [r async for r in rpc(requests([cfg, *chunks(data, chunk)], pace_s))]
+        except grpc.aio.AioRpcError as exc:
+            refused = exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and (
+                exc.details() or ""
+            ).startswith("server is at capacity")
+            if not refused:
+                raise
+            hint = dict(exc.trailing_metadata() or ()).get("grpc-retry-pushback-ms", "1000")
+            await asyncio.sleep(int(hint) / 1000.0)
+    raise AssertionError("refused at admission for two minutes")
 
 
 def finals(resp: list[pb.ConverseResponse]) -> list[pb.Transcript]:
