@@ -22,7 +22,7 @@ from clients.sip._rtp import (
     RtpPacketizer,
     dtmf_payload,
 )
-from clients.sip._sdp import build_answer, negotiate, parse_sdp
+from clients.sip._sdp import build_answer, event_list, negotiate, parse_events, parse_sdp
 from clients.sip.cli import add_sip_arguments, run_sip
 from clients.sip.testing import sipp_ports
 
@@ -225,6 +225,52 @@ def test_sdp_prefers_the_offer_order_and_keeps_telephone_event() -> None:
     assert "m=audio 30000 RTP/AVP 8 101" in answer
     assert "a=rtpmap:8 PCMA/8000" in answer and "a=ptime:20" in answer
     assert "a=rtpmap:101 telephone-event/8000" in answer
+
+
+def _dtmf_lines(answer: str) -> list[str]:
+    return [ln for ln in answer.splitlines() if "101" in ln]
+
+
+@pytest.mark.parametrize(
+    ("fmtp", "answered"),
+    [
+        ("0-15", "0-15"),  # baresip's offer
+        ("0-16", "0-15"),  # 16 (flash) is not handled: the answer must not claim it
+        ("0-11", "0-11"),  # a keypad without A-D: never more than was offered
+        ("0-9,11, 14-255", "0-9,11,14-15"),
+        (None, "0-15"),  # no fmtp line: RFC 4733's default, 0-15
+    ],
+)
+def test_sdp_answers_the_telephone_events_both_sides_handle(
+    fmtp: str | None, answered: str
+) -> None:
+    sdp = offer("0 101", f"a=fmtp:101 {fmtp}" if fmtp is not None else "")
+    choice = negotiate(parse_sdp(sdp.encode()))
+    assert choice is not None and choice.dtmf_payload_type == 101
+    answer = build_answer(choice, "127.0.0.1", 30000, session_id=5, version=1).decode()
+    assert "m=audio 30000 RTP/AVP 0 101" in answer
+    assert _dtmf_lines(answer) == [
+        "m=audio 30000 RTP/AVP 0 101",
+        "a=rtpmap:101 telephone-event/8000",
+        f"a=fmtp:101 {answered}",
+    ]
+
+
+@pytest.mark.parametrize("fmtp", ["16", "32-40", "junk"])
+def test_sdp_leaves_out_telephone_event_when_no_offered_event_is_handled(fmtp: str) -> None:
+    choice = negotiate(parse_sdp(offer("8 101", f"a=fmtp:101 {fmtp}").encode()))
+    assert choice is not None and choice.encoding == "PCMA"
+    assert choice.dtmf_payload_type is None and not choice.dtmf_events
+    answer = build_answer(choice, "127.0.0.1", 30000, session_id=5, version=1).decode()
+    assert "m=audio 30000 RTP/AVP 8\r\n" in answer
+    assert "telephone-event" not in answer and "fmtp" not in answer
+
+
+def test_event_lists_round_trip() -> None:
+    assert parse_events("0-15") == frozenset(range(16))
+    assert parse_events(" 0-3 ,7,9-8,300, x-1") == {0, 1, 2, 3, 7}  # bad parts skipped
+    assert event_list(frozenset({0, 1, 2, 3, 7, 9, 10})) == "0-3,7,9-10"
+    assert event_list(frozenset({5})) == "5"
 
 
 def test_sdp_dynamic_pcmu_hold_and_rejections() -> None:
