@@ -308,8 +308,14 @@ BOT_HELP = (
 )
 
 
-def add_bot_policy_arguments(parser: argparse.ArgumentParser) -> None:
-    """The bad-bot policy flags (``voxgate sip``, ``voxgate media-streams``)."""
+def add_bot_policy_arguments(parser: argparse.ArgumentParser, *, can_transfer: bool) -> None:
+    """The bad-bot policy flags (``voxgate sip``, ``voxgate media-streams``).
+
+    Args:
+        parser: the command's parser.
+        can_transfer: whether the door can transfer a call (SIP REFER); only then is
+            ``--bot-fallback-transfer`` offered (a media stream cannot transfer).
+    """
     default = BotPolicy()
     parser.add_argument(
         "--bot-answer-timeout",
@@ -326,19 +332,21 @@ def add_bot_policy_arguments(parser: argparse.ArgumentParser) -> None:
         help="said to the caller when the bot is down, slow, crashes or sends garbage "
         "('' says nothing)",
     )
-    parser.add_argument(
-        "--bot-fallback-transfer",
-        default="",
-        metavar="URI",
-        help="after the fallback, transfer the caller here (SIP REFER) instead of hanging up",
-    )
+    if can_transfer:
+        parser.add_argument(
+            "--bot-fallback-transfer",
+            default="",
+            metavar="URI",
+            help="after the fallback, transfer the caller here (SIP REFER) instead of hanging up",
+        )
 
 
 def bot_policy_from_args(args: argparse.Namespace) -> BotPolicy:
     """The :class:`BotPolicy` the flags of :func:`add_bot_policy_arguments` describe."""
     if not args.bot_answer_timeout > 0:
         raise BotFileError(f"--bot-answer-timeout {args.bot_answer_timeout:g}: must be > 0")
-    transfer = str(args.bot_fallback_transfer or "")
+    # Absent where the door cannot transfer (add_bot_policy_arguments(can_transfer=False)).
+    transfer = str(getattr(args, "bot_fallback_transfer", "") or "")
     return BotPolicy(
         answer_timeout_s=float(args.bot_answer_timeout),
         fallback_speech=str(args.bot_fallback),

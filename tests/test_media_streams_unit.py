@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -306,11 +308,38 @@ def test_media_streams_takes_the_same_bad_bot_flags_as_the_sip_bridge() -> None:
     )
 
 
-async def test_media_streams_refuses_a_fallback_transfer_before_it_listens(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    from clients.media_streams.cli import run_media_streams
+def test_media_streams_does_not_offer_a_fallback_transfer_but_the_sip_bridge_does() -> None:
+    """A media stream cannot transfer a call: the flag is not offered there (it used to be
+    listed in --help and then refused at start); the SIP bridge keeps it."""
 
-    args = _media_args("--listen", "127.0.0.1:1", "--bot-fallback-transfer", "sip:desk@example.org")
-    assert await run_media_streams(args) == 2  # type: ignore[arg-type]
-    assert "a media stream cannot transfer a call" in capsys.readouterr().err
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "cli", *argv],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    media = run("media-streams", "--help")
+    assert media.returncode == 0, media.stderr
+    assert "--bot-fallback-transfer" not in media.stdout
+    assert "--bot-fallback " in media.stdout and "--bot-answer-timeout" in media.stdout
+    refused = run("media-streams", "--bot-fallback-transfer", "sip:desk@example.org")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "unrecognized arguments: --bot-fallback-transfer" in refused.stderr, refused.stderr
+    sip = run("sip", "--help")
+    assert sip.returncode == 0 and "--bot-fallback-transfer" in sip.stdout, sip.stderr
+
+
+def test_the_sip_bridge_turns_a_fallback_transfer_into_its_policy() -> None:
+    import argparse
+
+    from clients.bot import bot_policy_from_args
+    from clients.sip.cli import add_sip_arguments
+
+    parser = argparse.ArgumentParser()
+    add_sip_arguments(parser)
+    args = parser.parse_args(["--bot-fallback-transfer", "sip:desk@example.org"])
+    policy = bot_policy_from_args(args)
+    assert (policy.then, policy.transfer_to) == ("transfer", "sip:desk@example.org")

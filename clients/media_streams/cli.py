@@ -67,7 +67,7 @@ def add_media_streams_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="none|echo|FILE.yaml|grpc://HOST:PORT",
         help="who answers each call: a built-in bot, a rules file or a bot service (default echo)",
     )
-    add_bot_policy_arguments(parser)
+    add_bot_policy_arguments(parser, can_transfer=False)  # a WebSocket stream has no REFER
     parser.add_argument(
         "--dialect",
         choices=DIALECTS,
@@ -132,8 +132,6 @@ async def run_media_streams(args: argparse.Namespace) -> int:
             raise ValueError("--bot must name a bot")
         tls, token = connection_from_args(args, prefix="gateway-")
         bot_policy = bot_policy_from_args(args)
-        if bot_policy.then == "transfer":
-            raise ValueError("--bot-fallback-transfer: a media stream cannot transfer a call")
         if not 0 <= args.lead_ms <= 2000:
             raise ValueError(f"--lead-ms must be 0..2000, got {args.lead_ms}")
         if not (20 <= args.gateway_chunk_ms <= 200 and args.gateway_chunk_ms % 20 == 0):

@@ -72,7 +72,7 @@ def add_sip_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="none|echo|FILE.yaml|grpc://HOST:PORT",
         help=BOT_HELP,
     )
-    add_bot_policy_arguments(parser)
+    add_bot_policy_arguments(parser, can_transfer=True)
     parser.add_argument(
         "--advertise",
         metavar="HOST",
