@@ -39,7 +39,7 @@ async def demo_call(args: argparse.Namespace) -> CallResult:
     """Run the demo call and return what happened (tests look at its events and log)."""
     # Server imports stay inside: a client-only install must import this module cheaply.
     from gateway.config import ConfigError, load_config  # noqa: PLC0415
-    from gateway.runtime import build_hub  # noqa: PLC0415
+    from gateway.runtime import EngineLoadError, build_hub  # noqa: PLC0415
     from gateway.server import GatewayServer  # noqa: PLC0415
 
     engines = args.engines or "asr,tts"
@@ -63,7 +63,11 @@ async def demo_call(args: argparse.Namespace) -> CallResult:
         )
         return CallResult(2)
     server = GatewayServer(config, hub)
-    await server.start()
+    try:
+        await server.start()
+    except (EngineLoadError, ConfigError) as exc:  # a missing model or voice: as serve says it
+        print(f"voxgate demo: {exc}", file=sys.stderr)
+        return CallResult(2)
     try:
         opts = CallOptions(
             file=Path(args.audio) if args.audio else Path(sample_call_path()),

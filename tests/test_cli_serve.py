@@ -1,4 +1,7 @@
-"""`voxgate serve` as tools outside this repo start it: `--port 0`, one `listening on` line."""
+"""`voxgate serve` as tools outside this repo start it: `--port 0`, one `listening on` line.
+
+And `voxgate demo` reports a missing model or voice as serve does: one line, exit 2.
+"""
 
 from __future__ import annotations
 
@@ -146,6 +149,32 @@ def test_a_missing_model_or_voice_is_one_line_and_exit_2(flags: list[str], needl
     out = run_serve(*flags)
     one_clear_line(out, 2, needle)
     assert len(out.stderr.strip().splitlines()) <= 3, out.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"VOXGATE_ASR__MODEL": "/nonexistent"}, "asr.model: model '/nonexistent'"),
+        ({"VOXGATE_TTS__VOICE": "/nonexistent.onnx"}, "tts.voice: voice file not found"),
+    ],
+    ids=["model", "voice"],
+)
+def test_demo_with_a_missing_model_or_voice_is_one_line_and_exit_2_as_serve(
+    env: dict[str, str], needle: str, tmp_path: Path
+) -> None:
+    """It printed EngineLoadError's traceback (server.start() was not guarded); serve's line."""
+    out = subprocess.run(  # noqa: PLW1510 - the return code is the assertion
+        [sys.executable, "-m", "cli", "demo", "--fast"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+        cwd=tmp_path,  # the demo writes reply.wav and call.png here (it must not get that far)
+    )
+    one_clear_line(out, 2, needle)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"voxgate demo: {needle}"), out.stderr
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_taken_port_fails_with_a_clear_message() -> None:
