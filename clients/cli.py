@@ -405,12 +405,17 @@ async def _converse(
     log.reply_encoding, log.reply_rate_hz = recorder.encoding, recorder.sample_rate_hz
     gate = _Gate(lambda start, end: log.pauses.append((start, end)))
     gate.set()
+    # Set once the call has nothing left to do; the hanger task then hangs up. The state also
+    # changes without an event (a silent bot's reply wait ending), so every change checks it.
+    idle = asyncio.Event()
 
     def update_gate() -> None:
         if state.caller_waits(opts.wait_for_bot):
             gate.clear()
         else:
             gate.set()
+        if state.idle:
+            idle.set()
 
     async def say(text: str, *, opening: bool = False) -> None:
         if not session.has_tts:
@@ -477,6 +482,12 @@ async def _converse(
         await call.flush()
         await call.mark(EOF_MARK)
 
+    async def hang_up_when_idle() -> None:
+        await idle.wait()
+        if not state.hung_up:
+            state.hung_up = True
+            await call.hangup()
+
     async def watchdog() -> None:
         await asyncio.wait([sender])
         await asyncio.sleep(opts.hangup_wait_s)
@@ -511,6 +522,7 @@ async def _converse(
     runner: list[asyncio.Task[None]] = []
     sender = asyncio.create_task(send(), name="voxgate-call-sender")
     guard = asyncio.create_task(watchdog(), name="voxgate-call-watchdog")
+    hanger = asyncio.create_task(hang_up_when_idle(), name="voxgate-call-hangup")
     try:
         async for ev in call_events():
             if isinstance(ev, SessionStarted):
@@ -524,20 +536,17 @@ async def _converse(
                 last_final[:] = [reply.received_s]
                 loop.call_later(REPLY_WAIT_S, waited_long_enough, reply.utterance_index)
             update_gate()
-            if state.idle and not state.hung_up:
-                state.hung_up = True
-                await call.hangup()
     finally:
-        for task in (guard, sender):
+        for task in (guard, sender, hanger):
             task.cancel()
-        await asyncio.wait([guard, sender])
+        await asyncio.wait([guard, sender, hanger])
         if link is not None:
             await link.aclose()
         if runner:
             await asyncio.wait(runner)
         # A sender that failed because the call ended reports the same status as the
         # iteration; retrieve it so it is not logged as unretrieved, and keep the iteration's.
-        for task in (guard, sender):
+        for task in (guard, sender, hanger):
             if not task.cancelled() and task.exception() is not None:
                 exc = task.exception()
                 if not isinstance(exc, VoxgateError | CallEndedError):
