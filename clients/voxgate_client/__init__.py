@@ -52,13 +52,22 @@ from ._client import (
     read_token,
     tls_credentials,
 )
-from ._config import BargeInName, CallConfig, EchoHandlingName, EncodingName, VadOptions
+from ._config import (
+    BargeInName,
+    CallConfig,
+    EchoHandlingName,
+    EncodingName,
+    TurnDetectionName,
+    TurnOptions,
+    VadOptions,
+)
 from ._contract import BotHandler, CallInfo, TransferError, TransferResult, VoiceCall
 from ._errors import CallEndedError, VoxgateError
 from ._events import (
     Alternative,
     AudioOut,
     Dtmf,
+    EndOfTurn,
     ErrorEvent,
     MarkReached,
     PlaybackFinished,
@@ -98,6 +107,7 @@ __all__ = [
     "Dtmf",
     "EchoHandlingName",
     "EncodingName",
+    "EndOfTurn",
     "ErrorEvent",
     "LinkOutcome",
     "MarkReached",
@@ -116,6 +126,8 @@ __all__ = [
     "TransferError",
     "TransferHook",
     "TransferResult",
+    "TurnDetectionName",
+    "TurnOptions",
     "VadOptions",
     "VoiceCall",
     "VoxgateClient",

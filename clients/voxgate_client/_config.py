@@ -14,6 +14,8 @@ __all__ = [
     "CallControls",
     "EchoHandlingName",
     "EncodingName",
+    "TurnDetectionName",
+    "TurnOptions",
     "VadOptions",
     "barge_in_number",
     "encoding_number",
@@ -25,6 +27,14 @@ EncodingName = Literal["linear16", "mulaw", "alaw"]
 #: What must happen for the caller to interrupt a reply (see ``CallConfig.barge_in_policy``).
 BargeInName = Literal["immediate", "after_words", "never"]
 EchoHandlingName = Literal["gate", "gate_aec3", "aec3"]
+#: How the server decides the caller's turn is over (see :class:`TurnOptions`).
+TurnDetectionName = Literal["off", "silence", "smart"]
+
+_TURN_DETECTION = {
+    "off": pb.TURN_DETECTION_OFF,
+    "silence": pb.TURN_DETECTION_SILENCE,
+    "smart": pb.TURN_DETECTION_SMART,
+}
 
 _ECHO_HANDLING: dict[str, pb.EchoHandling] = {
     "gate": pb.ECHO_HANDLING_GATE,
@@ -189,6 +199,40 @@ class VadOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnOptions:
+    """End-of-turn detection for one call (``EndOfTurn`` events); None/0 = the server's.
+
+    Attributes:
+        mode: ``"off"``, ``"silence"`` (every utterance is a turn) or ``"smart"`` (silence,
+            the words so far and, where the server has one, an audio end-of-turn model);
+            None = the server's default.
+        eagerness: ``smart``: 0..1, higher ends turns sooner (0 = the server's).
+        end_silence_ms: the silence that ends a turn (``silence``), or the shortest after
+            which a finished sentence may end it (``smart``); 0 = the server's.
+        max_pause_ms: ``smart``: the longest pause held over an unfinished sentence.
+    """
+
+    mode: TurnDetectionName | None = None
+    eagerness: float = 0.0
+    end_silence_ms: int = 0
+    max_pause_ms: int = 0
+
+    def to_proto(self) -> pb.TurnDetectionOptions:
+        """Render as the wire message."""
+        if self.mode is not None and self.mode not in _TURN_DETECTION:
+            names = ", ".join(repr(n) for n in _TURN_DETECTION)
+            raise ValueError(f"turns.mode={self.mode!r} is not one of {names}")
+        return pb.TurnDetectionOptions(
+            mode=_TURN_DETECTION[self.mode]
+            if self.mode is not None
+            else pb.TURN_DETECTION_UNSPECIFIED,
+            eagerness=self.eagerness,
+            end_silence_ms=self.end_silence_ms,
+            max_pause_ms=self.max_pause_ms,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class CallConfig:
     """What a call sends as its first message; the server validates every field.
 
@@ -215,6 +259,7 @@ class CallConfig:
             instead of silence: a caller quieter than the echo is heard sooner) or ``"aec3"``
             (the echo canceller alone, for lines whose echo a hybrid or speakerphone spreads;
             it holds a caller back on lines with no echo); None = the server's.
+        turns: end-of-turn detection (:class:`TurnOptions`); the default keeps the server's.
     """
 
     encoding: EncodingName = "linear16"
@@ -240,6 +285,7 @@ class CallConfig:
     initial_prompt: str = ""
     hotwords: tuple[str, ...] = ()
     vad: VadOptions = field(default_factory=VadOptions)
+    turns: TurnOptions = field(default_factory=TurnOptions)
 
     def to_proto(self) -> pb.SessionConfig:
         """Render as the wire message."""
@@ -283,4 +329,6 @@ class CallConfig:
         out.vad.min_speech_ms = v.min_speech_ms
         out.vad.max_utterance_ms = v.max_utterance_ms
         out.vad.pre_roll_ms = v.pre_roll_ms
+        if self.turns != TurnOptions():
+            out.turn_detection.CopyFrom(self.turns.to_proto())
         return out

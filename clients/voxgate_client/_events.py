@@ -19,6 +19,7 @@ __all__ = [
     "Alternative",
     "AudioOut",
     "Dtmf",
+    "EndOfTurn",
     "ErrorEvent",
     "MarkReached",
     "PlaybackFinished",
@@ -112,6 +113,8 @@ class Transcript:
 
     Attributes:
         latency_ms: server time from end of speech to this transcript (finals only).
+        turn_index: finals, with turn detection on: the turn this utterance belongs to
+            (see :class:`EndOfTurn`); None otherwise.
     """
 
     text: str
@@ -126,6 +129,7 @@ class Transcript:
     words: tuple[Word, ...] = ()
     alternatives: tuple[Alternative, ...] = ()
     received_s: float = _received()
+    turn_index: int | None = None
 
     @property
     def interim(self) -> bool:
@@ -223,6 +227,35 @@ class QualityChanged:
     received_s: float = _received()
 
 
+@dataclass(frozen=True, slots=True)
+class EndOfTurn:
+    """The caller has finished their turn (turn detection on): answer now.
+
+    Sent after the turn's last final; a pause inside a turn ends an utterance (SpeechEnd, a
+    final) but not the turn.
+
+    Attributes:
+        turn_index: the turn, from 0; its finals carry it (``Transcript.turn_index``).
+        probability: how sure the detector is that the caller has finished, 0..1.
+        offset_ms: end of the turn's last speech, ms of the call's audio.
+        text: the turn's whole text, its finals joined.
+        reason: what ended it: "silence", "words", "audio", "max_pause", "flush", "hangup".
+        silence_ms: silence after the last speech when the turn was declared over, ms.
+        latency_ms: server time from end of speech to this event, ms.
+    """
+
+    turn_index: int
+    probability: float
+    offset_ms: int
+    text: str
+    first_utterance_index: int = 0
+    last_utterance_index: int = 0
+    reason: str = ""
+    silence_ms: int = 0
+    latency_ms: int = 0
+    received_s: float = _received()
+
+
 ServerEvent = (
     SessionStarted
     | SpeechBegin
@@ -235,6 +268,7 @@ ServerEvent = (
     | ErrorEvent
     | Dtmf
     | QualityChanged
+    | EndOfTurn
 )
 
 
@@ -288,6 +322,7 @@ def event_from_proto(msg: pb.ConverseResponse, received_s: float = 0.0) -> Serve
             words=tuple(Word(w.word, w.start_ms, w.end_ms, w.probability) for w in tr.words),
             alternatives=tuple(Alternative(a.text, a.confidence) for a in tr.alternatives),
             received_s=t,
+            turn_index=tr.turn_index if tr.HasField("turn_index") else None,
         )
     if kind == "audio":
         a = msg.audio
@@ -312,6 +347,20 @@ def event_from_proto(msg: pb.ConverseResponse, received_s: float = 0.0) -> Serve
     if kind == "quality_changed":
         q = msg.quality_changed
         return QualityChanged(tuple(q.shed), q.description, t)
+    if kind == "end_of_turn":
+        eot = msg.end_of_turn
+        return EndOfTurn(
+            eot.turn_index,
+            eot.probability,
+            eot.offset_ms,
+            eot.text,
+            eot.first_utterance_index,
+            eot.last_utterance_index,
+            eot.reason,
+            eot.silence_ms,
+            eot.latency_ms,
+            t,
+        )
     return None
 
 
@@ -364,6 +413,7 @@ def event_to_proto(event: ServerEvent) -> pb.ConverseResponse:
                 alternatives=[
                     pb.Alternative(text=a.text, confidence=a.confidence) for a in event.alternatives
                 ],
+                turn_index=event.turn_index,
             )
         )
     if isinstance(event, AudioOut):
@@ -407,5 +457,19 @@ def event_to_proto(event: ServerEvent) -> pb.ConverseResponse:
     if isinstance(event, QualityChanged):
         return pb.ConverseResponse(
             quality_changed=pb.QualityChanged(shed=list(event.shed), description=event.description)
+        )
+    if isinstance(event, EndOfTurn):
+        return pb.ConverseResponse(
+            end_of_turn=pb.EndOfTurn(
+                turn_index=event.turn_index,
+                probability=event.probability,
+                offset_ms=event.offset_ms,
+                text=event.text,
+                first_utterance_index=event.first_utterance_index,
+                last_utterance_index=event.last_utterance_index,
+                reason=event.reason,
+                silence_ms=event.silence_ms,
+                latency_ms=event.latency_ms,
+            )
         )
     return pb.ConverseResponse(dtmf=pb.Dtmf(digit=event.digit, duration_ms=event.duration_ms))

@@ -14,6 +14,13 @@ class Encoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MULAW: _ClassVar[Encoding]
     ALAW: _ClassVar[Encoding]
 
+class TurnDetection(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TURN_DETECTION_UNSPECIFIED: _ClassVar[TurnDetection]
+    TURN_DETECTION_OFF: _ClassVar[TurnDetection]
+    TURN_DETECTION_SILENCE: _ClassVar[TurnDetection]
+    TURN_DETECTION_SMART: _ClassVar[TurnDetection]
+
 class EchoHandling(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ECHO_HANDLING_UNSPECIFIED: _ClassVar[EchoHandling]
@@ -31,6 +38,10 @@ ENCODING_UNSPECIFIED: Encoding
 LINEAR16: Encoding
 MULAW: Encoding
 ALAW: Encoding
+TURN_DETECTION_UNSPECIFIED: TurnDetection
+TURN_DETECTION_OFF: TurnDetection
+TURN_DETECTION_SILENCE: TurnDetection
+TURN_DETECTION_SMART: TurnDetection
 ECHO_HANDLING_UNSPECIFIED: EchoHandling
 ECHO_HANDLING_GATE: EchoHandling
 ECHO_HANDLING_AEC3: EchoHandling
@@ -69,7 +80,7 @@ class ConverseRequest(_message.Message):
     def __init__(self, config: _Optional[_Union[SessionConfig, _Mapping]] = ..., audio: _Optional[_Union[AudioChunk, _Mapping]] = ..., speak: _Optional[_Union[Speak, _Mapping]] = ..., clear: _Optional[_Union[Clear, _Mapping]] = ..., mark: _Optional[_Union[Mark, _Mapping]] = ..., hangup: _Optional[_Union[Hangup, _Mapping]] = ..., flush: _Optional[_Union[Flush, _Mapping]] = ..., dtmf: _Optional[_Union[Dtmf, _Mapping]] = ...) -> None: ...
 
 class SessionConfig(_message.Message):
-    __slots__ = ("input_audio", "output_audio", "vad", "interim_results", "interim_interval_ms", "language", "model", "decoding", "voice", "barge_in", "call_id")
+    __slots__ = ("input_audio", "output_audio", "vad", "interim_results", "interim_interval_ms", "language", "model", "decoding", "voice", "barge_in", "call_id", "turn_detection")
     INPUT_AUDIO_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_AUDIO_FIELD_NUMBER: _ClassVar[int]
     VAD_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +92,7 @@ class SessionConfig(_message.Message):
     VOICE_FIELD_NUMBER: _ClassVar[int]
     BARGE_IN_FIELD_NUMBER: _ClassVar[int]
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    TURN_DETECTION_FIELD_NUMBER: _ClassVar[int]
     input_audio: AudioFormat
     output_audio: AudioFormat
     vad: VadConfig
@@ -92,7 +104,20 @@ class SessionConfig(_message.Message):
     voice: str
     barge_in: BargeInConfig
     call_id: str
-    def __init__(self, input_audio: _Optional[_Union[AudioFormat, _Mapping]] = ..., output_audio: _Optional[_Union[AudioFormat, _Mapping]] = ..., vad: _Optional[_Union[VadConfig, _Mapping]] = ..., interim_results: _Optional[bool] = ..., interim_interval_ms: _Optional[int] = ..., language: _Optional[str] = ..., model: _Optional[str] = ..., decoding: _Optional[_Union[DecodingOptions, _Mapping]] = ..., voice: _Optional[str] = ..., barge_in: _Optional[_Union[BargeInConfig, _Mapping]] = ..., call_id: _Optional[str] = ...) -> None: ...
+    turn_detection: TurnDetectionOptions
+    def __init__(self, input_audio: _Optional[_Union[AudioFormat, _Mapping]] = ..., output_audio: _Optional[_Union[AudioFormat, _Mapping]] = ..., vad: _Optional[_Union[VadConfig, _Mapping]] = ..., interim_results: _Optional[bool] = ..., interim_interval_ms: _Optional[int] = ..., language: _Optional[str] = ..., model: _Optional[str] = ..., decoding: _Optional[_Union[DecodingOptions, _Mapping]] = ..., voice: _Optional[str] = ..., barge_in: _Optional[_Union[BargeInConfig, _Mapping]] = ..., call_id: _Optional[str] = ..., turn_detection: _Optional[_Union[TurnDetectionOptions, _Mapping]] = ...) -> None: ...
+
+class TurnDetectionOptions(_message.Message):
+    __slots__ = ("mode", "eagerness", "end_silence_ms", "max_pause_ms")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    EAGERNESS_FIELD_NUMBER: _ClassVar[int]
+    END_SILENCE_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PAUSE_MS_FIELD_NUMBER: _ClassVar[int]
+    mode: TurnDetection
+    eagerness: float
+    end_silence_ms: int
+    max_pause_ms: int
+    def __init__(self, mode: _Optional[_Union[TurnDetection, str]] = ..., eagerness: _Optional[float] = ..., end_silence_ms: _Optional[int] = ..., max_pause_ms: _Optional[int] = ...) -> None: ...
 
 class VadConfig(_message.Message):
     __slots__ = ("aggressiveness", "frame_ms", "start_speech_ms", "end_silence_ms", "min_speech_ms", "max_utterance_ms", "pre_roll_ms")
@@ -203,7 +228,7 @@ class Dtmf(_message.Message):
     def __init__(self, digit: _Optional[str] = ..., duration_ms: _Optional[int] = ...) -> None: ...
 
 class ConverseResponse(_message.Message):
-    __slots__ = ("started", "speech", "transcript", "audio", "mark", "interrupted", "error", "dtmf", "playback_finished", "quality_changed")
+    __slots__ = ("started", "speech", "transcript", "audio", "mark", "interrupted", "error", "dtmf", "playback_finished", "quality_changed", "end_of_turn")
     STARTED_FIELD_NUMBER: _ClassVar[int]
     SPEECH_FIELD_NUMBER: _ClassVar[int]
     TRANSCRIPT_FIELD_NUMBER: _ClassVar[int]
@@ -214,6 +239,7 @@ class ConverseResponse(_message.Message):
     DTMF_FIELD_NUMBER: _ClassVar[int]
     PLAYBACK_FINISHED_FIELD_NUMBER: _ClassVar[int]
     QUALITY_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    END_OF_TURN_FIELD_NUMBER: _ClassVar[int]
     started: SessionStarted
     speech: SpeechEvent
     transcript: Transcript
@@ -224,7 +250,8 @@ class ConverseResponse(_message.Message):
     dtmf: Dtmf
     playback_finished: PlaybackFinished
     quality_changed: QualityChanged
-    def __init__(self, started: _Optional[_Union[SessionStarted, _Mapping]] = ..., speech: _Optional[_Union[SpeechEvent, _Mapping]] = ..., transcript: _Optional[_Union[Transcript, _Mapping]] = ..., audio: _Optional[_Union[AudioOut, _Mapping]] = ..., mark: _Optional[_Union[MarkReached, _Mapping]] = ..., interrupted: _Optional[_Union[PlaybackInterrupted, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ..., dtmf: _Optional[_Union[Dtmf, _Mapping]] = ..., playback_finished: _Optional[_Union[PlaybackFinished, _Mapping]] = ..., quality_changed: _Optional[_Union[QualityChanged, _Mapping]] = ...) -> None: ...
+    end_of_turn: EndOfTurn
+    def __init__(self, started: _Optional[_Union[SessionStarted, _Mapping]] = ..., speech: _Optional[_Union[SpeechEvent, _Mapping]] = ..., transcript: _Optional[_Union[Transcript, _Mapping]] = ..., audio: _Optional[_Union[AudioOut, _Mapping]] = ..., mark: _Optional[_Union[MarkReached, _Mapping]] = ..., interrupted: _Optional[_Union[PlaybackInterrupted, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ..., dtmf: _Optional[_Union[Dtmf, _Mapping]] = ..., playback_finished: _Optional[_Union[PlaybackFinished, _Mapping]] = ..., quality_changed: _Optional[_Union[QualityChanged, _Mapping]] = ..., end_of_turn: _Optional[_Union[EndOfTurn, _Mapping]] = ...) -> None: ...
 
 class SessionStarted(_message.Message):
     __slots__ = ("session_id", "effective_config", "model", "voice", "server_version")
@@ -279,7 +306,7 @@ class Alternative(_message.Message):
     def __init__(self, text: _Optional[str] = ..., confidence: _Optional[float] = ...) -> None: ...
 
 class Transcript(_message.Message):
-    __slots__ = ("text", "is_final", "start_ms", "end_ms", "words", "confidence", "no_speech_probability", "alternatives", "language", "utterance_index", "latency_ms")
+    __slots__ = ("text", "is_final", "start_ms", "end_ms", "words", "confidence", "no_speech_probability", "alternatives", "language", "utterance_index", "latency_ms", "turn_index")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     IS_FINAL_FIELD_NUMBER: _ClassVar[int]
     START_MS_FIELD_NUMBER: _ClassVar[int]
@@ -291,6 +318,7 @@ class Transcript(_message.Message):
     LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     UTTERANCE_INDEX_FIELD_NUMBER: _ClassVar[int]
     LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    TURN_INDEX_FIELD_NUMBER: _ClassVar[int]
     text: str
     is_final: bool
     start_ms: int
@@ -302,7 +330,30 @@ class Transcript(_message.Message):
     language: str
     utterance_index: int
     latency_ms: int
-    def __init__(self, text: _Optional[str] = ..., is_final: _Optional[bool] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., words: _Optional[_Iterable[_Union[Word, _Mapping]]] = ..., confidence: _Optional[float] = ..., no_speech_probability: _Optional[float] = ..., alternatives: _Optional[_Iterable[_Union[Alternative, _Mapping]]] = ..., language: _Optional[str] = ..., utterance_index: _Optional[int] = ..., latency_ms: _Optional[int] = ...) -> None: ...
+    turn_index: int
+    def __init__(self, text: _Optional[str] = ..., is_final: _Optional[bool] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., words: _Optional[_Iterable[_Union[Word, _Mapping]]] = ..., confidence: _Optional[float] = ..., no_speech_probability: _Optional[float] = ..., alternatives: _Optional[_Iterable[_Union[Alternative, _Mapping]]] = ..., language: _Optional[str] = ..., utterance_index: _Optional[int] = ..., latency_ms: _Optional[int] = ..., turn_index: _Optional[int] = ...) -> None: ...
+
+class EndOfTurn(_message.Message):
+    __slots__ = ("turn_index", "probability", "offset_ms", "text", "first_utterance_index", "last_utterance_index", "reason", "silence_ms", "latency_ms")
+    TURN_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_MS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_UTTERANCE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAST_UTTERANCE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SILENCE_MS_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    turn_index: int
+    probability: float
+    offset_ms: int
+    text: str
+    first_utterance_index: int
+    last_utterance_index: int
+    reason: str
+    silence_ms: int
+    latency_ms: int
+    def __init__(self, turn_index: _Optional[int] = ..., probability: _Optional[float] = ..., offset_ms: _Optional[int] = ..., text: _Optional[str] = ..., first_utterance_index: _Optional[int] = ..., last_utterance_index: _Optional[int] = ..., reason: _Optional[str] = ..., silence_ms: _Optional[int] = ..., latency_ms: _Optional[int] = ...) -> None: ...
 
 class AudioOut(_message.Message):
     __slots__ = ("data", "sequence_number", "speak_id", "offset_ms", "is_last")
