@@ -34,6 +34,7 @@ __all__ = [
     "SecurityConfig",
     "ServerConfig",
     "SessionConfig",
+    "TurnsConfig",
     "VadConfig",
     "load_config",
 ]
@@ -581,6 +582,60 @@ class LanguageConfig(_Frozen):
     )
 
 
+class TurnsConfig(_Frozen):
+    """End-of-turn detection defaults (gateway/turns.py); a call may choose its own."""
+
+    mode: Literal["off", "silence", "smart"] = Field(
+        "off",
+        description="Default turn detection of calls that do not choose: 'off' (no EndOfTurn "
+        "events), 'silence' (every utterance is a turn, ended by the VAD hangover) or 'smart' "
+        "(silence, the words so far and, when smart_turn_model is set, the audio model).",
+    )
+    eagerness: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="'smart': how readily a turn ends; scales every hold (1 = at "
+        "min_silence_ms whatever the words, 0 = twice the hold).",
+    )
+    min_silence_ms: int = Field(
+        200,
+        ge=100,
+        le=2_000,
+        description="'smart': the shortest silence that ends a turn, and the VAD hangover that "
+        "ends each utterance of a turn (its final comes then; the turn may go on).",
+    )
+    max_pause_ms: int = Field(
+        1_600,
+        ge=200,
+        le=10_000,
+        description="'smart': the longest pause held over an unfinished sentence, ms.",
+    )
+    decode_after_ms: int = Field(
+        120,
+        ge=20,
+        le=2_000,
+        description="'smart': trailing silence after which an utterance's final decode starts "
+        "(its words are then known when the utterance ends), ms.",
+    )
+    smart_turn_model: str = Field(
+        "",
+        description="The audio end-of-turn model (Smart Turn v3 ONNX, BSD-2-Clause): a path to "
+        "the .onnx file or to the pipecat-ai wheel that ships it, 'pipecat' for the installed "
+        "pipecat-ai distribution's copy (read, never imported), or '' for none (silence and "
+        "words only).",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.max_pause_ms < self.min_silence_ms:
+            raise ValueError(
+                f"max_pause_ms={self.max_pause_ms} must be at least "
+                f"min_silence_ms={self.min_silence_ms}"
+            )
+        return self
+
+
 class SessionConfig(_Frozen):
     """How each call runs (server defaults; a call's config may override the interim interval)."""
 
@@ -607,6 +662,10 @@ class SessionConfig(_Frozen):
         default_factory=LanguageConfig,  # type: ignore[arg-type]
         description="How interims of calls that set no language choose one "
         "(gateway.config.LanguageConfig).",
+    )
+    turns: TurnsConfig = Field(
+        default_factory=TurnsConfig,  # type: ignore[arg-type]
+        description="End-of-turn detection defaults (gateway.config.TurnsConfig).",
     )
     tts_threads: int = Field(
         0,

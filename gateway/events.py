@@ -126,6 +126,8 @@ class TranscriptOut:
     end_ms: int
     utterance_index: int
     latency_ms: int = 0
+    #: Finals, with turn detection on: the turn the utterance belongs to.
+    turn_index: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +195,21 @@ class DtmfOut:
     duration_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class EndOfTurnOut:
+    """The caller has finished their turn (``EndOfTurn``); sent after the turn's last final."""
+
+    turn_index: int
+    probability: float
+    offset_ms: int
+    text: str
+    first_utterance_index: int
+    last_utterance_index: int
+    reason: str
+    silence_ms: int
+    latency_ms: int = 0
+
+
 OutboundEvent = (
     SpeechOut
     | TranscriptOut
@@ -203,4 +220,5 @@ OutboundEvent = (
     | ErrorOut
     | DtmfOut
     | QualityOut
+    | EndOfTurnOut
 )

@@ -24,7 +24,7 @@ from gateway.admission import AdmissionPolicy, LoadSnapshot, Refusal, StreamKind
 from gateway.audio import OutputEncoder
 from gateway.barge_in import BargeInMode, BargeInModel, BargeInPolicy
 from gateway.base import EngineInfo, Synthesizer, Transcriber
-from gateway.config import ConfigError, EchoCancellerName, GatewayConfig, VadConfig
+from gateway.config import ConfigError, EchoCancellerName, GatewayConfig, TurnsConfig, VadConfig
 from gateway.degrade import QualityLevel
 from gateway.errors import CallError, ErrorKind, echo
 from gateway.events import (
@@ -33,6 +33,7 @@ from gateway.events import (
     ClearIn,
     DtmfIn,
     DtmfOut,
+    EndOfTurnOut,
     ErrorOut,
     FlushIn,
     HangupIn,
@@ -51,6 +52,7 @@ from gateway.events import (
 from gateway.metrics import GatewayMetrics
 from gateway.models import ModelLease, ModelRegistry
 from gateway.session import CallConfig, CallSession, SynthesisCap, write_stalled
+from gateway.turns import TurnMode, TurnOptions
 from pcmcodec import SUPPORTED_RATES_HZ, WireEncoding
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
@@ -131,6 +133,74 @@ def _echo_handling(value: pb.EchoHandling, default: EchoCancellerName) -> EchoCa
             + ", ".join(pb.EchoHandling.Name(v) for v in _ECHO_HANDLING)
         )
     return mode
+
+
+_TURN_MODES: dict[pb.TurnDetection, TurnMode] = {
+    pb.TURN_DETECTION_OFF: "off",
+    pb.TURN_DETECTION_SILENCE: "silence",
+    pb.TURN_DETECTION_SMART: "smart",
+}
+_PB_TURN_MODE = {mode: value for value, mode in _TURN_MODES.items()}
+
+
+def _turn_options(
+    req: pb.TurnDetectionOptions, defaults: TurnsConfig, vad: VadConfig
+) -> TurnOptions:
+    """A call's turn detection: the server's defaults, as ``config.turn_detection`` sets it."""
+    if req.mode == pb.TURN_DETECTION_UNSPECIFIED:
+        mode: TurnMode = defaults.mode
+    elif req.mode in _TURN_MODES:
+        mode = _TURN_MODES[req.mode]
+    else:
+        raise CallError.invalid(
+            f"config.turn_detection.mode={req.mode} is not a TurnDetection value; use "
+            + ", ".join(pb.TurnDetection.Name(v) for v in _TURN_MODES)
+        )
+    if not 0.0 <= req.eagerness <= 1.0:
+        raise CallError.invalid(
+            f"config.turn_detection.eagerness={req.eagerness:g} is outside 0..1"
+        )
+    if req.end_silence_ms and not 100 <= req.end_silence_ms <= 10_000:
+        raise CallError.invalid(
+            f"config.turn_detection.end_silence_ms={req.end_silence_ms} is outside 100..10000"
+        )
+    if req.max_pause_ms and not 200 <= req.max_pause_ms <= 10_000:
+        raise CallError.invalid(
+            f"config.turn_detection.max_pause_ms={req.max_pause_ms} is outside 200..10000"
+        )
+    min_silence = defaults.min_silence_ms
+    end_silence = vad.end_silence_ms
+    if mode == "smart" and req.end_silence_ms:
+        min_silence = req.end_silence_ms
+    elif req.end_silence_ms:
+        end_silence = req.end_silence_ms
+    max_pause = req.max_pause_ms or max(defaults.max_pause_ms, min_silence)
+    if max_pause < min_silence:
+        raise CallError.invalid(
+            f"config.turn_detection.max_pause_ms={max_pause} is shorter than its end_silence_ms"
+            f"={min_silence}"
+        )
+    return TurnOptions(
+        mode=mode,
+        eagerness=req.eagerness or defaults.eagerness,
+        end_silence_ms=end_silence,
+        min_silence_ms=min_silence,
+        max_pause_ms=max_pause,
+        decode_after_ms=min(defaults.decode_after_ms, min_silence),
+    )
+
+
+def _turn_vad(vad: VadConfig, turns: TurnOptions) -> VadConfig:
+    """The VAD a call runs with its turn detection: the hangover ends utterances, not turns.
+
+    ``smart`` ends each utterance after ``min_silence_ms`` (its final comes then, decoded with
+    the turn's earlier words as its prompt) and decides the turn on top; ``silence`` ends the
+    utterance and its turn on ``end_silence_ms``.
+    """
+    hangover = {"smart": turns.min_silence_ms, "silence": turns.end_silence_ms}.get(turns.mode)
+    if hangover is None or hangover == vad.end_silence_ms:
+        return vad
+    return vad.model_copy(update={"end_silence_ms": hangover})
 
 
 def _barge_in_mode(value: pb.BargeIn, field: str) -> BargeInMode | None:
@@ -561,6 +631,8 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             else in_rate
         )
         vad = _vad_config(self.config.vad, cfg.vad)
+        turns = _turn_options(cfg.turn_detection, self.config.session.turns, vad)
+        vad = _turn_vad(vad, turns)
         dec = cfg.decoding
         if dec.beam_size < 0 or dec.beam_size > 16:
             raise CallError.invalid(f"config.decoding.beam_size={dec.beam_size} is outside 0..16")
@@ -636,6 +708,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             speculative_finals=self.config.session.speculative_finals,
             language=self.config.session.language,
             playout_lead_ms=self.config.session.playout_lead_ms,
+            turns=turns,
         )
 
     def _reply_language(self, voice: str) -> str | None:
@@ -947,6 +1020,14 @@ def _effective_config(req: pb.SessionConfig, cfg: CallConfig) -> pb.SessionConfi
     eff.barge_in.backchannels[:] = list(policy.backchannels)
     eff.barge_in.echo_guard_disabled = not cfg.echo_guard
     eff.barge_in.echo_handling = _PB_ECHO_HANDLING[cfg.echo_canceller]
+    t = cfg.turns
+    if t.on or req.HasField("turn_detection"):
+        eff.turn_detection.mode = _PB_TURN_MODE[t.mode]
+        eff.turn_detection.eagerness = t.eagerness
+        eff.turn_detection.end_silence_ms = (
+            t.min_silence_ms if t.mode == "smart" else t.end_silence_ms
+        )
+        eff.turn_detection.max_pause_ms = t.max_pause_ms
     return eff
 
 
@@ -993,6 +1074,7 @@ def _outbound(event: OutboundEvent) -> pb.ConverseResponse:
                 language=r.language,
                 utterance_index=event.utterance_index,
                 latency_ms=event.latency_ms,
+                turn_index=event.turn_index,
             )
         )
     if isinstance(event, MarkReachedOut):
@@ -1025,6 +1107,20 @@ def _outbound(event: OutboundEvent) -> pb.ConverseResponse:
                 scope=event.scope,
                 utterance_index=event.utterance_index,
                 speak_id=event.speak_id,
+            )
+        )
+    if isinstance(event, EndOfTurnOut):
+        return pb.ConverseResponse(
+            end_of_turn=pb.EndOfTurn(
+                turn_index=event.turn_index,
+                probability=event.probability,
+                offset_ms=event.offset_ms,
+                text=event.text,
+                first_utterance_index=event.first_utterance_index,
+                last_utterance_index=event.last_utterance_index,
+                reason=event.reason,
+                silence_ms=event.silence_ms,
+                latency_ms=event.latency_ms,
             )
         )
     if isinstance(event, DtmfOut):

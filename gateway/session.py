@@ -50,6 +50,7 @@ from gateway.events import (
     ClearIn,
     DtmfIn,
     DtmfOut,
+    EndOfTurnOut,
     ErrorOut,
     FlushIn,
     HangupIn,
@@ -74,6 +75,7 @@ from gateway.segmenter import (
     Utterance,
     VoiceDetector,
 )
+from gateway.turns import TurnDecision, TurnDetector, TurnInput, TurnOptions
 from pcmcodec import WireEncoding, bytes_per_ms
 
 __all__ = ["CallConfig", "CallSession", "SynthesisCap", "cancel_and_wait", "write_stalled"]
@@ -134,6 +136,8 @@ class CallConfig:
     speculative_finals: bool = True
     #: How interims choose a language when ``asr_options.language`` is None (detect).
     language: LanguageConfig = field(default_factory=LanguageConfig)  # type: ignore[arg-type]
+    #: End-of-turn detection (gateway/turns.py); off by default.
+    turns: TurnOptions = field(default_factory=TurnOptions)
 
 
 async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
@@ -177,6 +181,41 @@ class _Speculation:
     start_ms: int
     speech_end_ms: int
     task: asyncio.Task[AsrResult]
+
+
+@dataclass
+class _Turn:
+    """The caller's open turn: its utterances and the finals that came back so far."""
+
+    index: int
+    first_utterance: int
+    last_utterance: int = -1
+    speech_end_ms: int = 0
+    #: Loop time of its last SPEECH_END (EndOfTurn's latency counts from there).
+    speech_end_at: float = 0.0
+    #: Utterances queued for recognition (a turn of none, only too-short noises, is no turn).
+    queued: int = 0
+    #: Utterances queued for a final that has not come back yet.
+    pending: set[int] = field(default_factory=set)
+    #: Utterance index -> its final's text.
+    texts: dict[int, str] = field(default_factory=dict)
+
+    def text(self, before: int | None = None) -> str:
+        """The turn's finals joined, in order (only those of utterances before ``before``)."""
+        return " ".join(
+            t.strip()
+            for i, t in sorted(self.texts.items())
+            if t.strip() and (before is None or i < before)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _TurnEnd:
+    """``_utts`` marker: the turn is over; the asr task sends EndOfTurn after its finals."""
+
+    turn: _Turn
+    decision: TurnDecision
+    silence_ms: int
 
 
 @dataclass
@@ -243,7 +282,7 @@ class CallSession:
         self._dtmf = DtmfGate(config.dtmf) if config.dtmf is not None else None
         self._bytes_per_ms = bytes_per_ms(config.input_encoding, config.input_rate_hz)
         self._out: asyncio.Queue[OutboundEvent | _End] = asyncio.Queue(maxsize=256)
-        self._utts: asyncio.Queue[Utterance | _End] = asyncio.Queue(maxsize=64)
+        self._utts: asyncio.Queue[Utterance | _TurnEnd | _End] = asyncio.Queue(maxsize=64)
         self._speaks: asyncio.Queue[SpeakIn | MarkIn | _End] = asyncio.Queue(
             maxsize=limits.max_queued_speaks
         )
@@ -285,6 +324,13 @@ class CallSession:
         #: come back out of order; an older one is then not sent).
         self._interim_shown = 0
         self._specs: dict[int, _Speculation] = {}
+        # End of turn (config.turns): the open turn, the turns of utterances whose finals
+        # have not been sent, and the next turn's index.
+        self._turns = TurnDetector(config.turns) if config.turns.on else None
+        self._turn: _Turn | None = None
+        self._turn_of: dict[int, _Turn] = {}
+        self._next_turn = 0
+        self._pending_turn_ends: list[_TurnEnd] = []
         # The language of the call's last confidently detected final (see _interim_language).
         self._learned_language: str | None = None
         # Segmenter events are produced synchronously and drained (awaiting queues) right after.
@@ -451,6 +497,7 @@ class CallSession:
                     self._queue_digits(digits)
                     self._handle_segments(self._segmenter.push(held))
                 self._handle_segments(self._segmenter.flush())
+                self._turn_ended_by("hangup")
                 await self._flush_pending_emits()
                 await self._utts.put(_END)
                 if self._hangup:
@@ -473,6 +520,8 @@ class CallSession:
                 await self._flush_pending_emits()
                 await self._check_barge_in()
                 self._maybe_speculate()
+                if self._turns is not None:
+                    self._check_turn()
             elif isinstance(event, SpeakIn | MarkIn):
                 if self.config.mode != "converse":
                     raise CallError.invalid(
@@ -495,6 +544,7 @@ class CallSession:
                 await self._stop_playback(reason_offset_ms=-1, clear_queue=True)
             elif isinstance(event, FlushIn):
                 self._handle_segments(self._segmenter.flush())
+                self._turn_ended_by("flush")
             elif isinstance(event, DtmfIn):
                 await self._emit(DtmfOut(event.digit, event.duration_ms))
             elif isinstance(event, RejectedSpeakIn):
@@ -541,6 +591,9 @@ class CallSession:
                 self._pending_emits.append(SpeechOut(True, ev.offset_ms, ev.utterance_index))
                 self._barge_pending_from = ev.offset_ms
                 self._speech = (ev.utterance_index, ev.offset_ms)
+                if self._turns is not None and self._turn is None:
+                    self._turn = _Turn(self._next_turn, ev.utterance_index)
+                    self._next_turn += 1
                 if self._playback is not None:
                     self._playback.heard_from[ev.utterance_index] = ev.offset_ms
                     if self._playback.policy.mode == "after_words":
@@ -550,8 +603,16 @@ class CallSession:
                 self._speech_end_at[ev.utterance_index] = asyncio.get_running_loop().time()
                 self._barge_pending_from = None
                 self._speech = None
+                if self._turn is not None:
+                    self._turn.last_utterance = ev.utterance_index
+                    self._turn.speech_end_ms = ev.offset_ms
+                    self._turn.speech_end_at = self._speech_end_at[ev.utterance_index]
             elif not ev.dropped and self._transcriber is not None:
                 self._pending_utts.append(ev)
+                if self._turn is not None:
+                    self._turn.pending.add(ev.index)
+                    self._turn.queued += 1
+                    self._turn_of[ev.index] = self._turn
 
     async def _flush_pending_emits(self) -> None:
         emits, self._pending_emits = self._pending_emits, []
@@ -560,6 +621,82 @@ class CallSession:
             await self._emit(e)
         for u in utts:
             await self._utts.put(u)
+        ends, self._pending_turn_ends = self._pending_turn_ends, []
+        for end in ends:
+            await self._utts.put(end)
+
+    # -- turns -------------------------------------------------------------------------------------
+
+    def _check_turn(self) -> None:
+        """Whether the open turn is over, now that more of the call's audio has been heard.
+
+        Decided between utterances only (the caller silent since the turn's last SPEECH_END),
+        on the call's own audio clock, by the call's :class:`~gateway.turns.TurnDetector`:
+        the turn's words are known once every final of it has come back.
+        """
+        turn, detector = self._turn, self._turns
+        if turn is None or detector is None or turn.last_utterance < 0:
+            return
+        if self._segmenter.state is not SegmenterState.QUIET:
+            return  # the caller is talking (or may be) again: the turn goes on
+        silence = self._segmenter.offset_ms - turn.speech_end_ms
+        text = None if turn.pending else turn.text()
+        decision = detector.decide(TurnInput(silence, text))
+        if decision.end:
+            self._end_turn(decision, silence)
+
+    def _end_turn(self, decision: TurnDecision, silence_ms: int) -> None:
+        """Close the open turn; its EndOfTurn goes out after its finals (the asr task)."""
+        turn, self._turn = self._turn, None
+        if turn is None:
+            return
+        if turn.queued == 0:
+            # Nothing in it was long enough to transcribe: no turn; its index is reused.
+            if turn.index == self._next_turn - 1:
+                self._next_turn -= 1
+            return
+        self._pending_turn_ends.append(_TurnEnd(turn, decision, silence_ms))
+
+    def _turn_ended_by(self, reason: str) -> None:
+        """End the open turn at once (the client flushed, or the call is ending)."""
+        if self._turn is not None and self._turn.last_utterance >= 0:
+            silence = max(0, self._segmenter.offset_ms - self._turn.speech_end_ms)
+            self._end_turn(TurnDecision(True, 1.0, reason), silence)
+
+    def _turn_options(self, options: AsrOptions, index: int) -> AsrOptions:
+        """An utterance's decoding options with its turn's earlier words as its prompt.
+
+        A pause inside a sentence ends an utterance but not its turn; the next part is
+        decoded knowing what came before it ("ask not" after "and so, my fellow Americans"),
+        as Whisper decodes a long file window after window.
+        """
+        turn = self._turn_of.get(index)
+        if turn is None or self._transcriber is None:
+            return options
+        before = turn.text(before=index)
+        if not before:
+            return options
+        prompt = f"{options.initial_prompt.strip()} {before}".strip()
+        tokens = self._transcriber.encode_context(prompt, options.hotwords)
+        return replace(options, initial_prompt=prompt, context_tokens=tokens)
+
+    async def _send_end_of_turn(self, end: _TurnEnd) -> None:
+        turn = end.turn
+        loop = asyncio.get_running_loop()
+        latency = int((loop.time() - turn.speech_end_at) * 1000) if turn.speech_end_at else 0
+        await self._emit(
+            EndOfTurnOut(
+                turn_index=turn.index,
+                probability=end.decision.probability,
+                offset_ms=turn.speech_end_ms,
+                text=turn.text(),
+                first_utterance_index=turn.first_utterance,
+                last_utterance_index=turn.last_utterance,
+                reason=end.decision.reason,
+                silence_ms=end.silence_ms,
+                latency_ms=max(0, latency),
+            )
+        )
 
     async def _check_barge_in(self) -> None:
         start = self._barge_pending_from
@@ -660,14 +797,32 @@ class CallSession:
                 stale.task.cancel()
                 self._metrics.asr_speculative.labels("cancelled").inc()
             return
-        if index in self._specs or seg.trailing_silence_ms < seg.settled_after_ms:
+        # With smart turn detection the utterance ends on a short hangover and this decode is
+        # its final: it starts at the first silence, whatever else the recogniser has queued
+        # (it is a final, scheduled as one), so that the words are known when the turn may end.
+        smart = self.config.turns.mode == "smart"
+        after_ms = self.config.turns.decode_after_ms if smart else seg.settled_after_ms
+        if seg.trailing_silence_ms < after_ms:
             return
-        if not transcriber.can_speculate():
+        spec = self._specs.get(index)
+        if spec is not None and not smart:
+            return
+        if spec is None and not smart and not transcriber.can_speculate():
             return
         utt = seg.preview()
         if utt is None or utt.dropped:
             return
-        req = AsrRequest(utt.audio, utt.stats, self._asr_options(), is_final=True, bulk=self.bulk)
+        if spec is not None:
+            if (spec.start_ms, spec.speech_end_ms) == (utt.start_ms, utt.speech_end_ms):
+                return
+            # A late plosive moved the end of speech: decode the utterance as it now stands.
+            spec.task.cancel()
+            self._metrics.asr_speculative.labels("discarded").inc()
+        options = self._asr_options()
+        if self._turn is not None:
+            self._turn_of.setdefault(index, self._turn)
+            options = self._turn_options(options, index)
+        req = AsrRequest(utt.audio, utt.stats, options, is_final=True, bulk=self.bulk)
         task = asyncio.create_task(transcriber.transcribe(req), name=f"speculative-{index}")
         self._specs[index] = _Speculation(utt.start_ms, utt.speech_end_ms, task)
 
@@ -683,6 +838,9 @@ class CallSession:
             item = await self._utts.get()
             if isinstance(item, _End):
                 break
+            if isinstance(item, _TurnEnd):
+                await self._send_end_of_turn(item)
+                continue
             await self._transcribe_final(item)
         await self._cancel_interim()
 
@@ -696,7 +854,8 @@ class CallSession:
             spec.task.cancel()
             self._metrics.asr_speculative.labels("discarded").inc()
             spec = None
-        req = AsrRequest(utt.audio, utt.stats, self._asr_options(), is_final=True, bulk=self.bulk)
+        options = self._turn_options(self._asr_options(), utt.index)
+        req = AsrRequest(utt.audio, utt.stats, options, is_final=True, bulk=self.bulk)
         decoded: AsrResult | None = None
         failure: ErrorOut | None = None
         try:
@@ -713,6 +872,10 @@ class CallSession:
             failure = ErrorOut(ErrorKind.INTERNAL, message, "utterance", utt.index)
         self._final_done.add(utt.index)
         result = self._final_or_interim(utt.index, decoded, failure)
+        turn = self._turn_of.pop(utt.index, None)
+        if turn is not None:
+            turn.texts[utt.index] = result.text if result is not None else ""
+            turn.pending.discard(utt.index)
         if result is None:
             assert failure is not None
             await self._emit(failure)
@@ -727,7 +890,15 @@ class CallSession:
             if not req.bulk:  # a file's backlog is no real-time caller's wait
                 self._metrics.realtime_finals.add(now, latency / 1000.0)
         await self._emit(
-            TranscriptOut(result, True, utt.start_ms, utt.end_ms, utt.index, latency_ms=latency)
+            TranscriptOut(
+                result,
+                True,
+                utt.start_ms,
+                utt.end_ms,
+                utt.index,
+                latency_ms=latency,
+                turn_index=turn.index if turn is not None else None,
+            )
         )
         await self._check_words_barge_in(utt.index, result.text)
 

@@ -1,0 +1,163 @@
+"""End of turn in CallSession, on a virtual clock with FAKE engines (gateway.testing).
+
+A turn spans utterances: a pause inside an unfinished sentence ends an utterance (its final
+comes) but not the turn, the next part is decoded with the turn's earlier words as its prompt,
+and EndOfTurn follows the turn's last final with the whole text. Every timestamp is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gateway.config import LimitsConfig, VadConfig
+from gateway.events import AudioIn, EndOfTurnOut, InboundEvent, OutboundEvent, TranscriptOut
+from gateway.metrics import GatewayMetrics
+from gateway.session import CallConfig, CallSession
+from gateway.testing.fake_engines import EnergyVoiceDetector, FakeTranscriber
+from gateway.testing.virtual_time import run_virtual
+from gateway.turns import TurnOptions
+from pcmcodec import WireEncoding
+
+pytestmark = pytest.mark.component
+
+
+def tone(ms: int) -> bytes:
+    t = np.arange(16 * ms) / 16000.0
+    return (0.3 * 32767 * np.sin(2 * np.pi * 300 * t)).astype("<i2").tobytes()
+
+
+def silence(ms: int) -> bytes:
+    return bytes(32 * ms)
+
+
+SMART = TurnOptions(mode="smart", min_silence_ms=200, max_pause_ms=1600, end_silence_ms=600)
+
+
+@dataclass
+class Call:
+    transcriber: FakeTranscriber
+    turns: TurnOptions = SMART
+    hangover_ms: int = 200
+    out: list[tuple[float, OutboundEvent]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        cfg = CallConfig(
+            input_encoding=WireEncoding.LINEAR16,
+            input_rate_hz=16000,
+            output_encoding=WireEncoding.LINEAR16,
+            output_rate_hz=16000,
+            vad=VadConfig(end_silence_ms=self.hangover_ms),
+            turns=self.turns,
+        )
+        self.inbox: asyncio.Queue[InboundEvent | None] = asyncio.Queue()
+        self.session = CallSession(
+            cfg,
+            LimitsConfig(),
+            self.transcriber,
+            None,
+            metrics=GatewayMetrics(),
+            detector=EnergyVoiceDetector(),
+        )
+
+    def run(self, pcm: bytes) -> None:
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+
+            async def sink(event: OutboundEvent) -> None:
+                self.out.append((loop.time(), event))
+
+            runner = asyncio.create_task(self.session.run(self.inbox.get, sink))
+
+            for i in range(0, len(pcm), 640):
+                await self.inbox.put(AudioIn(pcm[i : i + 640]))
+                await asyncio.sleep(0.02)
+            await self.inbox.put(None)
+            await asyncio.wait_for(runner, 600)  # virtual seconds: a hang guard
+
+        run_virtual(main())
+
+    def of(self, kind: type[Any]) -> list[Any]:
+        return [e for _, e in self.out if isinstance(e, kind)]
+
+
+def test_a_pause_inside_an_unfinished_sentence_does_not_end_the_turn() -> None:
+    texts = {0: "And so, my fellow Americans,", 1: "ask not what your country can do for you."}
+    asr = FakeTranscriber(lambda r: texts[int(len(r.options.initial_prompt) > 0)], delay_s=0.05)
+    call = Call(asr)
+    call.run(silence(200) + tone(1000) + silence(900) + tone(1200) + silence(1500))
+    finals = call.of(TranscriptOut)
+    assert [f.turn_index for f in finals] == [0, 0]
+    (end,) = call.of(EndOfTurnOut)
+    assert end.turn_index == 0 and end.reason == "words"
+    assert end.text == "And so, my fellow Americans, ask not what your country can do for you."
+    assert (end.first_utterance_index, end.last_utterance_index) == (0, 1)
+    # The second part was decoded with the first part's words as its prompt.
+    prompts = {r.options.initial_prompt for r in asr.requests}
+    assert "And so, my fellow Americans," in prompts
+    # EndOfTurn comes after the turn's last final.
+    assert call.out.index(next(x for x in call.out if x[1] is end)) > max(
+        call.out.index(x) for x in call.out if isinstance(x[1], TranscriptOut)
+    )
+
+
+def test_a_finished_sentence_ends_the_turn_soon_after_its_final() -> None:
+    asr = FakeTranscriber(["I would like to book a table."], delay_s=0.05)
+    call = Call(asr)
+    call.run(silence(200) + tone(1000) + silence(1500))
+    (final,) = call.of(TranscriptOut)
+    (end,) = call.of(EndOfTurnOut)
+    assert final.turn_index == 0 and end.text == "I would like to book a table."
+    # The final decode started at the first silence, so the final is out with the hangover.
+    assert final.latency_ms == 0
+    assert 200 <= end.silence_ms <= 400 and end.reason == "words"
+
+
+def test_an_unfinished_clause_is_held_until_max_pause() -> None:
+    asr = FakeTranscriber(["I want to go to the"], delay_s=0.05)
+    call = Call(asr)
+    call.run(silence(200) + tone(1000) + silence(2500))
+    (end,) = call.of(EndOfTurnOut)
+    # Held over pauses of up to 1.4 s (p = 0.1 earns 90 % of the span), never past max_pause.
+    assert 1400 <= end.silence_ms <= 1600 and end.reason in {"words", "max_pause"}
+
+
+def test_two_turns_are_numbered_and_their_finals_carry_the_index() -> None:
+    asr = FakeTranscriber(["Hello there.", "Goodbye."], delay_s=0.05)
+    call = Call(asr)
+    call.run(tone(800) + silence(1200) + tone(800) + silence(1200))
+    assert [f.turn_index for f in call.of(TranscriptOut)] == [0, 1]
+    assert [(e.turn_index, e.text) for e in call.of(EndOfTurnOut)] == [
+        (0, "Hello there."),
+        (1, "Goodbye."),
+    ]
+
+
+def test_silence_mode_makes_every_utterance_a_turn() -> None:
+    asr = FakeTranscriber(["one and", "two"], delay_s=0.05)
+    call = Call(asr, turns=TurnOptions(mode="silence", end_silence_ms=600), hangover_ms=600)
+    call.run(tone(800) + silence(900) + tone(800) + silence(900))
+    assert [(e.turn_index, e.text, e.reason) for e in call.of(EndOfTurnOut)] == [
+        (0, "one and", "silence"),
+        (1, "two", "silence"),
+    ]
+
+
+def test_hangup_ends_the_open_turn_after_its_final() -> None:
+    asr = FakeTranscriber(["I want to go to the"], delay_s=0.05)
+    call = Call(asr)
+    call.run(tone(1000) + silence(300))
+    (end,) = call.of(EndOfTurnOut)
+    assert end.reason == "hangup" and end.text == "I want to go to the"
+
+
+def test_turn_detection_off_sends_no_turns() -> None:
+    asr = FakeTranscriber(["Hello."], delay_s=0.05)
+    call = Call(asr, turns=TurnOptions(), hangover_ms=600)
+    call.run(tone(800) + silence(1200))
+    assert call.of(EndOfTurnOut) == []
+    assert [f.turn_index for f in call.of(TranscriptOut)] == [None]
