@@ -73,6 +73,9 @@ def run_suite(
         if not k.startswith(("PYTEST_", "VOXGATE_")) and k != "PYTHONPATH"
     }
     env |= {TARGET_ENV: server.target, METRICS_ENV: server.metrics, **extra_env}
+    # A suite's test that needs a server of its own configuration (a short idle timeout)
+    # starts one from the same executable.
+    env[SERVER_ENV] = os.environ[SERVER_ENV]
     return subprocess.run(  # noqa: PLW1510 - the return code is the assertion
         [str(venv_python(venv)), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA"],
         cwd=CLIENTS / project,

@@ -83,6 +83,7 @@ from ._events import (
     event_from_proto,
     event_to_proto,
 )
+from ._proto.voxgate_pb2 import ModelInfo, VoiceInfo
 from ._sync import VoxgateSyncClient
 
 __all__ = [
@@ -111,6 +112,7 @@ __all__ = [
     "ErrorEvent",
     "LinkOutcome",
     "MarkReached",
+    "ModelInfo",
     "Pacing",
     "PlaybackFinished",
     "QualityChanged",
@@ -129,6 +131,7 @@ __all__ = [
     "TurnDetectionName",
     "TurnOptions",
     "VadOptions",
+    "VoiceInfo",
     "VoiceCall",
     "VoxgateClient",
     "VoxgateError",

@@ -70,6 +70,10 @@ class LocalServer:
     i.e. after the models are loaded and warmed), and on exit stops it with SIGTERM (the
     server's graceful drain), killing it only if it outlives ``stop_timeout_s``.
 
+    With ``$VOXGATE_TEST_TARGET`` set, a server without ``args`` or ``config_yaml`` is that
+    running one; a server with either always starts its own process, since the shared one
+    cannot have them.
+
     Args:
         args: extra ``serve`` flags (e.g. ``["--engines", "tts"]``).
         config_yaml: a server config file's content, passed with ``--config``.
@@ -97,7 +101,7 @@ class LocalServer:
 
     def __enter__(self) -> Self:
         existing = os.environ.get(TARGET_ENV)
-        if existing:
+        if existing and not (self._args or self._config_yaml):
             self.target = existing
             self.metrics = os.environ.get(METRICS_ENV, "")
             return self

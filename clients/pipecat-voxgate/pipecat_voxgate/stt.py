@@ -1,4 +1,4 @@
-"""Pipecat STT over voxgate's ``StreamingRecognize``: one gRPC stream per pipeline.
+"""Pipecat STT over voxgate's ``StreamingRecognize``: one gRPC stream at a time per pipeline.
 
 Modelled on Pipecat's own streaming services: audio goes out as it arrives (``run_stt`` yields
 nothing; results arrive on a reader task, as in the Riva and Deepgram services), interim and
@@ -16,13 +16,36 @@ Turns, two ways (the ``server_turns`` argument):
   as ``ProposedUserStartedSpeakingFrame`` (on speech begin) and
   ``ProposedUserStoppedSpeakingFrame`` (after the utterance's final), and the service asks for
   ``ExternalUserTurnStrategies`` in its metadata, as Pipecat's Gladia and Soniox services do.
+
+Reconnection, with Pipecat's own hooks (``STTService._reconnect`` / ``_do_reconnect``, as its
+NVIDIA gRPC service does): when the server ends the stream (``DEADLINE_EXCEEDED`` after its
+idle timeout, ``UNAVAILABLE`` on a restart...) the service logs a warning and fires
+``on_connection_error``, as Pipecat's websocket services do on a drop, and the next audio
+frame opens a new stream; audio that arrives meanwhile is buffered and replayed into it. A
+refused reopening is an ``ErrorFrame`` and is retried with Pipecat's exponential backoff up to
+``reconnect_attempts`` times; a refusal that retrying cannot fix (a bad model, a bad token) and
+the last failed attempt are reported with ``force_treat_as_permanent``, which makes the service
+unusable and lets the pipeline worker's ``ProcessorUnusablePolicy`` decide. A settings change
+reconnects through ``_request_reconnect``, which waits for the user's turn to end.
+
+Keepalive, with Pipecat's hook: ``keepalive_timeout=`` (seconds without audio) makes the base
+class send 100 ms of silence, which this service writes into the stream, so a server's idle
+timeout never ends a stream that a transport leaves silent (a bot started before its user
+joins).
+
+Times: every transcript's ``start_ms``/``end_ms`` and word times are on the service's audio
+clock, the pipeline audio this service has received since it started, across reconnects and
+settings changes; keepalive silence is not on it. ``utterance_index`` likewise keeps counting
+across streams.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
@@ -31,7 +54,6 @@ from pipecat.audio.utils import create_stream_resampler
 from pipecat.frames.frames import (
     CancelFrame,
     EndFrame,
-    ErrorFrame,
     Frame,
     InterimTranscriptionFrame,
     ProposedUserStartedSpeakingFrame,
@@ -46,6 +68,8 @@ from pipecat.services.settings import STTSettings
 from pipecat.services.stt_service import STTService
 from pipecat.transcriptions.language import Language
 from pipecat.turns.user_turn_strategies import ExternalUserTurnStrategies
+from pipecat.utils.errors import ErrorCategory
+from pipecat.utils.network import QuickFailureTracker, exponential_backoff_time
 from pipecat.utils.time import time_now_iso8601
 from pipecat.utils.types import NOT_GIVEN, NotGiven
 from voxgate_client import (
@@ -62,7 +86,9 @@ from voxgate_client import (
     VoxgateError,
 )
 
-__all__ = ["VoxgateSTTService", "VoxgateSTTSettings"]
+from ._errors import error_category
+
+__all__ = ["DEFAULT_KEYTERM_BOOST", "VoxgateSTTService", "VoxgateSTTSettings"]
 
 #: Input rates the gateway takes as they are; others are resampled to 16 kHz here.
 SERVED_RATES_HZ = (8000, 16000, 24000, 48000)
@@ -74,6 +100,14 @@ DRAIN_TIMEOUT_S = 30.0
 #: end of speech -> final through this service. Override with ``ttfs_p99_latency``.
 DEFAULT_TTFS_P99_S = 1.0
 
+#: Boost of a keyterm, in nats (the server's ``phrase^boost`` hotword; it caps boosts at 10).
+#: 6 is the value docs/decode_loop.md measured (9 of 10 domain terms recognised).
+DEFAULT_KEYTERM_BOOST = 6.0
+
+#: Audio kept for the next stream when a send finds the stream dead before the reconnect
+#: starts (the moments between the server's end and the reader seeing it), s.
+UNSENT_LIMIT_S = 10.0
+
 
 @dataclass
 class VoxgateSTTSettings(STTSettings):
@@ -81,20 +115,80 @@ class VoxgateSTTSettings(STTSettings):
 
     ``model`` and ``language`` are inherited (a model name the server lists; a Pipecat
     ``Language`` or a code such as ``"en"``; None = the server's default / detection).
-    A change restarts the recognition stream with the new config.
+    A change reconnects with the new config once the user's turn has ended.
 
     Parameters:
-        hotwords: words or phrases to bias recognition towards (Whisper hotwords).
+        hotwords: words or phrases to bias recognition towards (Whisper hotwords, sent as
+            written: ``"Zorblax^6"`` is boosted by 6 nats, a word without ``^`` only goes into
+            the decoding prompt).
+        keyterms: terms to recognise (product and person names): each is sent as the boosted
+            hotword ``term^keyterm_boost``.
+        keyterm_boost: the boost of each keyterm, nats (the server caps it at 10).
         initial_prompt: decoding prompt (context, spelling of names).
         interim_results: ask for interim transcripts of the growing utterance.
+        interim_interval_ms: interval between interims (0 = the server's default).
         end_silence_ms: the server VAD's trailing silence before it ends an utterance on its
             own (0 = server default).
     """
 
     hotwords: list[str] | NotGiven = field(default_factory=lambda: NOT_GIVEN)
+    keyterms: list[str] | NotGiven = field(default_factory=lambda: NOT_GIVEN)
+    keyterm_boost: float | NotGiven = field(default_factory=lambda: NOT_GIVEN)
     initial_prompt: str | NotGiven = field(default_factory=lambda: NOT_GIVEN)
     interim_results: bool | NotGiven = field(default_factory=lambda: NOT_GIVEN)
+    interim_interval_ms: int | NotGiven = field(default_factory=lambda: NOT_GIVEN)
     end_silence_ms: int | NotGiven = field(default_factory=lambda: NOT_GIVEN)
+
+
+@dataclass
+class _Stream:
+    """One recognition stream and where its own clock sits on the service's audio clock.
+
+    The server times a stream's events from the stream's first sample, counting everything
+    sent on it; the service's clock counts pipeline audio only, over every stream.
+    """
+
+    call: Call
+    #: The service's clock at this stream's first sample, s.
+    base_s: float
+    #: Utterances of the streams before this one (its own indexes start at 0).
+    index_base: int
+    #: When it opened (monotonic), for Pipecat's quick-failure tracking.
+    opened_at: float = field(default_factory=time.monotonic)
+    #: Everything sent on it (pipeline audio and keepalive silence), s.
+    sent_s: float = 0.0
+    #: Keepalive silences on the stream's own clock: (start, length), s.
+    silences: list[tuple[float, float]] = field(default_factory=list)
+    #: One more than the highest utterance index it reported.
+    utterances: int = 0
+    reader: asyncio.Task[None] | None = None
+    #: This service ended it (hangup, close, a settings change): its end is no drop.
+    ended_here: bool = False
+
+    @property
+    def audio_s(self) -> float:
+        """Pipeline audio sent on this stream, s."""
+        return self.sent_s - sum(length for _, length in self.silences)
+
+    def service_ms(self, stream_ms: int) -> int:
+        """A time on this stream's clock as a time on the service's audio clock."""
+        t = stream_ms / 1000
+        inserted = sum(min(length, t - start) for start, length in self.silences if start < t)
+        return round((self.base_s + t - inserted) * 1000)
+
+    def rebase(self, t: Transcript) -> Transcript:
+        """``t`` with its times and utterance index on the service's clock and count."""
+        self.utterances = max(self.utterances, t.utterance_index + 1)
+        return replace(
+            t,
+            start_ms=self.service_ms(t.start_ms),
+            end_ms=self.service_ms(t.end_ms),
+            utterance_index=self.index_base + t.utterance_index,
+            words=tuple(
+                replace(w, start_ms=self.service_ms(w.start_ms), end_ms=self.service_ms(w.end_ms))
+                for w in t.words
+            ),
+        )
 
 
 class VoxgateSTTService(STTService):
@@ -105,9 +199,14 @@ class VoxgateSTTService(STTService):
         tls: False (plaintext), True (system roots) or ``grpc.ChannelCredentials``.
         token: bearer token, when the gateway requires one.
         server_turns: let voxgate's VAD propose turn starts and stops (see module docstring).
+        reconnect_attempts: how many times a refused stream is tried before the service gives
+            up (the first reopening after the server ended a stream is immediate, later ones
+            follow Pipecat's exponential backoff).
+        reconnect_backoff_min_wait: shortest wait between refused attempts, s.
+        reconnect_backoff_max_wait: longest wait between refused attempts, s.
         settings: initial :class:`VoxgateSTTSettings`.
         **kwargs: passed to Pipecat's ``STTService`` (``sample_rate``, ``audio_passthrough``,
-            ``ttfs_p99_latency``...).
+            ``ttfs_p99_latency``, ``keepalive_timeout``, ``keepalive_interval``...).
     """
 
     Settings = VoxgateSTTSettings
@@ -120,15 +219,23 @@ class VoxgateSTTService(STTService):
         tls: bool | grpc.ChannelCredentials = False,
         token: str | None = None,
         server_turns: bool = False,
+        reconnect_attempts: int = 3,
+        reconnect_backoff_min_wait: float = 4.0,
+        reconnect_backoff_max_wait: float = 10.0,
         settings: VoxgateSTTSettings | None = None,
         **kwargs: Any,
     ) -> None:
+        if reconnect_attempts < 1:
+            raise ValueError(f"reconnect_attempts={reconnect_attempts}; at least 1")
         defaults = VoxgateSTTSettings(
             model=None,
             language=None,
             hotwords=[],
+            keyterms=[],
+            keyterm_boost=DEFAULT_KEYTERM_BOOST,
             initial_prompt="",
             interim_results=True,
+            interim_interval_ms=0,
             end_silence_ms=0,
         )
         if settings is not None:
@@ -139,14 +246,27 @@ class VoxgateSTTService(STTService):
         self._tls = tls
         self._token = token
         self._server_turns = server_turns
+        self._reconnect_attempts = reconnect_attempts
+        self._backoff_min_s = reconnect_backoff_min_wait
+        self._backoff_max_s = reconnect_backoff_max_wait
         self._client: VoxgateClient | None = None
-        self._call: Call | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self._stream: _Stream | None = None
+        #: The service's audio clock at the end of the last stream closed, s.
+        self._clock_s = 0.0
+        self._utterances = 0
+        #: Refused attempts in a row; 0 after a stream opens.
+        self._failures = 0
+        self._quick_failures = QuickFailureTracker()
+        #: A reconnect started by the reader (a task of its own: it replaces the reader).
+        self._recovery: asyncio.Task[None] | None = None
+        #: Audio a send found no live stream for, before the reconnect's buffering began.
+        self._unsent: list[bytes] = []
+        self._unsent_s = 0.0
         #: Utterances begun whose final has not arrived: the proposed turn is open while any is.
         self._open_utterances: set[int] = set()
         self._resampler = create_stream_resampler()
         #: ``SessionStarted`` of every stream opened, oldest first (the server's effective
-        #: config of each, e.g. after a settings change restarted the stream).
+        #: config of each, e.g. after a settings change or a reconnect).
         self.sessions: list[SessionStarted] = []
 
     # -- Pipecat hooks ---------------------------------------------------------------------------
@@ -166,21 +286,42 @@ class VoxgateSTTService(STTService):
             frame.user_turn_strategies = ExternalUserTurnStrategies()
         return frame
 
+    def _classify_error(self, exception: Exception) -> ErrorCategory | None:
+        """Pipecat categories of gRPC statuses (a refused model is permanent, a drop is not)."""
+        return error_category(exception)
+
     async def start(self, frame: StartFrame) -> None:
-        """Open the channel and the recognition stream at the pipeline's input rate."""
+        """Open the channel and the recognition stream at the pipeline's input rate.
+
+        A refusal that retrying may fix (the server is restarting, at capacity) is retried in
+        the background, with the audio buffered meanwhile.
+        """
         await super().start(frame)
         self._client = VoxgateClient(self._target, self._tls, self._token)
-        await self._open_stream()
+        if await self._try_open() == "retry":
+            self._recovery = self.create_task(
+                self._reconnect(),  # type: ignore[no-untyped-call]
+                name="voxgate-stt-reconnect",
+            )
+        self._create_keepalive_task()  # type: ignore[no-untyped-call]
 
     async def stop(self, frame: EndFrame) -> None:
         """Graceful end: hang up, so the server finalises the open utterance, and wait for it.
 
-        The finals are pushed before the ``EndFrame`` continues downstream.
+        The finals are pushed before the ``EndFrame`` continues downstream. A reconnect in
+        progress finishes first, so the audio it holds is heard too.
         """
-        if self._call is not None and self._reader is not None:
+        recovery = self._recovery
+        if recovery is not None and not recovery.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(recovery), DRAIN_TIMEOUT_S)
+        await self._cancel_recovery()
+        s = self._stream
+        if s is not None and s.reader is not None and not s.call.done:
+            s.ended_here = True
             try:
-                await self._call.hangup()
-                await asyncio.wait_for(asyncio.shield(self._reader), DRAIN_TIMEOUT_S)
+                await s.call.hangup()
+                await asyncio.wait_for(asyncio.shield(s.reader), DRAIN_TIMEOUT_S)
             except (VoxgateError, CallEndedError, TimeoutError) as exc:
                 logger.warning(f"{self}: stream did not end cleanly: {exc!r}")
         await self._close()
@@ -193,29 +334,53 @@ class VoxgateSTTService(STTService):
 
     async def run_stt(self, audio: bytes) -> AsyncGenerator[Frame | None, None]:
         """Send the audio; results arrive on the reader task."""
-        if self._call is not None and not self._call.done:
-            if self.sample_rate != self._wire_rate:
-                audio = await self._resampler.resample(audio, self.sample_rate, self._wire_rate)
-            try:
-                await self._call.send_audio(audio)
-            except VoxgateError as exc:
-                yield ErrorFrame(error=f"voxgate: {exc}")
-            except CallEndedError:
-                pass  # the stream just ended; the reader reports why
+        await self._send(audio, keepalive=False)
         yield None
+
+    def _is_keepalive_ready(self) -> bool:
+        """Keepalive silence goes out only on a live stream (never into a reconnect)."""
+        s = self._stream
+        return s is not None and not s.call.done and not self._reconnecting
+
+    async def _send_keepalive(self, silence: bytes) -> None:
+        """Pipecat's keepalive: its silence into the stream, off the service's audio clock."""
+        await self._send(silence, keepalive=True)
+
+    async def _do_reconnect(self) -> None:
+        """Pipecat's reconnect step (inside its buffering guard): a new stream.
+
+        Refusals are retried with backoff; the audio the last stream could not take is
+        replayed first, then Pipecat replays what arrived during the reconnect.
+        """
+        await self._close_stream()
+        while True:
+            if self._failures:
+                await asyncio.sleep(
+                    exponential_backoff_time(
+                        self._failures, min_wait=self._backoff_min_s, max_wait=self._backoff_max_s
+                    )
+                )
+            outcome = await self._try_open()
+            if outcome != "retry":
+                break
+        unsent, self._unsent, self._unsent_s = self._unsent, [], 0.0
+        if outcome == "open":
+            for audio in unsent:
+                await self._send(audio, keepalive=False)
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         """The pipeline's end of the user's speech finalises the utterance now (Flush)."""
         await super().process_frame(frame, direction)
+        s = self._stream
         if (
             isinstance(frame, VADUserStoppedSpeakingFrame)
             and not self._server_turns
-            and self._call is not None
-            and not self._call.done
+            and s is not None
+            and not s.call.done
         ):
             self.request_finalize()  # type: ignore[no-untyped-call]
             try:
-                await self._call.flush()
+                await s.call.flush()
             except (VoxgateError, CallEndedError) as exc:
                 await self.push_error(f"voxgate flush failed: {exc}")
 
@@ -223,9 +388,9 @@ class VoxgateSTTService(STTService):
     async def _update_settings(self, delta: STTSettings) -> dict[str, Any]:  # type: ignore[override]
         changed = await super()._update_settings(delta)
         if changed and self._client is not None:
-            # Every setting is part of the stream's first message: a new stream applies it.
-            await self._close_stream()
-            await self._open_stream()
+            # Every setting is part of the stream's first message: a new stream applies it,
+            # once the user's turn is over (Pipecat defers the reconnect while they speak).
+            await self._request_reconnect()  # type: ignore[no-untyped-call]
         return changed
 
     # -- the stream ------------------------------------------------------------------------------
@@ -238,54 +403,128 @@ class VoxgateSTTService(STTService):
         """The voxgate config the current settings describe (public for tests and logs)."""
         s = self._settings
         language = s.language if isinstance(s.language, str) else None
+        hotwords = list(s.hotwords) if isinstance(s.hotwords, list) else []
+        if isinstance(s.keyterms, list) and s.keyterms:
+            boost = s.keyterm_boost if isinstance(s.keyterm_boost, int | float) else None
+            hotwords += [_boosted(term, boost or DEFAULT_KEYTERM_BOOST) for term in s.keyterms]
         return CallConfig(
             encoding="linear16",
             sample_rate_hz=self._wire_rate,
             interim_results=bool(s.interim_results),
+            interim_interval_ms=(
+                s.interim_interval_ms if isinstance(s.interim_interval_ms, int) else 0
+            ),
             language=language or "",
             model=s.model if isinstance(s.model, str) else "",
             word_timestamps=True,
-            hotwords=tuple(s.hotwords) if isinstance(s.hotwords, list) else (),
+            hotwords=tuple(hotwords),
             initial_prompt=s.initial_prompt if isinstance(s.initial_prompt, str) else "",
             vad=VadOptions(
                 end_silence_ms=s.end_silence_ms if isinstance(s.end_silence_ms, int) else 0
             ),
         )
 
-    async def _open_stream(self) -> None:
+    async def _try_open(self) -> str:
+        """Open a stream: ``"open"``; refused, worth another try: ``"retry"``; else ``"gave_up"``.
+
+        Every refusal is reported; the one that ends the trying is reported as permanent.
+        """
         assert self._client is not None
         try:
-            self._call = await self._client.recognize(self.call_config())
+            call = await self._client.recognize(self.call_config())
         except VoxgateError as exc:
-            await self.push_error(f"voxgate refused the stream: {exc}", fatal=True)
-            return
-        if self._call.session is not None:
-            self.sessions.append(self._call.session)
+            self._failures += 1
+            category = error_category(exc) or ErrorCategory.UNKNOWN
+            last = category.is_permanent or self._failures >= self._reconnect_attempts
+            await self.push_error(
+                f"voxgate refused the stream: {exc}"
+                + ("" if last else f" (attempt {self._failures}, retrying)"),
+                exception=exc,
+                force_treat_as_permanent=last,
+            )
+            if not last:
+                await self._call_event_handler("on_connection_error", str(exc))
+            return "gave_up" if last else "retry"
+        self._failures = 0
+        s = _Stream(call, base_s=self._clock_s, index_base=self._utterances)
+        self._stream = s
+        if call.session is not None:
+            self.sessions.append(call.session)
         await self._call_event_handler("on_connected")
-        self._reader = self.create_task(self._read(self._call), name="voxgate-stt-reader")
+        s.reader = self.create_task(self._read(s), name="voxgate-stt-reader")
+        return "open"
+
+    async def _send(self, audio: bytes, *, keepalive: bool) -> None:
+        """Send pipeline audio (or keepalive silence) at the pipeline's rate.
+
+        Audio for a stream the server ended starts Pipecat's reconnect cycle (in a task of
+        its own, so frames keep flowing downstream meanwhile) and is sent on the new stream.
+        """
+        s = self._stream
+        seconds = len(audio) / (2 * self.sample_rate)
+        if s is None or s.call.done or s.ended_here:
+            if not keepalive and s is not None and not s.ended_here:
+                self._keep_unsent(audio, seconds)
+                if self.is_usable and (self._recovery is None or self._recovery.done()):
+                    self._recovery = self.create_task(
+                        self._reconnect(),  # type: ignore[no-untyped-call]
+                        name="voxgate-stt-reconnect",
+                    )
+            return
+        wire = audio
+        if self.sample_rate != self._wire_rate:
+            wire = await self._resampler.resample(audio, self.sample_rate, self._wire_rate)
+        try:
+            await s.call.send_audio(wire)
+        except (VoxgateError, CallEndedError):
+            # The stream just ended (the reader reports why); the next audio reconnects.
+            if not keepalive and not s.ended_here:
+                self._keep_unsent(audio, seconds)
+            return
+        if keepalive:
+            s.silences.append((s.sent_s, seconds))
+        s.sent_s += seconds
+
+    def _keep_unsent(self, audio: bytes, seconds: float) -> None:
+        self._unsent.append(audio)
+        self._unsent_s += seconds
+        while self._unsent_s > UNSENT_LIMIT_S:
+            dropped = self._unsent.pop(0)
+            self._unsent_s -= len(dropped) / (2 * self.sample_rate)
 
     async def _close_stream(self) -> None:
-        call, self._call = self._call, None
-        reader, self._reader = self._reader, None
-        if call is not None:
-            await call.aclose()
-        if reader is not None:
-            await self.cancel_task(reader)
+        s, self._stream = self._stream, None
+        if s is None:
+            return
+        s.ended_here = True
+        await s.call.aclose()
+        if s.reader is not None and s.reader is not asyncio.current_task():
+            await self.cancel_task(s.reader)
+        self._clock_s = s.base_s + s.audio_s
+        self._utterances = s.index_base + s.utterances
+
+    async def _cancel_recovery(self) -> None:
+        task, self._recovery = self._recovery, None
+        if task is not None and task is not asyncio.current_task():
+            await self.cancel_task(task)
 
     async def _close(self) -> None:
+        await self._cancel_recovery()
         await self._close_stream()
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
             await self._call_event_handler("on_disconnected")
 
-    async def _read(self, call: Call) -> None:
+    async def _read(self, s: _Stream) -> None:
+        error: VoxgateError | None = None
         try:
-            async for event in call:
+            async for event in s.call:
                 if isinstance(event, SpeechBegin):
-                    await self._speech_began(event.utterance_index)
+                    s.utterances = max(s.utterances, event.utterance_index + 1)
+                    await self._speech_began(s.index_base + event.utterance_index)
                 elif isinstance(event, Transcript):
-                    await self._transcript(event)
+                    await self._transcript(s.rebase(event))
                 elif isinstance(event, ErrorEvent):
                     # One utterance failed; the stream goes on.
                     await self.push_error(f"voxgate: {event.code.name}: {event.message}")
@@ -297,8 +536,39 @@ class VoxgateSTTService(STTService):
                         f"{', '.join(event.shed) or 'full'} ({event.description})"
                     )
         except VoxgateError as exc:
-            await self.push_error(f"voxgate stream ended: {exc}")
-            await self._call_event_handler("on_connection_error", str(exc))
+            error = exc
+        if s.ended_here or self._stream is not s:
+            return  # this service ended it
+        await self._dropped(s, error)
+
+    async def _dropped(self, s: _Stream, error: VoxgateError | None) -> None:
+        """The server ended a stream this service still used.
+
+        As Pipecat's websocket services do, a drop is a warning and the ``on_connection_error``
+        event; only a failed reconnection is an ``ErrorFrame``. The next audio opens a new
+        stream (:meth:`_send`): a pipeline that stays silent past the server's idle timeout
+        holds no stream until its user speaks. A stream the server refuses for good (a
+        permanent status), or that keeps ending within seconds of opening, is given up.
+        """
+        why = str(error) if error is not None else "the server ended the stream"
+        lasted_s = time.monotonic() - s.opened_at
+        category = error_category(error) if error is not None else None
+        give_up = category is not None and category.is_permanent
+        if self._quick_failures.record(lasted_s).should_give_up:
+            give_up = True
+            why += f" ({self._quick_failures.count} streams in a row ended within seconds)"
+        await self._call_event_handler("on_connection_error", why)
+        # The dead stream's open utterances get no final: close the turn they opened (the
+        # new stream proposes a new one when it hears speech).
+        if self._open_utterances:
+            self._open_utterances.clear()
+            await self.broadcast_frame(ProposedUserStoppedSpeakingFrame)
+        if give_up:
+            await self.push_error(
+                f"voxgate stream ended: {why}", exception=error, force_treat_as_permanent=True
+            )
+        else:
+            logger.warning(f"{self}: voxgate stream ended: {why}; the next audio reconnects")
 
     async def _speech_began(self, utterance: int) -> None:
         # Utterances overlap on the wire: the next one can begin before the previous one's
@@ -334,6 +604,12 @@ class VoxgateSTTService(STTService):
             self._open_utterances.discard(t.utterance_index)
             if not self._open_utterances:
                 await self.broadcast_frame(ProposedUserStoppedSpeakingFrame)
+
+
+def _boosted(term: str, boost: float) -> str:
+    """``term`` as the server's boosted hotword (``term^boost``), unless it carries a boost."""
+    term = term.strip()
+    return term if "^" in term else f"{term}^{boost:g}"
 
 
 def _language(code: str) -> Language | None:

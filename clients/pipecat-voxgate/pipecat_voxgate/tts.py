@@ -32,8 +32,11 @@ from pipecat.frames.frames import (
 )
 from pipecat.services.settings import TTSSettings
 from pipecat.services.tts_service import TTSService
+from pipecat.utils.errors import ErrorCategory
 from pipecat.utils.types import NOT_GIVEN, NotGiven
-from voxgate_client import VoxgateClient, VoxgateError
+from voxgate_client import VoiceInfo, VoxgateClient, VoxgateError
+
+from ._errors import error_category
 
 __all__ = ["SERVED_RATES_HZ", "VoxgateTTSService", "VoxgateTTSSettings"]
 
@@ -107,6 +110,24 @@ class VoxgateTTSService(TTSService):
         """TTFB (request -> first audio) and usage metrics are reported."""
         return True
 
+    def _classify_error(self, exception: Exception) -> ErrorCategory | None:
+        """Pipecat categories of gRPC statuses (a refused voice is permanent)."""
+        return error_category(exception)
+
+    async def list_voices(self) -> list[VoiceInfo]:
+        """The voices the gateway serves (``ListVoices``); any one's ``name`` is a ``voice``.
+
+        Each has ``name``, ``language``, ``sample_rate_hertz``, ``num_speakers`` and
+        ``is_default``. Works before the pipeline starts too (on a channel of its own).
+
+        Raises:
+            VoxgateError: the gateway refused or could not be reached.
+        """
+        if self._client is not None:
+            return await self._client.list_voices()
+        async with VoxgateClient(self._target, self._tls, self._token) as client:
+            return await client.list_voices()
+
     async def start(self, frame: StartFrame) -> None:
         """Open the channel (streams open per sentence)."""
         await super().start(frame)
@@ -164,7 +185,7 @@ class VoxgateTTSService(TTSService):
                         previous_end_s = end_ms / 1000.0
                     await self.add_word_timestamps(times, context_id)
         except VoxgateError as exc:
-            yield ErrorFrame(error=f"voxgate: {exc}")
+            yield ErrorFrame(error=f"voxgate: {exc}", exception=exc)
         finally:
             # Closing the client's iterator cancels the RPC: on an interruption this runs as
             # Pipecat cancels run_tts, whether it was waiting on the server or on the pipeline.

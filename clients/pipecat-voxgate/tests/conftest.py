@@ -18,6 +18,18 @@ def server() -> Iterator[LocalServer]:
         yield srv
 
 
+#: The idle timeout of ``short_idle_server``, s: a pipeline silent for longer loses its stream.
+IDLE_TIMEOUT_S = 2.0
+
+
+@pytest.fixture(scope="session")
+def short_idle_server() -> Iterator[LocalServer]:
+    """A second real server, the default configuration but for a short ``idle_timeout_s``, so
+    that a test can have the server end a stream mid-call (DEADLINE_EXCEEDED) in seconds."""
+    with LocalServer(config_yaml=f"limits:\n  idle_timeout_s: {IDLE_TIMEOUT_S}\n") as srv:
+        yield srv
+
+
 @pytest.fixture(scope="session")
 def sample_call() -> tuple[np.ndarray, int]:
     """The bundled 19 s two-utterance recording (16 kHz PCM16): JFK, then LJ Speech."""

@@ -12,12 +12,15 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 import wave
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import soxr
-from conftest import audio_frames
+from conftest import IDLE_TIMEOUT_S, audio_frames
 from pipecat.frames.frames import (
     ErrorFrame,
     Frame,
@@ -39,13 +42,15 @@ from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.pipeline.worker import PipelineParams
 from pipecat.tests.utils import SleepFrame, run_test
 from pipecat.transcriptions.language import Language
+from pipecat.utils import deprecation
+from pipecat.utils.errors import ErrorCategory
 from pipecat_voxgate import (
     VoxgateSTTService,
     VoxgateSTTSettings,
     VoxgateTTSService,
     VoxgateTTSSettings,
 )
-from voxgate_client import Transcript
+from voxgate_client import Transcript, VoxgateClient
 from voxgate_client.testing import LocalServer
 
 START_TIMEOUT_S = 60.0
@@ -341,11 +346,186 @@ async def test_a_refused_voice_is_an_error_frame_naming_the_status(server: Local
     assert not any(isinstance(f, TTSAudioRawFrame) for f in down)
 
 
-async def test_a_refused_stream_is_a_fatal_error_frame(server: LocalServer) -> None:
+async def test_a_refused_stream_is_a_permanent_error_without_a_deprecation_warning(
+    server: LocalServer,
+) -> None:
+    """Pipecat 1.8's way (``force_treat_as_permanent``, a permanent category), not the
+    deprecated ``fatal=True``: the service is unusable and the worker's policy decides."""
     stt = VoxgateSTTService(
         target=server.target, settings=VoxgateSTTSettings(model="no-such-model")
     )
-    down, up = await run_test(stt, frames_to_send=[], start_timeout=START_TIMEOUT_S)
+    deprecation._warned_sites.clear()  # Pipecat warns once per call site and process
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        down, up = await run_test(stt, frames_to_send=[], start_timeout=START_TIMEOUT_S)
     errors = [f for f in up if isinstance(f, ErrorFrame)]
-    assert errors and errors[0].fatal, errors
+    assert len(errors) == 1, errors  # no retry: a bad model stays bad
     assert "INVALID_ARGUMENT" in errors[0].error and "model" in errors[0].error, errors
+    assert errors[0].category == ErrorCategory.INVALID_REQUEST
+    assert not stt.is_usable
+    deprecated = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert not any("fatal" in m for m in deprecated), deprecated
+
+
+async def test_an_unreachable_gateway_is_retried_with_backoff_then_given_up() -> None:
+    stt = VoxgateSTTService(
+        target="127.0.0.1:9",  # nothing listens on the discard port
+        reconnect_attempts=2,
+        reconnect_backoff_min_wait=0.1,
+        reconnect_backoff_max_wait=0.1,
+    )
+    _, up = await run_test(stt, frames_to_send=[SleepFrame(sleep=5.0)])
+    errors = [f for f in up if isinstance(f, ErrorFrame)]
+    assert len(errors) == 2, [e.error for e in errors]
+    assert all("UNAVAILABLE" in e.error for e in errors)
+    assert [e.category for e in errors] == [ErrorCategory.CONNECTIVITY] * 2
+    assert "retrying" in errors[0].error and "retrying" not in errors[1].error
+    assert not stt.is_usable  # the last attempt gives up for good
+
+
+# -- reconnection and the audio clock ----------------------------------------------------------
+
+#: Where the sample call is cut in two: after Kennedy's sentence (its last word ends near
+#: 10 s) and its trailing silence, before the second speaker (from about 12.7 s).
+CUT_S = 11.5
+
+
+def final_results(frames: Sequence[Frame]) -> list[Transcript]:
+    return [f.result for f in frames if isinstance(f, TranscriptionFrame)]
+
+
+async def hear(target: str, pcm: np.ndarray, rate: int, **kwargs: Any) -> list[Transcript]:
+    """The finals of ``pcm`` through a fresh service (one stream from its first sample)."""
+    stt = VoxgateSTTService(target=target, audio_passthrough=False, sample_rate=rate, **kwargs)
+    down, _ = await run_test(
+        stt, frames_to_send=audio_frames(pcm, rate), start_timeout=START_TIMEOUT_S
+    )
+    return final_results(down)
+
+
+def assert_same_words_shifted(got: list[Transcript], ref: list[Transcript], shift_ms: int) -> None:
+    """``got`` says the words of ``ref`` at ``ref``'s times plus ``shift_ms``.
+
+    The same audio from the first sample of a fresh stream gets the same word times, give or
+    take the aligner's 20 ms steps and a decode that batches differently.
+    """
+    got_words = [w for t in got for w in t.words]
+    ref_words = [w for t in ref for w in t.words]
+    assert [plain(w.word) for w in got_words] == [plain(w.word) for w in ref_words]
+    for g, r in zip(got_words, ref_words, strict=True):
+        assert abs(g.start_ms - (r.start_ms + shift_ms)) <= 100, (g, r, shift_ms)
+        assert abs(g.end_ms - (r.end_ms + shift_ms)) <= 100, (g, r, shift_ms)
+    for g, r in zip(got, ref, strict=True):
+        assert abs(g.start_ms - (r.start_ms + shift_ms)) <= 100, (g, r, shift_ms)
+
+
+async def test_a_stream_the_server_ends_is_reopened_and_later_speech_keeps_the_audio_clock(
+    server: LocalServer, short_idle_server: LocalServer, sample_call: tuple[np.ndarray, int]
+) -> None:
+    """Kennedy, then a silent pipeline (no audio frames at all, as before a user joins) for
+    longer than the server's idle timeout: the server ends the stream with
+    DEADLINE_EXCEEDED. The service says so, opens a new stream when audio comes again, and
+    the second speaker is heard at the times the pipeline's audio puts them at."""
+    pcm, rate = sample_call
+    cut = int(CUT_S * rate)
+    first, second = pcm[:cut], pcm[cut:]
+    reference = await hear(server.target, second, rate)
+    stt = VoxgateSTTService(
+        target=short_idle_server.target, audio_passthrough=False, sample_rate=rate
+    )
+    dropped: list[str] = []
+
+    @stt.event_handler("on_connection_error")
+    async def on_connection_error(_: VoxgateSTTService, error: str) -> None:
+        dropped.append(error)
+
+    frames = [
+        *audio_frames(first, rate),
+        SleepFrame(sleep=IDLE_TIMEOUT_S + 3.0),
+        *audio_frames(second, rate),
+    ]
+    down, up = await run_test(stt, frames_to_send=frames, start_timeout=START_TIMEOUT_S)
+    assert len(dropped) == 1 and "DEADLINE_EXCEEDED" in dropped[0], dropped
+    # A drop the service recovers from is no ErrorFrame (Pipecat's websocket services warn).
+    assert not [f.error for f in up if isinstance(f, ErrorFrame)] and stt.is_usable
+    assert len(stt.sessions) == 2, "one reconnect, when the audio came back"
+    finals = final_results(down)
+    heard = plain(" ".join(t.text for t in finals))
+    assert "ask not what your country can do for you" in heard, heard
+    assert heard.endswith("predecessors of the true printed book"), heard
+    shift_ms = round(CUT_S * 1000)
+    assert_same_words_shifted([t for t in finals if t.start_ms >= shift_ms], reference, shift_ms)
+    indexes = [t.utterance_index for t in finals]
+    assert indexes == sorted(set(indexes)), "utterance indexes keep counting across streams"
+
+
+async def test_keepalive_silence_keeps_the_stream_and_stays_off_the_audio_clock(
+    server: LocalServer, short_idle_server: LocalServer, sample_call: tuple[np.ndarray, int]
+) -> None:
+    """The same silent gap with Pipecat's keepalive on: the stream survives, and the silence
+    the service sent is not counted on the pipeline's audio clock."""
+    pcm, rate = sample_call
+    cut = int(CUT_S * rate)
+    first, second = pcm[:cut], pcm[cut:]
+    reference = await hear(server.target, second, rate)
+    stt = VoxgateSTTService(
+        target=short_idle_server.target,
+        audio_passthrough=False,
+        sample_rate=rate,
+        keepalive_timeout=IDLE_TIMEOUT_S / 4,
+        keepalive_interval=IDLE_TIMEOUT_S / 8,
+    )
+    frames = [
+        *audio_frames(first, rate),
+        SleepFrame(sleep=IDLE_TIMEOUT_S + 3.0),
+        *audio_frames(second, rate),
+    ]
+    down, up = await run_test(stt, frames_to_send=frames, start_timeout=START_TIMEOUT_S)
+    assert not [f.error for f in up if isinstance(f, ErrorFrame)]
+    assert len(stt.sessions) == 1, "no reconnect"
+    shift_ms = round(CUT_S * 1000)
+    finals = final_results(down)
+    assert_same_words_shifted([t for t in finals if t.start_ms >= shift_ms], reference, shift_ms)
+
+
+# -- keyterms and voices -------------------------------------------------------------------------
+
+GREETING = "Please call voxgate support after six."
+
+
+async def test_keyterms_are_sent_as_boosted_hotwords_and_recognised(server: LocalServer) -> None:
+    """A product name Whisper spells otherwise, spoken by the server's own voice: heard only
+    when it is a keyterm (the server boosts ``term^6`` in its decode loop)."""
+    rate = 16000
+    async with VoxgateClient(server.target) as client:
+        audio = b"".join([c.data async for c in client.synthesize(GREETING, sample_rate_hz=rate)])
+    pad = np.zeros(rate, np.int16)
+    speech = np.concatenate([pad, np.frombuffer(audio, np.int16), pad])
+    without = plain(" ".join(t.text for t in await hear(server.target, speech, rate)))
+    stt_settings = VoxgateSTTSettings(keyterms=["voxgate"], hotwords=["support"])
+    stt = VoxgateSTTService(
+        target=server.target, audio_passthrough=False, sample_rate=rate, settings=stt_settings
+    )
+    down, _ = await run_test(
+        stt, frames_to_send=audio_frames(speech, rate), start_timeout=START_TIMEOUT_S
+    )
+    decoding = stt.sessions[0].effective_config.decoding
+    assert list(decoding.hotwords) == ["support", "voxgate^6"]
+    assert "voxgate" not in without.split(), f"heard without the boost: {without}"
+    with_keyterm = plain(" ".join(t.text for t in final_results(down)))
+    assert "voxgate" in with_keyterm.split(), with_keyterm
+
+
+async def test_the_tts_service_lists_the_gateways_voices(server: LocalServer) -> None:
+    async with VoxgateClient(server.target) as client:
+        served = [v.name for v in await client.list_voices()]
+    tts = VoxgateTTSService(target=server.target)
+    voices = await tts.list_voices()  # before the pipeline starts
+    assert [v.name for v in voices] == served and any(v.is_default for v in voices)
+    down, _ = await run_test(
+        tts,
+        frames_to_send=[TTSSpeakFrame("Hello.")],
+        start_timeout=START_TIMEOUT_S,
+    )
+    assert any(isinstance(f, TTSAudioRawFrame) for f in down)
+    assert [v.name for v in await tts.list_voices()] == served  # and after it ends
