@@ -12,6 +12,7 @@ sends an absurd speak or an empty action.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import logging
 import socket
@@ -428,6 +429,66 @@ async def test_a_phone_call_to_a_bot_that_is_down_hears_the_fallback_then_gets_b
     assert [r for _, r in bridge.ended] == ["bot failed (down)"]
     assert bridge.stats["bye_sent"] == 1
     assert len(peer.received) >= 25  # the 0.6 s fallback, as 20 ms RTP packets
+    [line] = bot_warnings(caplog)
+    assert " down: " in line
+
+
+class TalkingPeer(RtpPeer):
+    """A phone that sends 20 ms of silence back, every 20 ms, once the bridge's RTP arrives
+    (to where it came from), as a real phone's microphone keeps sending."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._talker: asyncio.Task[None] | None = None
+
+    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        super().datagram_received(data, addr)
+        if self._talker is None and self.received:
+            dest = (str(addr[0]), int(addr[1]))
+            self._talker = asyncio.get_running_loop().create_task(self._talk(dest))
+
+    async def _talk(self, dest: tuple[str, int]) -> None:
+        while True:  # 10 s at a time until the test leaves
+            await self.send_audio(b"\xff" * 80_000, dest)
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._talker is not None:
+            self._talker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._talker
+        await super().__aexit__(*exc)
+
+
+@pytest.mark.usefixtures("sipp")
+async def test_a_phone_call_to_a_bot_that_is_down_ends_for_the_bot_while_the_caller_talks(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The caller's audio still flows when the fallback ends and the link hangs up the gateway
+    call: the next write found the call half-closed, and that ("gateway write failed: the call
+    is half-closed") used to be the call's end reason instead of the bot's fault."""
+    async with running_server(hub=FakeToneHub()) as srv, TalkingPeer() as peer:
+        config = BridgeConfig(
+            listen_host="127.0.0.1",
+            listen_port=0,
+            gateway=srv.target,
+            rtp_port_min=30000,
+            rtp_port_max=39999,
+        )
+        bridge = SipBridge(config, f"127.0.0.1:{free_port()}", bot_policy=POLICY)
+        await bridge.start()
+        try:
+            res = await run_sipp(
+                SIPP_DIR / "uac_peer_wait_bye.xml",
+                bridge.address,
+                cwd=SIPP_DIR,
+                variables={"rtpport": str(peer.port)},
+                timeout_s=60,
+            )
+        finally:
+            await bridge.aclose()
+    assert res.returncode == 0, res.explain()  # the BYE came
+    assert [r for _, r in bridge.ended] == ["bot failed (down)"]
+    assert len(peer.received) >= 25  # the fallback played while the caller's audio flowed
     [line] = bot_warnings(caplog)
     assert " down: " in line
 

@@ -7,6 +7,7 @@ reply audio flow (the fake proves the bridge's RTP path, never a model feature).
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
@@ -26,6 +27,7 @@ from clients.voxgate_client import (
     SessionStarted,
     SpeechBegin,
     SpeechEnd,
+    VoiceCall,
 )
 from gateway.testing.fake_engines import FakeToneHub
 from gateway.testing.server import running_server
@@ -319,6 +321,50 @@ async def test_reply_audio_reaches_the_caller_as_rtp_and_barge_in_stops_it(
     # Once the bridge got `interrupted`, not one more reply packet left for the caller
     # (v0.1 checked "at most 5 packets within 100 ms" on the wall clock).
     assert sent_in_all == ev.sent_at_interrupt[call.call_id] > 0
+
+
+async def test_the_callers_bye_during_a_reply_is_logged_once_and_not_as_a_barge_in(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A BYE while three sentences are queued: the gateway reports each unplayed reply as it
+    closes the call, and the bridge logged "barge-in, N ms of queued reply dropped" for each."""
+
+    async def three_sentences(call: VoiceCall) -> None:
+        for _ in range(3):
+            await call.speak("x" * 30)  # 3 s of tone each
+        async for _ in call:
+            pass
+
+    caplog.set_level(logging.INFO, logger="voxgate.sip")
+    async with (
+        RtpPeer() as peer,
+        bridge_and_gateway(lambda: three_sentences, hub=FakeToneHub()) as (bridge, ev),
+    ):
+        sipp = asyncio.create_task(
+            run_sipp(
+                SIPP_DIR / "uac_peer.xml",
+                bridge.address,
+                cwd=SIPP_DIR,
+                duration_ms=1500,  # then BYE, in the first sentence
+                variables={"rtpport": str(peer.port)},
+            )
+        )
+        ok(await sipp)
+        await wait_for(lambda: bool(bridge.ended), "the call's end")
+        [call_id] = ev.by_call
+        # The gateway did report the replies cut by the hang-up (what used to be logged).
+        await wait_for(
+            lambda: any(isinstance(e, PlaybackInterrupted) for e in ev.by_call[call_id]),
+            "the cut replies reported",
+        )
+    assert [r for _, r in bridge.ended] == ["caller hung up (BYE)"]
+    assert peer.received  # the first sentence was playing
+    interrupted = [e for e in ev.by_call[call_id] if isinstance(e, PlaybackInterrupted)]
+    assert interrupted and not any(e.barge_in for e in interrupted)
+    lines = [r.getMessage() for r in caplog.records if r.name == "voxgate.sip"]
+    assert not [ln for ln in lines if "barge-in" in ln], lines
+    [cut] = [ln for ln in lines if "reply" in ln and "ms" in ln]
+    assert "call ended during a reply" in cut, cut
 
 
 async def test_fuzzed_datagrams_then_a_normal_call_works(caller_audio: Path) -> None:

@@ -78,6 +78,7 @@ from clients.voxgate_client import (
     BotLink,
     BotPolicy,
     CallConfig,
+    CallEndedError,
     CallInfo,
     EchoHandlingName,
     EncodingName,
@@ -343,6 +344,9 @@ class _Call:
     session_id: int = field(default_factory=lambda: secrets.randbelow(2**31))
     sdp_version: int = 1
     dropped_audio: int = 0
+    # The reply cut short by the call's end is logged once (each queued speak reports its own
+    # PlaybackInterrupted as the gateway call closes).
+    logged_unplayed: bool = False
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def end(self, reason: str, *, bye: bool) -> None:
@@ -1538,6 +1542,10 @@ class SipBridge:
         except asyncio.CancelledError:
             await call.link.aclose()
             raise
+        except Exception:  # a bug in the link must still end the call (the writer no longer does)
+            log.exception("call %s: the bot link failed", call.call_id)
+            call.end("internal error", bye=True)
+            return
         reason = outcome.reason
         if reason == "gateway ended":
             reason = "gateway ended the call"
@@ -1658,6 +1666,12 @@ class SipBridge:
                     await gw.send_audio(req.audio.data)
         except asyncio.CancelledError:
             raise
+        except CallEndedError:
+            # The gateway call was hung up on this side (the bot hung up or left, or the link
+            # ended the call for a bot fault): the link's outcome is the call's end reason, not
+            # this write's. The caller's audio is dropped until teardown, not queued up.
+            while await call.out_q.get() is not None:
+                pass
         except Exception as exc:  # a failed write ends the call; its status is the link's
             call.end(f"gateway write failed: {_rpc_text(exc)}", bye=True)
 
@@ -1672,7 +1686,24 @@ class SipBridge:
         elif isinstance(event, PlaybackInterrupted):
             dropped = media.queued_ms
             media.clear()
-            log.info("call %s: barge-in, %d ms of queued reply dropped", call.call_id, dropped)
+            if event.barge_in:
+                log.info("call %s: barge-in, %d ms of queued reply dropped", call.call_id, dropped)
+            elif call.ended.is_set():
+                # The call is ending (a BYE, CANCEL, timeout...): the gateway reports every
+                # reply it had not finished; that is one fact, and not a barge-in.
+                if not call.logged_unplayed:
+                    call.logged_unplayed = True
+                    log.info(
+                        "call %s: call ended during a reply, %d ms of queued reply not played",
+                        call.call_id,
+                        dropped,
+                    )
+            elif dropped:
+                log.info(
+                    "call %s: playback cleared, %d ms of queued reply dropped",
+                    call.call_id,
+                    dropped,
+                )
         elif isinstance(event, Transcript) and event.is_final and self.config.log_content:
             log.info("call %s: caller said %r", call.call_id, event.text)
         elif isinstance(event, ErrorEvent):
