@@ -19,11 +19,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import frames
+from conftest import IDLE_TIMEOUT_S, FlakyNetwork, frames
 from livekit.agents import APIConnectOptions, APIStatusError, stt, tts
 from livekit.agents.metrics import STTMetrics, TTSMetrics
+from livekit.agents.stt import STTError
 from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
+from livekit.agents.voice.keyterm_detection import KeytermDetector
 from livekit.plugins import voxgate
+from voxgate_client import VoxgateClient
 from voxgate_client.testing import LocalServer
 
 WAIT_S = 120.0  # a bound on waiting for an event, never a speed requirement
@@ -276,3 +279,238 @@ async def test_a_refused_stt_stream_raises_a_non_retryable_error_from_the_stream
     assert err.value.status_code == 400 and not err.value.retryable
     assert "model" in err.value.message
     assert len(errors) == 1 and not errors[0].recoverable  # given up at once, no retries
+
+
+# -- retries, reconnects and the audio clock ----------------------------------------------------
+
+#: Where the sample call is cut in two: after Kennedy's sentence (its last word ends near
+#: 10 s) and its trailing silence, before the second speaker (from about 12.7 s).
+CUT_S = 11.5
+#: Retries enough for gRPC's own reconnect backoff (about a second) to pass.
+RETRYING = APIConnectOptions(max_retry=8, retry_interval=0.5, timeout=30.0)
+
+
+async def finals_of(stream: stt.SpeechStream, push: Any) -> list[stt.SpeechData]:
+    """Run ``push(stream)`` beside the stream; the final transcripts, in order."""
+    pusher = asyncio.create_task(push(stream))
+    events = [ev async for ev in stream]
+    await pusher
+    return [ev.alternatives[0] for ev in events if ev.type == stt.SpeechEventType.FINAL_TRANSCRIPT]
+
+
+async def hear(target: str, pcm: np.ndarray, rate: int) -> list[stt.SpeechData]:
+    """The finals of ``pcm`` through a fresh stream (one gRPC stream from its first sample)."""
+    engine = voxgate.STT(target=target, language="en")
+
+    async def push(stream: stt.SpeechStream) -> None:
+        await feed(stream, pcm, rate)
+        stream.end_input()
+
+    try:
+        return await finals_of(engine.stream(conn_options=NO_RETRY), push)
+    finally:
+        await engine.aclose()
+
+
+def assert_same_words_shifted(
+    got: list[stt.SpeechData], ref: list[stt.SpeechData], shift_s: float
+) -> None:
+    """``got`` says the words of ``ref`` at ``ref``'s times plus ``shift_s``.
+
+    The same audio from the first sample of a fresh stream gets the same word times, give or
+    take the aligner's 20 ms steps and a decode that batches differently.
+    """
+    got_words = [w for f in got for w in f.words]
+    ref_words = [w for f in ref for w in f.words]
+    assert plain(" ".join(got_words)).split() == plain(" ".join(ref_words)).split()
+    for g, r in zip(got_words, ref_words, strict=True):
+        assert abs(g.start_time - (r.start_time + shift_s)) <= 0.1, (g, r, shift_s)
+        assert abs(g.end_time - (r.end_time + shift_s)) <= 0.1, (g, r, shift_s)
+    for g, r in zip(got, ref, strict=True):
+        assert abs(g.start_time - (r.start_time + shift_s)) <= 0.1, (g.text, r.text, shift_s)
+
+
+async def test_retries_leave_every_time_on_the_audio_clock(
+    server: LocalServer, sample_call: tuple[np.ndarray, int]
+) -> None:
+    """The network fails as the stream starts: LiveKit retries while the audio keeps coming
+    (it waits in the stream's input), and the words come out at the times a stream that never
+    failed gives them, not shifted by the seconds the retries took."""
+    pcm, rate = sample_call
+    reference = await hear(server.target, pcm, rate)
+    async with FlakyNetwork(server.target, drop=1) as net:
+        engine = voxgate.STT(target=net.target, language="en")
+        errors: list[STTError] = []
+        engine.on("error", errors.append)
+
+        async def push(stream: stt.SpeechStream) -> None:
+            await feed(stream, pcm, rate)
+            stream.end_input()
+
+        stream = engine.stream(conn_options=RETRYING)
+        finals = await finals_of(stream, push)
+        await engine.aclose()
+    assert net.dropped == 1 and errors and all(e.recoverable for e in errors), errors
+    assert len(stream.sessions) == 1, "one gRPC stream: the failed attempts never opened one"
+    assert_same_words_shifted(finals, reference, 0.0)
+
+
+async def test_a_stream_the_server_ends_is_reopened_and_later_speech_keeps_the_audio_clock(
+    server: LocalServer, short_idle_server: LocalServer, sample_call: tuple[np.ndarray, int]
+) -> None:
+    """Kennedy, then no audio at all for longer than the server's idle timeout: the server
+    ends the gRPC stream (DEADLINE_EXCEEDED), LiveKit retries, the next audio opens a new one,
+    and the second speaker is heard at the times the stream's audio puts them at."""
+    pcm, rate = sample_call
+    cut = int(CUT_S * rate)
+    first, second = pcm[:cut], pcm[cut:]
+    reference = await hear(server.target, second, rate)
+    engine = voxgate.STT(target=short_idle_server.target, language="en")
+    errors: list[STTError] = []
+    engine.on("error", errors.append)
+
+    async def push(stream: stt.SpeechStream) -> None:
+        await feed(stream, first, rate)
+        await asyncio.sleep(IDLE_TIMEOUT_S + 3.0)
+        await feed(stream, second, rate)
+        stream.end_input()
+
+    stream = engine.stream()  # LiveKit's default retries
+    finals = await finals_of(stream, push)
+    await engine.aclose()
+    assert len(errors) == 1 and errors[0].recoverable, errors
+    assert "DEADLINE_EXCEEDED" in str(errors[0].error), errors
+    assert len(stream.sessions) == 2
+    heard = plain(" ".join(f.text for f in finals))
+    assert "ask not what your country can do for you" in heard, heard
+    assert heard.endswith("predecessors of the true printed book"), heard
+    later = [f for f in finals if f.start_time >= CUT_S]
+    assert_same_words_shifted(later, reference, CUT_S)
+    indexes = [f.metadata["utterance_index"] for f in finals]
+    assert indexes == sorted(set(indexes)), "utterance indexes keep counting across streams"
+
+
+# -- keyterms, options, voices --------------------------------------------------------------------
+
+GREETING = "Please call voxgate support after six."
+
+
+async def greeting_audio(target: str, rate: int) -> np.ndarray:
+    """The greeting in the server's own voice, with a second of silence on each side."""
+    async with VoxgateClient(target) as client:
+        audio = b"".join([c.data async for c in client.synthesize(GREETING, sample_rate_hz=rate)])
+    pad = np.zeros(rate, np.int16)
+    return np.concatenate([pad, np.frombuffer(audio, np.int16), pad])
+
+
+async def test_session_keyterms_reach_a_running_stream_and_are_recognised(
+    server: LocalServer,
+) -> None:
+    """LiveKit's own keyterm machinery (what ``AgentSession(stt_context_options=...)`` and
+    ``session.update_options(keyterms=...)`` drive) sets a product name Whisper spells
+    otherwise while a stream runs: the stream moves to a gRPC stream that boosts it, and the
+    name is heard, on the same audio clock."""
+    rate = 16000
+    speech = await greeting_audio(server.target, rate)
+    without = plain(" ".join(f.text for f in await hear(server.target, speech, rate)))
+    engine = voxgate.STT(target=server.target, language="en", hotwords=["support"])
+    assert engine.capabilities.keyterms
+    detector = KeytermDetector()
+    detector.swap_stt(engine)
+    lead = np.zeros(rate, np.int16)  # a second of silence on the first gRPC stream
+
+    async def push(stream: stt.SpeechStream) -> None:
+        await feed(stream, lead, rate)
+        detector.set_static_keyterms(["voxgate"])
+        await feed(stream, speech, rate)
+        stream.end_input()
+
+    stream = engine.stream(conn_options=NO_RETRY)
+    finals = await finals_of(stream, push)
+    await engine.aclose()
+    first, second = stream.sessions
+    assert list(first.effective_config.decoding.hotwords) == ["support"]
+    assert list(second.effective_config.decoding.hotwords) == ["support", "voxgate^6"]
+    assert "voxgate" not in without.split(), f"heard without the boost: {without}"
+    heard = plain(" ".join(f.text for f in finals))
+    assert "voxgate" in heard.split(), heard
+    assert finals[0].start_time >= 1.0, "the second gRPC stream starts after the lead's second"
+
+
+async def test_stt_update_options_reach_streams_opened_later(server: LocalServer) -> None:
+    engine = voxgate.STT(target=server.target, keyterms=["Zorblax"], keyterm_boost=4)
+    engine.update_options(language="de", interim_interval_ms=500)
+    stream = engine.stream(conn_options=NO_RETRY)
+    stream.push_frame(frames(np.zeros(1600, np.int16), 16000)[0])
+    stream.end_input()
+    _ = [ev async for ev in stream]
+    await engine.aclose()
+    cfg = stream.sessions[0].effective_config
+    assert cfg.language == "de" and cfg.interim_interval_ms == 500
+    assert list(cfg.decoding.hotwords) == ["Zorblax^4"]
+
+
+async def test_the_gateways_voices_and_models_are_listed(server: LocalServer) -> None:
+    async with VoxgateClient(server.target) as client:
+        voices = [v.name for v in await client.list_voices()]
+        models = [m.name for m in await client.list_models()]
+    voice, ears = voxgate.TTS(target=server.target), voxgate.STT(target=server.target)
+    assert [v.name for v in await voice.list_voices()] == voices
+    assert [m.name for m in await ears.list_models()] == models
+    await voice.aclose()
+    await ears.aclose()
+
+
+async def speak(engine: voxgate.TTS, text: str) -> list[tts.SynthesizedAudio]:
+    async with engine.synthesize(text, conn_options=NO_RETRY) as chunked:
+        return [a async for a in chunked]
+
+
+async def test_tts_update_options_change_the_next_synthesis(server: LocalServer) -> None:
+    engine = voxgate.TTS(target=server.target, sample_rate=16000, rate=1.6)
+    fast = sum(a.frame.duration for a in await speak(engine, REPLY))
+    engine.update_options(rate=0.6)
+    slow = sum(a.frame.duration for a in await speak(engine, REPLY))
+    assert slow > 1.5 * fast, (slow, fast)
+    engine.update_options(voice="no-such-voice")
+    with pytest.raises(APIStatusError) as err:
+        await speak(engine, REPLY)
+    assert "voice" in err.value.message
+    await engine.aclose()
+
+
+@pytest.mark.parametrize("rate", [22050, 44100])
+async def test_tts_at_a_rate_the_gateway_does_not_serve_is_resampled(
+    server: LocalServer, rate: int
+) -> None:
+    engine = voxgate.TTS(target=server.target, sample_rate=rate)
+    stream = engine.stream(conn_options=NO_RETRY)
+    stream.push_text(REPLY)
+    stream.end_input()
+    audio = [a async for a in stream]
+    await engine.aclose()
+    assert {(a.frame.sample_rate, a.frame.num_channels) for a in audio} == {(rate, 1)}
+    seconds = sum(a.frame.duration for a in audio)
+    assert 2.0 < seconds < 8.0, seconds
+    pcm = np.frombuffer(b"".join(bytes(a.frame.data) for a in audio), np.int16)
+    assert np.abs(pcm).max() > 3000  # speech, not silence
+    words = timed_words(audio)
+    assert plain(" ".join(words)).split() == plain(REPLY).split()
+    assert words[-1].end_time <= seconds + 0.05
+
+
+async def test_a_connection_error_names_its_cause_once() -> None:
+    """LiveKit's APIConnectionError appends "(caused by ...)" itself: the plugin's own message
+    must not say the status again."""
+    engine = voxgate.STT(target="127.0.0.1:9")  # nothing listens on the discard port
+    errors: list[STTError] = []
+    engine.on("error", errors.append)
+    stream = engine.stream(conn_options=APIConnectOptions(max_retry=1, retry_interval=0.1))
+    stream.push_frame(frames(np.zeros(1600, np.int16), 16000)[0])
+    with pytest.raises(Exception) as err:
+        async for _ in stream:
+            pass
+    await engine.aclose()
+    for text in [str(err.value), *(str(e.error) for e in errors)]:
+        assert text.count("UNAVAILABLE") == 1, text
+        assert text.count("Connection refused") <= 1, text

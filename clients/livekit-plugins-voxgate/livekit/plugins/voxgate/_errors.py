@@ -34,15 +34,29 @@ _HTTP = {
 }
 
 
-def api_error(exc: VoxgateError) -> APIError:
-    """The LiveKit error for a failed voxgate RPC (raise it ``from exc``)."""
-    message = f"voxgate: {exc.code.name}: {exc.message}"
-    if exc.code == grpc.StatusCode.UNAVAILABLE:
-        return APIConnectionError(message)
-    if exc.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+def api_error(exc: VoxgateError, rpc: str) -> APIError:
+    """The LiveKit error for a failed voxgate RPC (raise it ``from exc``).
+
+    LiveKit's connection errors name their cause themselves: ``str()`` of an
+    ``APIConnectionError`` (and ``APITimeoutError``) appends "(caused by <the exception it
+    was raised from>)", so their message only says which RPC failed and the status is said
+    once, by the cause ("voxgate: StreamingRecognize failed (caused by VoxgateError:
+    UNAVAILABLE: ...)"). ``APIStatusError`` names no cause, so its message carries the status
+    and its body only the exhausted quota, if any (``str()`` shows both).
+    """
+    if exc.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        message = f"voxgate: {rpc} failed"
+        if exc.code == grpc.StatusCode.UNAVAILABLE:
+            return APIConnectionError(message)
         return APITimeoutError(message)
     status = _HTTP.get(exc.code, 500)
     # A method or feature the server lacks (e.g. Synthesize on a server without a voice)
     # will not appear on a retry; every other 5xx might.
     retryable = False if exc.code == grpc.StatusCode.UNIMPLEMENTED else None
-    return APIStatusError(message, status_code=status, body=exc.message, retryable=retryable)
+    return APIStatusError(
+        f"voxgate: {rpc}: {exc.code.name}: {exc.message}",
+        status_code=status,
+        # str() shows the body after the message: only what the message lacks goes there.
+        body={"quota": exc.quota} if exc.quota else None,
+        retryable=retryable,
+    )

@@ -1,12 +1,32 @@
 """``voxgate.STT``: LiveKit's streaming STT over voxgate's ``StreamingRecognize``.
 
-One gRPC stream per ``RecognizeStream``; audio frames are sent as pushed (resampled by LiveKit
-to ``sample_rate`` first), ``flush()`` becomes voxgate's ``Flush`` (finish the utterance now:
-the ``manual_flush`` capability), ``end_input()`` a hangup (the open utterance still gets its
-final). Events follow LiveKit's order: START_OF_SPEECH on voxgate's speech begin, INTERIM
-transcripts, RECOGNITION_USAGE (audio seconds since the last one) then FINAL_TRANSCRIPT with
-word-aligned ``TimedString``s, then END_OF_SPEECH (voxgate sends its speech end *before* the
-final; LiveKit's turn logic expects the final first, as its own inference STT sends them).
+A ``RecognizeStream`` sends audio frames as pushed (resampled by LiveKit to ``sample_rate``
+first) on one gRPC stream at a time; ``flush()`` becomes voxgate's ``Flush`` (finish the
+utterance now: the ``manual_flush`` capability), ``end_input()`` a hangup (the open utterance
+still gets its final). Events follow LiveKit's order: START_OF_SPEECH on voxgate's speech
+begin, INTERIM transcripts, RECOGNITION_USAGE (audio seconds since the last one) then
+FINAL_TRANSCRIPT with word-aligned ``TimedString``s, then END_OF_SPEECH (voxgate sends its
+speech end *before* the final; LiveKit's turn logic expects the final first, as its own
+inference STT sends them).
+
+Reconnection is LiveKit's: a stream the server ends (``DEADLINE_EXCEEDED`` after its idle
+timeout, ``UNAVAILABLE`` on a restart) or refuses at capacity raises a retryable ``APIError``
+from ``_run`` and LiveKit runs it again (``APIConnectOptions``). Once a gRPC stream has
+ended, the next opens only when audio is there to send, so a silent input (no user yet)
+holds no stream; audio pushed meanwhile waits in LiveKit's input channel, and a frame a
+failed stream could not take is sent first on the next one.
+
+Times are on the audio clock: a transcript's times are the stream's ``start_time_offset``
+(what LiveKit's ``AgentSession`` sets: where the stream's audio begins on the session's
+timeline) plus the audio sent on earlier gRPC streams plus the server's time in the current
+one. LiveKit's base class adds the *wall-clock* time between retries to that offset, which is
+wrong whenever the audio that arrived meanwhile is buffered and sent afterwards; each run
+sets it back on the audio clock.
+
+Options that change (``update_options``, LiveKit's session keyterms) apply to running streams
+too: a stream's config is its first message, so the stream moves to a new gRPC stream with
+the new config once the user is not speaking, as LiveKit's own STT defers keyterm updates to
+the end of speech.
 """
 
 from __future__ import annotations
@@ -20,6 +40,7 @@ import grpc
 from livekit import rtc
 from livekit.agents import (
     DEFAULT_API_CONNECT_OPTIONS,
+    APIConnectionError,
     APIConnectOptions,
     APITimeoutError,
     LanguageCode,
@@ -34,7 +55,9 @@ from voxgate_client import (
     CallConfig,
     CallEndedError,
     ErrorEvent,
+    ModelInfo,
     QualityChanged,
+    SessionStarted,
     SpeechBegin,
     SpeechEnd,
     Transcript,
@@ -48,10 +71,14 @@ from voxgate_client import (
 from ._errors import api_error
 from .log import logger
 
-__all__ = ["STT", "SpeechStream"]
+__all__ = ["DEFAULT_KEYTERM_BOOST", "STT", "SpeechStream"]
 
 #: Input rates the gateway takes without resampling.
 SERVED_RATES_HZ = (8000, 16000, 24000, 48000)
+
+#: Boost of a keyterm, in nats (the server's ``phrase^boost`` hotword; it caps boosts at 10).
+#: 6 is the value docs/decode_loop.md measured (9 of 10 domain terms recognised).
+DEFAULT_KEYTERM_BOOST = 6.0
 
 
 @dataclass(frozen=True)
@@ -59,7 +86,10 @@ class _Options:
     language: str
     model: str
     interim_results: bool
+    interim_interval_ms: int
     hotwords: tuple[str, ...]
+    keyterms: tuple[str, ...]
+    keyterm_boost: float
     initial_prompt: str
     sample_rate: int
     end_silence_ms: int
@@ -75,7 +105,12 @@ class STT(stt.STT[Literal["metrics_collected", "error"]]):
         language: ISO 639-1 code ("en"); empty = the server's default or detection.
         model: a model the server lists; empty = its default.
         interim_results: ask for interim transcripts.
-        hotwords: words or phrases to bias recognition towards.
+        interim_interval_ms: interval between interims (0 = the server's default).
+        hotwords: words or phrases to bias recognition towards, sent as written
+            (``"Zorblax^6"`` is boosted by 6 nats; a word without ``^`` goes into the prompt).
+        keyterms: terms to recognise (names of products, people): each is sent as the boosted
+            hotword ``term^keyterm_boost``; an ``AgentSession``'s keyterms are added to them.
+        keyterm_boost: the boost of a keyterm, nats (the server caps it at 10).
         initial_prompt: decoding prompt (context, spelling of names).
         sample_rate: the rate audio is sent at (LiveKit resamples to it); 8, 16, 24 or 48 kHz.
         end_silence_ms: the server VAD's trailing silence that ends an utterance (0 = default).
@@ -90,7 +125,10 @@ class STT(stt.STT[Literal["metrics_collected", "error"]]):
         language: str = "",
         model: str = "",
         interim_results: bool = True,
+        interim_interval_ms: int = 0,
         hotwords: tuple[str, ...] | list[str] = (),
+        keyterms: tuple[str, ...] | list[str] = (),
+        keyterm_boost: float = DEFAULT_KEYTERM_BOOST,
         initial_prompt: str = "",
         sample_rate: int = 16000,
         end_silence_ms: int = 0,
@@ -104,6 +142,7 @@ class STT(stt.STT[Literal["metrics_collected", "error"]]):
                 aligned_transcript="word",
                 offline_recognize=True,
                 manual_flush=True,
+                keyterms=True,
             )
         )
         self._target, self._tls, self._token = target, tls, token
@@ -111,11 +150,16 @@ class STT(stt.STT[Literal["metrics_collected", "error"]]):
             language,
             model,
             interim_results,
+            interim_interval_ms,
             tuple(hotwords),
+            tuple(keyterms),
+            keyterm_boost,
             initial_prompt,
             sample_rate,
             end_silence_ms,
         )
+        #: The AgentSession's keyterms (static and detected), kept apart from the user's.
+        self._session_keyterms: tuple[str, ...] = ()
         self._client: VoxgateClient | None = None
         self._streams: set[SpeechStream] = set()
 
@@ -137,14 +181,17 @@ class STT(stt.STT[Literal["metrics_collected", "error"]]):
 
     def _config(self, language: NotGivenOr[str], sample_rate: int) -> CallConfig:
         o = self._opts
+        keyterms = dict.fromkeys(t.strip() for t in (*o.keyterms, *self._session_keyterms))
+        boosted = tuple(t if "^" in t else f"{t}^{o.keyterm_boost:g}" for t in keyterms if t)
         return CallConfig(
             encoding="linear16",
             sample_rate_hz=sample_rate,
             interim_results=o.interim_results,
+            interim_interval_ms=o.interim_interval_ms,
             language=language if is_given(language) and language else o.language,
             model=o.model,
             word_timestamps=True,
-            hotwords=o.hotwords,
+            hotwords=(*o.hotwords, *boosted),
             initial_prompt=o.initial_prompt,
             vad=VadOptions(end_silence_ms=o.end_silence_ms),
         )
@@ -153,16 +200,59 @@ class STT(stt.STT[Literal["metrics_collected", "error"]]):
         self,
         *,
         language: NotGivenOr[str] = NOT_GIVEN,
+        model: NotGivenOr[str] = NOT_GIVEN,
         hotwords: NotGivenOr[list[str]] = NOT_GIVEN,
+        keyterms: NotGivenOr[list[str]] = NOT_GIVEN,
+        initial_prompt: NotGivenOr[str] = NOT_GIVEN,
+        interim_interval_ms: NotGivenOr[int] = NOT_GIVEN,
+        end_silence_ms: NotGivenOr[int] = NOT_GIVEN,
     ) -> None:
-        """Change options for streams opened from now on.
+        """Change options, for streams opened from now on and for running ones.
 
-        A stream's config is its first message, so streams already open keep theirs.
+        A running stream moves to a new gRPC stream with the new config once the user is not
+        speaking (a stream's config is its first message).
         """
-        if is_given(language):
-            self._opts = replace(self._opts, language=language)
-        if is_given(hotwords):
-            self._opts = replace(self._opts, hotwords=tuple(hotwords))
+        o = self._opts
+        self._opts = replace(
+            o,
+            language=language if is_given(language) else o.language,
+            model=model if is_given(model) else o.model,
+            hotwords=tuple(hotwords) if is_given(hotwords) else o.hotwords,
+            keyterms=tuple(keyterms) if is_given(keyterms) else o.keyterms,
+            initial_prompt=initial_prompt if is_given(initial_prompt) else o.initial_prompt,
+            interim_interval_ms=(
+                interim_interval_ms if is_given(interim_interval_ms) else o.interim_interval_ms
+            ),
+            end_silence_ms=end_silence_ms if is_given(end_silence_ms) else o.end_silence_ms,
+        )
+        self._reconfigure_streams()
+
+    def _update_session_keyterms(self, keyterms: list[str]) -> None:
+        """LiveKit's hook for an ``AgentSession``'s keyterms (static and detected).
+
+        They are boosted like the user's own and reach running streams too.
+        """
+        if tuple(keyterms) == self._session_keyterms:
+            return
+        self._session_keyterms = tuple(keyterms)
+        self._reconfigure_streams()
+
+    def _reconfigure_streams(self) -> None:
+        for s in self._streams:
+            s._reconfigure(self._config(s._language, s._config.sample_rate_hz))
+
+    async def list_models(self) -> list[ModelInfo]:
+        """The recognition models the gateway serves (``ListModels``).
+
+        Any one's ``name`` is a ``model`` option.
+
+        Raises:
+            APIError: the gateway refused or could not be reached.
+        """
+        try:
+            return await self._ensure_client().list_models()
+        except VoxgateError as exc:
+            raise api_error(exc, "ListModels") from exc
 
     def stream(
         self,
@@ -174,6 +264,7 @@ class STT(stt.STT[Literal["metrics_collected", "error"]]):
         s = SpeechStream(
             stt=self,
             config=self._config(language, self._opts.sample_rate),
+            language=language,
             conn_options=conn_options,
         )
         self._streams.add(s)
@@ -203,7 +294,7 @@ class STT(stt.STT[Literal["metrics_collected", "error"]]):
             finally:
                 await call.aclose()
         except VoxgateError as exc:
-            raise api_error(exc) from exc
+            raise api_error(exc, "StreamingRecognize") from exc
         text = " ".join(t.text.strip() for t in finals if t.text.strip())
         words = [w for t in finals for w in _words(t, 0.0)]
         return stt.SpeechEvent(
@@ -253,28 +344,89 @@ def _words(t: Transcript, offset_s: float) -> list[TimedString]:
 
 
 class SpeechStream(stt.SpeechStream):
-    """One ``StreamingRecognize`` call; LiveKit retries ``_run`` on a retryable APIError."""
+    """One recognition; LiveKit retries ``_run`` on a retryable APIError (see the module)."""
 
-    def __init__(self, *, stt: STT, config: CallConfig, conn_options: APIConnectOptions) -> None:
+    def __init__(
+        self,
+        *,
+        stt: STT,
+        config: CallConfig,
+        language: NotGivenOr[str],
+        conn_options: APIConnectOptions,
+    ) -> None:
         super().__init__(stt=stt, conn_options=conn_options, sample_rate=config.sample_rate_hz)
         self._voxgate = stt
         self._config = config
+        self._language = language
+        #: A config to move to once the user is not speaking (update_options, keyterms).
+        self._next_config: CallConfig | None = None
         self._speaking = False
+        #: Audio sent since the last RECOGNITION_USAGE, s.
         self._audio_s = 0.0
+        #: Audio sent on every gRPC stream before the current one, and on it so far, s.
+        self._sent_s = 0.0
+        #: ``start_time_offset`` as first set (by the AgentSession): the audio clock's origin.
+        self._anchor_s: float | None = None
+        #: Frames taken from the input that no stream has taken yet (sent first on the next).
+        self._unsent: list[rtc.AudioFrame] = []
+        #: Utterances of earlier gRPC streams (each stream numbers its own from 0).
+        self._index_base = 0
+        self._utterances = 0
+        self._hung_up = False
         self._request_id = ""
+        #: ``SessionStarted`` of every gRPC stream this recognition opened, oldest first.
+        self.sessions: list[SessionStarted] = []
 
     async def aclose(self) -> None:
         """Close now (the RPC is cancelled with ``_run``)."""
         await super().aclose()
         self._voxgate._streams.discard(self)
 
+    def _reconfigure(self, config: CallConfig) -> None:
+        if config != self._config:
+            self._next_config = config
+
     async def _run(self) -> None:
+        if self._anchor_s is None:
+            self._anchor_s = self.start_time_offset
+        while True:
+            if not await self._audio_waiting():
+                return  # the input ended with nothing more to send
+            if self._next_config is not None:
+                self._config, self._next_config = self._next_config, None
+            # Undo the wall-clock time LiveKit's retry added: this stream's first sample is
+            # the audio clock's origin plus everything sent before it.
+            self.start_time_offset = self._anchor_s + self._sent_s
+            self._index_base += self._utterances
+            self._utterances = 0
+            if not await self._one_stream():
+                return
+
+    async def _audio_waiting(self) -> bool:
+        """After a gRPC stream has ended, wait for audio to send: a silent input holds none.
+
+        The first gRPC stream opens at once, so a refused config is known before any audio
+        and the stream is ready when the audio comes. A flush before any audio has nothing
+        to finish. False once the input has ended.
+        """
+        if self._unsent or not self.sessions:
+            return True
+        async for item in self._input_ch:
+            if isinstance(item, rtc.AudioFrame):
+                self._unsent.append(item)
+                return True
+        return False
+
+    async def _one_stream(self) -> bool:
+        """One gRPC stream; True when it ended to move to a new config (more to send)."""
         try:
             call = await _open(self._voxgate._ensure_client(), self._config, self._conn_options)
         except VoxgateError as exc:
-            raise api_error(exc) from exc
+            raise api_error(exc, "StreamingRecognize") from exc
         assert call.session is not None
+        self.sessions.append(call.session)
         self._request_id = call.session.session_id
+        self._hung_up = False
         try:
             sender = asyncio.create_task(self._send(call), name="voxgate-stt-send")
             try:
@@ -284,27 +436,46 @@ class SpeechStream(stt.SpeechStream):
             if sender.done() and not sender.cancelled() and (err := sender.exception()):
                 raise err
         except VoxgateError as exc:
-            raise api_error(exc) from exc
+            self._end_of_speech()  # the dead stream's utterance gets no final
+            raise api_error(exc, "StreamingRecognize") from exc
         finally:
             await call.aclose()
+        if not self._hung_up:
+            self._end_of_speech()
+            raise APIConnectionError("voxgate: the server ended the recognition stream")
+        return self._next_config is not None
 
     async def _send(self, call: Call) -> None:
         try:
+            while self._unsent:  # what an earlier stream took but could not send
+                await self._send_frame(call, self._unsent[0])
+                self._unsent.pop(0)
             async for item in self._input_ch:
                 if isinstance(item, rtc.AudioFrame):
-                    await call.send_audio(item.data.tobytes())
-                    self._audio_s += item.duration
+                    self._unsent.append(item)
+                    if self._next_config is not None and not self._speaking:
+                        break  # move to the new config before this frame
+                    await self._send_frame(call, item)
+                    self._unsent.pop()
                 else:  # a flush: finish the utterance now
                     await call.flush()
+            self._hung_up = True
             await call.hangup()
         except CallEndedError:
             return  # the server ended the stream; the receiver raises its status
 
+    async def _send_frame(self, call: Call, frame: rtc.AudioFrame) -> None:
+        await call.send_audio(frame.data.tobytes())
+        self._audio_s += frame.duration
+        self._sent_s += frame.duration
+
     async def _receive(self, call: Call) -> None:
         async for event in call:
             if isinstance(event, SpeechBegin):
+                self._utterances = max(self._utterances, event.utterance_index + 1)
                 self._start_of_speech()
             elif isinstance(event, Transcript):
+                self._utterances = max(self._utterances, event.utterance_index + 1)
                 self._transcript(event)
             elif isinstance(event, SpeechEnd):
                 pass  # END_OF_SPEECH follows the final (see module docstring)
@@ -328,6 +499,16 @@ class SpeechStream(stt.SpeechStream):
                 )
             )
 
+    def _end_of_speech(self) -> None:
+        if self._speaking:
+            self._speaking = False
+            with contextlib.suppress(RuntimeError):  # the channel may close with the stream
+                self._event_ch.send_nowait(
+                    stt.SpeechEvent(
+                        type=stt.SpeechEventType.END_OF_SPEECH, request_id=self._request_id
+                    )
+                )
+
     def _transcript(self, t: Transcript) -> None:
         if not t.is_final and not t.text.strip():
             return
@@ -343,7 +524,7 @@ class SpeechStream(stt.SpeechStream):
             # What LiveKit's SpeechData has no field for; received_s (the client's loop time
             # of the message's arrival) lets a benchmark see what the plugin adds.
             metadata={
-                "utterance_index": t.utterance_index,
+                "utterance_index": self._index_base + t.utterance_index,
                 "no_speech_probability": t.no_speech_probability,
                 "received_s": t.received_s,
             },
@@ -374,11 +555,4 @@ class SpeechStream(stt.SpeechStream):
                     alternatives=[data],
                 )
             )
-        if self._speaking:
-            self._speaking = False
-            with contextlib.suppress(RuntimeError):  # the channel may close with the stream
-                self._event_ch.send_nowait(
-                    stt.SpeechEvent(
-                        type=stt.SpeechEventType.END_OF_SPEECH, request_id=self._request_id
-                    )
-                )
+        self._end_of_speech()

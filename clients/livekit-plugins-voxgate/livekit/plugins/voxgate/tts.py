@@ -7,15 +7,21 @@ written; ``flush()`` ends a segment. Both report word-aligned transcripts (the
 ``aligned_transcript`` capability): voxgate gives each word's end time within its request; a
 word starts where the previous one ended. Closing a stream (LiveKit does on an interruption)
 cancels the RPC in flight, so the server stops synthesising at once.
+
+The server synthesises to 8, 16, 24 and 48 kHz itself; any other ``sample_rate`` (22.05 or
+44.1 kHz) is requested at the next served rate up and resampled here with LiveKit's resampler,
+as LiveKit's own plugins resample. ``update_options`` changes the voice, rate and speaker for
+the next RPC, so a running ``stream()`` speaks its next sentence with them.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import grpc
+from livekit import rtc
 from livekit.agents import (
     DEFAULT_API_CONNECT_OPTIONS,
     APIConnectOptions,
@@ -24,8 +30,9 @@ from livekit.agents import (
     tts,
     utils,
 )
-from livekit.agents.types import TimedString
-from voxgate_client import VoxgateClient, VoxgateError
+from livekit.agents.types import NOT_GIVEN, NotGivenOr, TimedString
+from livekit.agents.utils import is_given
+from voxgate_client import VoiceInfo, VoxgateClient, VoxgateError
 
 from ._errors import api_error
 
@@ -52,7 +59,8 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):
         voice: a voice the server lists; empty = its default.
         rate: speaking rate (1.0 normal; None = the voice's default).
         speaker_id: speaker of a multi-speaker voice.
-        sample_rate: output rate, synthesised to by the server: 8, 16, 24 or 48 kHz.
+        sample_rate: output rate: 8, 16, 24 or 48 kHz are synthesised to by the server, any
+            other (22.05, 44.1 kHz) is resampled here from the next served rate up.
         sentence_tokenizer: how ``stream()`` cuts text (LiveKit's blingfire one by default).
     """
 
@@ -68,8 +76,8 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):
         sample_rate: int = 24000,
         sentence_tokenizer: tokenize.SentenceTokenizer | None = None,
     ) -> None:
-        if sample_rate not in SERVED_RATES_HZ:
-            raise ValueError(f"sample_rate={sample_rate}; use one of {SERVED_RATES_HZ}")
+        if not 0 < sample_rate <= 192_000:
+            raise ValueError(f"sample_rate={sample_rate}; a rate in Hz, e.g. 24000")
         super().__init__(
             capabilities=tts.TTSCapabilities(streaming=True, aligned_transcript=True),
             sample_rate=sample_rate,
@@ -100,6 +108,45 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):
             self._client = VoxgateClient(self._target, self._tls, self._token)
         return self._client
 
+    @property
+    def _wire_rate(self) -> int:
+        """The rate the server synthesises to: ours, or the next served one up."""
+        rate = self._opts.sample_rate
+        return next((r for r in SERVED_RATES_HZ if r >= rate), SERVED_RATES_HZ[-1])
+
+    def update_options(
+        self,
+        *,
+        voice: NotGivenOr[str] = NOT_GIVEN,
+        rate: NotGivenOr[float | None] = NOT_GIVEN,
+        speaker_id: NotGivenOr[int] = NOT_GIVEN,
+    ) -> None:
+        """Change the voice (one :meth:`list_voices` names), speaking rate or speaker.
+
+        Every RPC from now on uses them: a running ``stream()`` speaks its next sentence so.
+        """
+        o = self._opts
+        self._opts = replace(
+            o,
+            voice=voice if is_given(voice) else o.voice,
+            rate=rate if is_given(rate) else o.rate,
+            speaker_id=speaker_id if is_given(speaker_id) else o.speaker_id,
+        )
+
+    async def list_voices(self) -> list[VoiceInfo]:
+        """The voices the gateway serves (``ListVoices``); any one's ``name`` is a ``voice``.
+
+        Each has ``name``, ``language``, ``sample_rate_hertz``, ``num_speakers`` and
+        ``is_default``.
+
+        Raises:
+            APIError: the gateway refused or could not be reached.
+        """
+        try:
+            return await self._ensure_client().list_voices()
+        except VoxgateError as exc:
+            raise api_error(exc, "ListVoices") from exc
+
     def synthesize(
         self, text: str, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS
     ) -> ChunkedStream:
@@ -119,14 +166,31 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):
     ) -> float:
         """Synthesise ``text`` into ``emitter``; returns the seconds of audio pushed."""
         o = self._opts
+        wire_rate = self._wire_rate
         stream = self._ensure_client().synthesize(
             text,
             voice=o.voice,
             rate=o.rate,
             speaker_id=o.speaker_id,
             encoding="linear16",
-            sample_rate_hz=o.sample_rate,
+            sample_rate_hz=wire_rate,
         )
+        # One resampler per RPC: its audio is one continuous signal.
+        resampler = (
+            rtc.AudioResampler(wire_rate, o.sample_rate, quality=rtc.AudioResamplerQuality.HIGH)
+            if wire_rate != o.sample_rate
+            else None
+        )
+
+        def push(data: bytes) -> float:
+            if resampler is None:
+                emitter.push(data)
+                return len(data) / (2 * o.sample_rate)
+            frames = resampler.push(bytearray(data)) if data else resampler.flush()
+            for f in frames:
+                emitter.push(bytes(f.data))
+            return sum(f.samples_per_channel for f in frames) / o.sample_rate
+
         pushed_s = 0.0
         previous_end_s = 0.0
         self.open_rpcs += 1
@@ -156,10 +220,11 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):
                         ]
                     )
                 if chunk.data:
-                    emitter.push(chunk.data)
-                    pushed_s += len(chunk.data) / (2 * o.sample_rate)
+                    pushed_s += push(chunk.data)
+            if resampler is not None:
+                pushed_s += push(b"")  # what the resampler still holds
         except VoxgateError as exc:
-            raise api_error(exc) from exc
+            raise api_error(exc, "Synthesize") from exc
         finally:
             await stream.aclose()  # cancels the RPC when we stop early
             self.open_rpcs -= 1
