@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from engines.asr.base import AsrOptions
+from engines.turn import SmartTurn
 from engines.vad import SileroVad
 from gateway.admission import AdmissionPolicy, LoadSnapshot, Refusal, StreamKind
 from gateway.audio import OutputEncoder
@@ -334,6 +335,15 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
                 SileroVad.load()
             except (FileNotFoundError, ValueError) as exc:
                 raise ConfigError(f"vad.model=silero: {exc}") from None
+        #: The audio end-of-turn model ``smart`` calls use (session.turns.smart_turn_model).
+        self.turn_model: SmartTurn | None = None
+        spec = config.session.turns.smart_turn_model
+        if spec:
+            try:
+                self.turn_model = SmartTurn.load(spec)
+                self.turn_model.warmup()
+            except (FileNotFoundError, OSError, ValueError) as exc:
+                raise ConfigError(f"session.turns.smart_turn_model: {exc}") from None
         self._idle.set()
 
     # -- RPCs --------------------------------------------------------------------------------------
@@ -576,6 +586,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             metrics=self.metrics,
             quality=self.quality,
             realtime_slack_ms=self.config.admission.realtime_slack_ms,
+            turn_model=self.turn_model,
         )
         self._sessions[session_id] = session
         if self._ending:

@@ -22,11 +22,13 @@ import asyncio
 import contextlib
 import logging
 import math
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from engines.asr.base import AsrOptions, AsrRequest, AsrResult
 from engines.base import ASR_SAMPLE_RATE_HZ
@@ -199,6 +201,8 @@ class _Turn:
     pending: set[int] = field(default_factory=set)
     #: Utterance index -> its final's text.
     texts: dict[int, str] = field(default_factory=dict)
+    #: Utterance index -> the audio model's probability at its end (absent while it runs).
+    audio: dict[int, float] = field(default_factory=dict)
 
     def text(self, before: int | None = None) -> str:
         """The turn's finals joined, in order (only those of utterances before ``before``)."""
@@ -237,6 +241,21 @@ class _Playback:
     voiced_ms_at_start: int = 0
 
 
+class EndOfTurnModel(Protocol):
+    """An audio end-of-turn model (engines.turn.SmartTurn): thread-safe, run on a worker."""
+
+    def probability(self, audio: npt.NDArray[np.float32]) -> float:
+        """How likely the speech that ends ``audio`` (16 kHz float) completes a turn."""
+        ...
+
+
+#: Utterances of a turn shorter than this (speech, ms) are decoded without its earlier words.
+_PROMPT_MIN_SPEECH_MS = 1_000
+
+#: Caller audio the turn model reads, samples (its 8 s window).
+_TURN_AUDIO_SAMPLES = 8 * ASR_SAMPLE_RATE_HZ
+
+
 class CallSession:
     """Runs one call. Create one per RPC, then ``await run(source, sink)``.
 
@@ -252,6 +271,7 @@ class CallSession:
         quality: the server's degradation level (gateway/degrade.py), read at every request so
             that shedding reaches calls in progress; full quality when omitted.
         realtime_slack_ms: audio this far ahead of the call's own clock makes it :attr:`bulk`.
+        turn_model: the audio end-of-turn model ``smart`` turn detection consults, if any.
     """
 
     def __init__(
@@ -267,6 +287,7 @@ class CallSession:
         detector: VoiceDetector | None = None,
         quality: QualityLevel | None = None,
         realtime_slack_ms: int = 2_000,
+        turn_model: EndOfTurnModel | None = None,
     ) -> None:
         self.config = config
         self._realtime_slack_ms = realtime_slack_ms
@@ -331,6 +352,13 @@ class CallSession:
         self._turn_of: dict[int, _Turn] = {}
         self._next_turn = 0
         self._pending_turn_ends: list[_TurnEnd] = []
+        self._turn_model = (
+            turn_model if config.turns.mode == "smart" and config.turns.audio_model else None
+        )
+        # The last seconds of the caller's audio (what the turn model reads), newest last.
+        self._recent: deque[np.ndarray] = deque()
+        self._recent_samples = 0
+        self._turn_model_tasks: set[asyncio.Task[None]] = set()
         # The language of the call's last confidently detected final (see _interim_language).
         self._learned_language: str | None = None
         # Segmenter events are produced synchronously and drained (awaiting queues) right after.
@@ -437,6 +465,8 @@ class CallSession:
                 self._idle_timer.cancel()
             await cancel_and_wait(reader)
             await self._cancel_interim()
+            for model_task in list(self._turn_model_tasks):
+                await cancel_and_wait(model_task)
             for spec in self._specs.values():
                 spec.task.cancel()
             specs, self._specs = list(self._specs.values()), {}
@@ -513,7 +543,10 @@ class CallSession:
                     raise CallError.invalid(str(exc)) from None
                 if self._echo is not None:
                     samples = self._echo.process(samples, loop.time())
-                self._handle_segments(self._segmenter.push(self._gated(samples)))
+                gated = self._gated(samples)
+                if self._turn_model is not None:
+                    self._remember(gated)
+                self._handle_segments(self._segmenter.push(gated))
                 self._check_speech_in_progress()
                 self._maybe_first_interim()
                 # SPEECH_BEGIN goes out first, then barge-in stops playback right behind it.
@@ -607,6 +640,7 @@ class CallSession:
                     self._turn.last_utterance = ev.utterance_index
                     self._turn.speech_end_ms = ev.offset_ms
                     self._turn.speech_end_at = self._speech_end_at[ev.utterance_index]
+                    self._ask_turn_model(self._turn, ev.utterance_index)
             elif not ev.dropped and self._transcriber is not None:
                 self._pending_utts.append(ev)
                 if self._turn is not None:
@@ -641,7 +675,10 @@ class CallSession:
             return  # the caller is talking (or may be) again: the turn goes on
         silence = self._segmenter.offset_ms - turn.speech_end_ms
         text = None if turn.pending else turn.text()
-        decision = detector.decide(TurnInput(silence, text))
+        audio = turn.audio.get(turn.last_utterance)
+        if self._turn_model is not None and audio is None:
+            text = None  # the model still runs: wait for it as for the words
+        decision = detector.decide(TurnInput(silence, text, audio))
         if decision.end:
             self._end_turn(decision, silence)
 
@@ -663,17 +700,48 @@ class CallSession:
             silence = max(0, self._segmenter.offset_ms - self._turn.speech_end_ms)
             self._end_turn(TurnDecision(True, 1.0, reason), silence)
 
-    def _turn_options(self, options: AsrOptions, index: int) -> AsrOptions:
+    def _remember(self, samples: np.ndarray) -> None:
+        """Keep the last 8 s of the caller's (16 kHz, gated) audio for the turn model."""
+        self._recent.append(samples)
+        self._recent_samples += len(samples)
+        while self._recent and self._recent_samples - len(self._recent[0]) >= _TURN_AUDIO_SAMPLES:
+            self._recent_samples -= len(self._recent.popleft())
+
+    def _ask_turn_model(self, turn: _Turn, index: int) -> None:
+        """Run the audio end-of-turn model on the audio up to now, on a worker thread."""
+        model = self._turn_model
+        if model is None:
+            return
+        audio = np.concatenate(list(self._recent)) if self._recent else np.zeros(0, np.float32)
+
+        async def run() -> None:
+            loop = asyncio.get_running_loop()
+            try:
+                p = await loop.run_in_executor(None, model.probability, audio)
+            except Exception:  # the words and the silence still decide
+                log.exception("call %s: the end-of-turn model failed", self.log_id)
+                p = 0.5
+            turn.audio[index] = p
+
+        task = asyncio.create_task(run(), name="turn-model")
+        self._turn_model_tasks.add(task)
+        task.add_done_callback(self._turn_model_tasks.discard)
+
+    def _turn_options(self, options: AsrOptions, utt: Utterance) -> AsrOptions:
         """An utterance's decoding options with its turn's earlier words as its prompt.
 
         A pause inside a sentence ends an utterance but not its turn; the next part is
-        decoded knowing what came before it ("ask not" after "and so, my fellow Americans"),
-        as Whisper decodes a long file window after window.
+        decoded knowing what came before it, as Whisper decodes a long file window after
+        window. Not a fragment of under ``_PROMPT_MIN_SPEECH_MS``: with the sentence before
+        it as its prompt Whisper gave JFK's "ask" and "not" (0.3-0.4 s each) no text at all;
+        without, "ASK!" and "Not!".
         """
-        turn = self._turn_of.get(index)
+        turn = self._turn_of.get(utt.index)
         if turn is None or self._transcriber is None:
             return options
-        before = turn.text(before=index)
+        if utt.speech_end_ms - utt.speech_start_ms < _PROMPT_MIN_SPEECH_MS:
+            return options
+        before = turn.text(before=utt.index)
         if not before:
             return options
         prompt = f"{options.initial_prompt.strip()} {before}".strip()
@@ -821,7 +889,7 @@ class CallSession:
         options = self._asr_options()
         if self._turn is not None:
             self._turn_of.setdefault(index, self._turn)
-            options = self._turn_options(options, index)
+            options = self._turn_options(options, utt)
         req = AsrRequest(utt.audio, utt.stats, options, is_final=True, bulk=self.bulk)
         task = asyncio.create_task(transcriber.transcribe(req), name=f"speculative-{index}")
         self._specs[index] = _Speculation(utt.start_ms, utt.speech_end_ms, task)
@@ -854,7 +922,7 @@ class CallSession:
             spec.task.cancel()
             self._metrics.asr_speculative.labels("discarded").inc()
             spec = None
-        options = self._turn_options(self._asr_options(), utt.index)
+        options = self._turn_options(self._asr_options(), utt)
         req = AsrRequest(utt.audio, utt.stats, options, is_final=True, bulk=self.bulk)
         decoded: AsrResult | None = None
         failure: ErrorOut | None = None

@@ -14,8 +14,9 @@ pauses. So the turn is decided on three signals, each optional but silence:
 * **an audio end-of-turn model** (Smart Turn v3, :mod:`engines.turn`) where the server has one:
   the prosody of the last seconds says whether the voice trails off as at the end of a turn.
 
-They combine into one probability ``p`` that the turn is complete, and the turn ends once the
-silence reaches the hold that ``p`` earns: ``min_silence_ms`` for a certain end, growing
+They combine into one probability ``p`` that the turn is complete (the audio model can only
+lower the words' -- either signal holds the turn), and the turn ends once the silence reaches
+the hold that ``p`` earns: ``min_silence_ms`` for a certain end, growing
 linearly to ``max_pause_ms`` for a certainly unfinished one (scaled by eagerness). Everything
 here is synchronous and clock-free: the session passes the silence it measured on the call's
 own audio clock (so a file sent faster than real time decides the same way).
@@ -49,9 +50,7 @@ class TurnOptions:
         mode: see :data:`TurnMode`.
         eagerness: 0..1; scales every hold (0.5 = as documented, 1 = end at ``min_silence_ms``
             whatever the words, 0 = twice the hold, capped at ``max_pause_ms``).
-        end_silence_ms: ``silence``: the hangover that ends an utterance and its turn;
-            ``smart``: silence after which an utterance whose words are not decoded yet (or
-            a turn with no words) ends on silence alone.
+        end_silence_ms: ``silence``: the hangover that ends an utterance and its turn.
         min_silence_ms: ``smart``: the shortest silence that ends a turn (a certain end).
         max_pause_ms: ``smart``: the longest pause held over an unfinished sentence.
         decode_after_ms: ``smart``: silence after which the utterance's final decode starts
@@ -226,7 +225,9 @@ def text_completion(text: str) -> float:
         return 0.3
     if _TERMINAL.search(stripped):
         return 0.95 if stripped.endswith(("?", "!")) else 0.9
-    return 0.6
+    # Whisper punctuates the sentences it hears end; none at all is a sentence still open
+    # ("And so my fellow Americans").
+    return 0.35
 
 
 class TurnDetector:
@@ -244,11 +245,12 @@ class TurnDetector:
         words = text_completion(text) if text is not None else 0.5
         if audio_probability is None or not self.options.audio_model:
             return words
-        # An unfinished clause is syntax, which prosody cannot overrule: the words keep the
-        # larger say there; elsewhere the two count alike.
-        if words <= 0.25:
-            return 0.75 * words + 0.25 * audio_probability
-        return 0.5 * (words + audio_probability)
+        # Either signal can hold the turn; it ends when both say it is done. Whisper closes
+        # fragments with full stops ("ASK!", "Go forward."), and the voice trailing up over a
+        # dramatic pause says otherwise; a finished-sounding voice over an unfinished clause
+        # ("and the") is held by the words. So the model never ends a turn sooner than the
+        # words would; it holds turns the words would end too soon.
+        return min(words, audio_probability)
 
     def hold_ms(self, probability: float) -> int:
         """The silence a turn this likely complete needs before it ends."""
@@ -265,9 +267,11 @@ class TurnDetector:
             end = state.silence_ms >= opts.end_silence_ms
             return TurnDecision(end, 1.0 if end else 0.0, "silence" if end else "")
         if state.text is None:
-            # The words are not decoded yet: wait for them, up to the plain hangover.
-            end = state.silence_ms >= max(opts.end_silence_ms, opts.min_silence_ms)
-            return TurnDecision(end, 0.5, "silence" if end else "", opts.end_silence_ms)
+            # The words (or the audio model) are not in yet: wait for them, up to the longest
+            # pause a turn is held over (a decode that keeps them past it does not hold the
+            # caller's turn open for good; one that ends a turn the words would hold does).
+            end = state.silence_ms >= opts.max_pause_ms
+            return TurnDecision(end, 0.5, "silence" if end else "", opts.max_pause_ms)
         p = self.probability(state.text, state.audio_probability)
         hold = self.hold_ms(p)
         if state.silence_ms >= opts.max_pause_ms:

@@ -51,22 +51,30 @@ def test_an_unfinished_clause_holds_the_turn_up_to_the_max_pause() -> None:
     assert decision.end and decision.reason == "max_pause"
 
 
-def test_words_not_decoded_yet_wait_up_to_the_plain_hangover() -> None:
+def test_words_not_decoded_yet_wait_up_to_the_max_pause() -> None:
     detector = TurnDetector(SMART)
-    assert not detector.decide(TurnInput(400, None)).end
-    decision = detector.decide(TurnInput(600, None))
+    assert not detector.decide(TurnInput(1000, None)).end
+    decision = detector.decide(TurnInput(1600, None))
     assert decision.end and decision.reason == "silence"
 
 
-def test_the_audio_model_moves_the_hold_both_ways() -> None:
+def test_the_audio_model_holds_what_the_words_would_end_too_soon() -> None:
     detector = TurnDetector(SMART)
-    plain = detector.decide(TurnInput(0, "okay")).hold_ms
-    done = detector.decide(TurnInput(0, "okay", audio_probability=0.98)).hold_ms
-    unsure = detector.decide(TurnInput(0, "okay", audio_probability=0.05)).hold_ms
-    assert done < plain < unsure
-    assert detector.decide(TurnInput(done, "okay", audio_probability=0.98)).reason == "audio"
-    # The audio model cannot end a clause that the words say is unfinished at a short pause.
-    assert not detector.decide(TurnInput(400, "and the", audio_probability=1.0)).end
+    words = detector.decide(TurnInput(0, "Go forward.")).hold_ms
+    # Whisper closed the fragment with a full stop; the voice says the sentence goes on.
+    held = detector.decide(TurnInput(0, "Go forward.", audio_probability=0.04)).hold_ms
+    assert held > 1000 > words
+    # Both say done: the words' hold, and the audio model is named.
+    done = detector.decide(TurnInput(words, "Thank you.", audio_probability=0.97))
+    assert done.end and done.reason == "audio"
+    # A finished-sounding voice never ends an unfinished clause sooner.
+    assert not detector.decide(TurnInput(1000, "and the", audio_probability=1.0)).end
+
+
+def test_no_punctuation_holds_longer_than_a_full_stop() -> None:
+    detector = TurnDetector(SMART)
+    open_hold = detector.decide(TurnInput(0, "And so my fellow Americans")).hold_ms
+    assert open_hold > 900 > detector.decide(TurnInput(0, "My fellow Americans.")).hold_ms
 
 
 def test_eagerness_scales_the_hold() -> None:

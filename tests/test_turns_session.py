@@ -39,10 +39,23 @@ SMART = TurnOptions(mode="smart", min_silence_ms=200, max_pause_ms=1600, end_sil
 
 
 @dataclass
+class FakeTurnModel:
+    """A FAKE audio end-of-turn model: scripted probabilities, one per utterance end."""
+
+    answers: list[float]
+    seen: list[int] = field(default_factory=list)
+
+    def probability(self, audio: np.ndarray) -> float:
+        self.seen.append(len(audio))
+        return self.answers[len(self.seen) - 1]
+
+
+@dataclass
 class Call:
     transcriber: FakeTranscriber
     turns: TurnOptions = SMART
     hangover_ms: int = 200
+    turn_model: FakeTurnModel | None = None
     out: list[tuple[float, OutboundEvent]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -62,6 +75,7 @@ class Call:
             None,
             metrics=GatewayMetrics(),
             detector=EnergyVoiceDetector(),
+            turn_model=self.turn_model,
         )
 
     def run(self, pcm: bytes) -> None:
@@ -161,3 +175,18 @@ def test_turn_detection_off_sends_no_turns() -> None:
     call.run(tone(800) + silence(1200))
     assert call.of(EndOfTurnOut) == []
     assert [f.turn_index for f in call.of(TranscriptOut)] == [None]
+
+
+def test_the_audio_model_holds_a_turn_over_a_pause_after_a_closed_fragment() -> None:
+    texts = ["Go forward.", "ten meters."]
+    words_only = Call(FakeTranscriber(texts, delay_s=0.05))
+    words_only.run(tone(800) + silence(900) + tone(800) + silence(1500))
+    assert len(words_only.of(EndOfTurnOut)) == 2  # the full stop ended the turn too soon
+
+    model = FakeTurnModel([0.05, 0.95])
+    call = Call(FakeTranscriber(texts, delay_s=0.05), turn_model=model)
+    call.run(tone(800) + silence(900) + tone(800) + silence(1500))
+    (end,) = call.of(EndOfTurnOut)
+    assert end.text == "Go forward. ten meters." and end.reason == "audio"
+    # It read the caller's audio up to each utterance's end (8 s at most).
+    assert len(model.seen) == 2 and 0 < model.seen[0] < model.seen[1] <= 8 * 16000

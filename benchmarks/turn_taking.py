@@ -1,0 +1,325 @@
+"""Turn taking through ``Converse``: when does the gateway say the caller has finished?
+
+Real-time callers (interims on) on an in-process server with the default engines, each clip one
+call: 0.5 s of silence, the clip, 2.5 s of silence, hang up. Side by side in one run, per turn
+detection variant:
+
+* ``hangover600``: today's endpointing as turns (``silence``: every utterance a turn, 600 ms);
+* ``words``: ``smart`` with silence and the words so far;
+* ``audio``: ``smart`` with the audio end-of-turn model too (only with ``--smart-turn-model``).
+
+Two sets: the shared real clips (each one sentence or a few, one turn), and a pause set built
+from them: each clip with one pause of 0.3-1.5 s spliced into its quietest mid-sentence gap
+(silence inserted where the speaker already paused briefly, so the words around it are the
+clip's own). Reported per variant, set and number of concurrent callers (1 and 4):
+
+* end of last word (the clip's last 20 ms frame above -40 dBFS) -> EndOfTurn and -> the last
+  final, p50/p95 ms (received by the client);
+* premature ends of turn: EndOfTurn events whose turn ended before the clip's last word, per
+  clip (real set) or per spliced pause (pause set);
+* turns not ended within 2 s of the last word;
+* WER of the call's turns' text (EndOfTurn texts joined) against the reference.
+
+    python -m benchmarks.turn_taking [--tiny] [--clips N] [--callers 1,4] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import wave
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks._stats import percentile
+from benchmarks._wer import wer
+
+REPO = Path(__file__).resolve().parents[1]
+SPEECH = REPO.parent / "shared" / "data" / "speech"
+RATE_HZ = 16_000
+CHUNK_MS = 20
+CHUNK_SAMPLES = RATE_HZ * CHUNK_MS // 1000
+LEAD_MS = 500
+TAIL_MS = 2_500
+#: A turn not ended this long after the last word counts as not ended.
+NOT_ENDED_MS = 2_000
+PAUSES_MS = (300, 600, 1_000, 1_500)
+JFK = "jfk_inaugural_1961.wav"
+
+
+@dataclass(frozen=True)
+class Item:
+    """One caller turn to play: audio, reference, where its last word ends, its pauses."""
+
+    name: str
+    pcm: np.ndarray
+    text: str
+    last_word_ms: int
+    pauses: int = 0
+
+
+@dataclass
+class Outcome:
+    """What one call saw."""
+
+    variant: str
+    set: str
+    callers: int
+    name: str
+    eot_ms: float | None = None
+    final_ms: float | None = None
+    premature: int = 0
+    pauses: int = 0
+    not_ended: bool = False
+    turns: int = 0
+    text: str = ""
+    wer: float = 0.0
+    error: str = ""
+
+
+# --- audio --------------------------------------------------------------------------------------
+
+
+def frame_rms(pcm: np.ndarray) -> np.ndarray:
+    """RMS of each whole 20 ms frame, full scale 1.0."""
+    n = len(pcm) // CHUNK_SAMPLES
+    frames = pcm[: n * CHUNK_SAMPLES].astype(np.float32).reshape(n, -1) / 32768.0
+    return np.asarray(np.sqrt((frames**2).mean(axis=1)))
+
+
+def last_word_ms(pcm: np.ndarray) -> int:
+    """End of the clip's last 20 ms frame above -40 dBFS (its last word, not its tail)."""
+    loud = np.flatnonzero(frame_rms(pcm) > 0.01)
+    return int((loud[-1] + 1) * CHUNK_MS) if len(loud) else len(pcm) * 1000 // RATE_HZ
+
+
+def splice_pause(pcm: np.ndarray, pause_ms: int) -> tuple[np.ndarray, int] | None:
+    """``pcm`` with ``pause_ms`` of silence inserted in its quietest mid-sentence gap.
+
+    The gap is the quietest 60 ms within the middle half of the speech (between words); the
+    inserted audio is that gap's own background repeated, so the line noise does not drop out.
+    Returns the new audio and where the pause ends (ms), or None for a clip with no gap.
+    """
+    rms = frame_rms(pcm)
+    loud = np.flatnonzero(rms > 0.01)
+    if len(loud) < 10:
+        return None
+    first, last = int(loud[0]), int(loud[-1])
+    lo, hi = first + (last - first) // 4, first + 3 * (last - first) // 4
+    if hi - lo < 4:
+        return None
+    window = np.convolve(rms[lo:hi], np.ones(3) / 3, mode="valid")
+    at = lo + int(np.argmin(window)) + 1  # the middle frame of the quietest 60 ms
+    cut = at * CHUNK_SAMPLES
+    floor = pcm[cut : cut + CHUNK_SAMPLES]
+    reps = pause_ms // CHUNK_MS
+    filler = np.tile(floor, reps)
+    out = np.concatenate([pcm[:cut], filler, pcm[cut:]])
+    return out, at * CHUNK_MS + pause_ms
+
+
+def load_items(speech_dir: Path, n: int) -> tuple[list[Item], list[Item]]:
+    """The real set (JFK first, then the shortest clips) and its pause set."""
+    rows = [json.loads(line) for line in (speech_dir / "manifest.jsonl").open()]
+    rows.sort(key=lambda r: (r["file"] != JFK, r["duration_s"]))
+    real: list[Item] = []
+    paused: list[Item] = []
+    for row in rows[:n]:
+        with wave.open(str(speech_dir / row["file"])) as w:
+            pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2").copy()
+        name = row["file"].removesuffix(".wav")
+        real.append(Item(name, pcm, row["text"], last_word_ms(pcm)))
+        if row["file"] == JFK:
+            continue  # it already pauses four times, for up to 1.2 s
+        pause = PAUSES_MS[len(paused) % len(PAUSES_MS)]
+        spliced = splice_pause(pcm, pause)
+        if spliced is not None:
+            audio, _ = spliced
+            paused.append(Item(f"{name}+{pause}ms", audio, row["text"], last_word_ms(audio), 1))
+    return real, paused
+
+
+# --- calls --------------------------------------------------------------------------------------
+
+
+async def play_call(target: str, item: Item, variant: str, callers: int, set_name: str) -> Outcome:
+    """One real-time call of ``item``; the outcome measured from the client's side."""
+    from clients.voxgate_client import (  # noqa: PLC0415
+        CallConfig,
+        EndOfTurn,
+        Transcript,
+        TurnOptions,
+        VoxgateClient,
+        VoxgateError,
+    )
+
+    turns = (
+        TurnOptions(mode="silence", end_silence_ms=600)
+        if variant == "hangover600"
+        else TurnOptions(mode="smart")
+    )
+    out = Outcome(variant, set_name, callers, item.name, pauses=item.pauses)
+    loop = asyncio.get_running_loop()
+    pcm = np.concatenate(
+        [
+            np.zeros(LEAD_MS * RATE_HZ // 1000, np.int16),
+            item.pcm,
+            np.zeros(TAIL_MS * RATE_HZ // 1000, np.int16),
+        ]
+    )
+    data = pcm.tobytes()
+    data += bytes(-len(data) % (CHUNK_SAMPLES * 2))
+    word_end_call_ms = LEAD_MS + item.last_word_ms
+    ends: list[tuple[float, EndOfTurn]] = []
+    finals: list[tuple[float, Transcript]] = []
+    start = 0.0
+    try:
+        async with VoxgateClient(target) as client:
+            call = await client.converse(CallConfig(interim_results=True, turns=turns))
+            async with call:
+
+                async def send() -> None:
+                    nonlocal start
+                    start = loop.time()
+                    step = CHUNK_SAMPLES * 2
+                    for k, i in enumerate(range(0, len(data), step)):
+                        delay = start + k * CHUNK_MS / 1000.0 - loop.time()
+                        if delay > 0:
+                            await asyncio.sleep(delay)
+                        await call.send_audio(data[i : i + step])
+                    await call.hangup()
+
+                sender = asyncio.create_task(send())
+                async for event in call:
+                    if isinstance(event, EndOfTurn):
+                        ends.append((loop.time(), event))
+                    elif isinstance(event, Transcript) and event.is_final and event.text.strip():
+                        finals.append((loop.time(), event))
+                await sender
+    except VoxgateError as exc:
+        out.error = f"{exc.code.name}: {exc.message[:160]}"
+        return out
+    spoken_at = start + word_end_call_ms / 1000.0
+    # A turn that ended before the last word (its speech ended 300 ms or more before it) was
+    # ended too soon: the caller was still talking.
+    out.premature = sum(1 for _, e in ends if e.offset_ms < word_end_call_ms - 300)
+    last = [t for t, e in ends if e.offset_ms >= word_end_call_ms - 300]
+    if last:
+        out.eot_ms = 1000.0 * (last[0] - spoken_at)
+    out.not_ended = out.eot_ms is None or out.eot_ms > NOT_ENDED_MS
+    covering = [t for t, f in finals if f.start_ms < word_end_call_ms]
+    if covering:
+        out.final_ms = 1000.0 * (max(covering) - spoken_at)
+    out.turns = len(ends)
+    out.text = " ".join(e.text for _, e in ends).strip()
+    out.wer = wer(item.text, out.text)
+    return out
+
+
+async def run_variant(
+    target: str, items: list[Item], variant: str, callers: int, set_name: str
+) -> list[Outcome]:
+    """``callers`` concurrent real-time callers share ``items`` (each plays its slice)."""
+
+    async def one(k: int) -> list[Outcome]:
+        await asyncio.sleep(0.37 * k)  # callers do not all start on one frame
+        return [
+            await play_call(target, item, variant, callers, set_name) for item in items[k::callers]
+        ]
+
+    results = await asyncio.gather(*(one(k) for k in range(callers)))
+    return [o for r in results for o in r]
+
+
+def summarise(outcomes: list[Outcome]) -> dict[str, Any]:
+    """Percentiles and counts of one (variant, set, callers) cell."""
+    eot = [o.eot_ms for o in outcomes if o.eot_ms is not None]
+    fin = [o.final_ms for o in outcomes if o.final_ms is not None]
+    units = sum(o.pauses for o in outcomes) or len(outcomes)
+
+    def p(values: list[float], q: float) -> float | None:
+        return round(percentile(values, q)) if values else None
+
+    return {
+        "calls": len(outcomes),
+        "errors": sum(1 for o in outcomes if o.error),
+        "eot_p50_ms": p(eot, 50),
+        "eot_p95_ms": p(eot, 95),
+        "final_p50_ms": p(fin, 50),
+        "final_p95_ms": p(fin, 95),
+        "premature": sum(o.premature for o in outcomes),
+        "premature_per_unit": round(sum(o.premature for o in outcomes) / units, 3),
+        "not_ended_2s": sum(1 for o in outcomes if o.not_ended),
+        "wer": round(float(np.mean([o.wer for o in outcomes])), 4) if outcomes else None,
+    }
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    """Every variant x set x callers, one server per variant (the audio model is a server's)."""
+    from gateway.config import load_config  # noqa: PLC0415
+    from gateway.runtime import build_hub  # noqa: PLC0415
+    from gateway.testing.server import running_server  # noqa: PLC0415
+
+    real, paused = load_items(args.speech_dir, args.clips)
+    if args.tiny:
+        real, paused = real[:2], paused[:1]
+    sets = {"real": real, "pauses": paused}
+    variants = ["hangover600", "words"]
+    if args.smart_turn_model:
+        variants.append("audio")
+    report: dict[str, Any] = {"cells": [], "calls": []}
+    for variant in variants:
+        turns: dict[str, Any] = {}
+        if variant == "audio":
+            turns["smart_turn_model"] = args.smart_turn_model
+        server = {"host": "127.0.0.1", "port": 0, "grace_s": 1.0}
+        cfg = load_config(None, {"server": server, "session": {"turns": turns}})
+        hub = build_hub(cfg)
+        async with running_server(hub=hub, config=cfg) as srv:
+            target = srv.target
+            for callers in args.callers:
+                for set_name, items in sets.items():
+                    outcomes = await run_variant(target, items, variant, callers, set_name)
+                    cell = {"variant": variant, "set": set_name, "callers": callers}
+                    cell.update(summarise(outcomes))
+                    report["cells"].append(cell)
+                    report["calls"].extend(asdict(o) for o in outcomes)
+                    print(json.dumps(cell), flush=True)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print one line per cell (and the whole report with --json)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--speech-dir", type=Path, default=SPEECH)
+    parser.add_argument("--clips", type=int, default=12, help="real clips (JFK first)")
+    parser.add_argument(
+        "--callers",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1, 4],
+        help="concurrent real-time callers, comma-separated (default 1,4)",
+    )
+    parser.add_argument(
+        "--smart-turn-model",
+        default="",
+        help="also run the audio model variant with this Smart Turn v3 model "
+        "(session.turns.smart_turn_model: a .onnx, a pipecat-ai wheel, or 'pipecat')",
+    )
+    parser.add_argument("--tiny", action="store_true", help="2 clips, 1 pause set item")
+    parser.add_argument("--json", type=Path, help="write the whole report here")
+    args = parser.parse_args(argv)
+    if args.tiny and argv is None:
+        args.callers = args.callers[:1]
+    report = asyncio.run(bench(args))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
