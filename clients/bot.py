@@ -3,8 +3,9 @@
 A bot is ``async def bot(call)`` (:class:`Bot`): the same code answers a direct ``Converse``
 call (``voxgate call``), a phone call at the SIP bridge and a media stream, in-process or
 served by :func:`voxgate_client.serve_bot` in a process of its own. The built-in bots are
-turn-takers (:class:`TurnBot`): a greeting, a reply to each final transcript and to each key
-press, computed synchronously so that the rules can be unit-tested without a server.
+turn-takers (:class:`TurnBot`): a greeting, a reply to each turn (``EndOfTurn`` when the call
+has turn detection on, else each final transcript) and to each key press, computed
+synchronously so that the rules can be unit-tested without a server.
 
 One rules file serves every door (``voxgate call --bot``, ``voxgate sip --bot``,
 ``voxgate media-streams --bot``)::
@@ -34,7 +35,14 @@ from typing import Any, Protocol
 
 import yaml
 
-from clients.voxgate_client import BotPolicy, Dtmf, Transcript, VoiceCall
+from clients.voxgate_client import (
+    BotPolicy,
+    Dtmf,
+    EndOfTurn,
+    SessionStarted,
+    Transcript,
+    VoiceCall,
+)
 
 __all__ = [
     "BOT_HELP",
@@ -98,19 +106,35 @@ class TurnBot:
         return None
 
     async def __call__(self, call: VoiceCall) -> None:
-        """Greet, then answer each final transcript and key until the call ends."""
+        """Greet, then answer each turn (or final transcript) and key until the call ends.
+
+        With turn detection on (the call's config or the server's default), the bot answers
+        :class:`EndOfTurn` with the turn's whole text: a pause inside a sentence ends an
+        utterance (a final) but not the caller's turn. Off, it answers each final.
+        """
         session = call.session
         speaks = session is None or session.has_tts
+        turns = session is not None and session.turn_detection != "off"
         if self.greeting and speaks:
             await call.speak(self.greeting)
         async for event in call:
             answer: str | None = None
-            if isinstance(event, Transcript) and event.is_final:
+            if isinstance(event, SessionStarted):
+                turns = event.turn_detection != "off"
+            elif _answers(event, turns=turns):
+                assert isinstance(event, EndOfTurn | Transcript)
                 answer = self.reply(event.text)
             elif isinstance(event, Dtmf):
                 answer = self.on_dtmf(event.digit)
             if answer and speaks:
                 await call.speak(answer)
+
+
+def _answers(event: object, *, turns: bool) -> bool:
+    """Whether a turn-taker answers ``event``: the end of a turn, or a final without turns."""
+    if turns:
+        return isinstance(event, EndOfTurn)
+    return isinstance(event, Transcript) and event.is_final
 
 
 class SilentBot(TurnBot):

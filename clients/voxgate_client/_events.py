@@ -70,6 +70,18 @@ class SessionStarted:
         """Whether ``speak`` is served on this call."""
         return bool(self.voice)
 
+    @property
+    def turn_detection(self) -> str:
+        """The call's turn detection: ``"off"``, ``"silence"`` or ``"smart"``.
+
+        When it is on, the server sends :class:`EndOfTurn` once the caller has finished, and
+        a bot answers that (a final ends an utterance, which may be a pause in the turn).
+        """
+        mode = self.effective_config.turn_detection.mode
+        return {pb.TURN_DETECTION_SILENCE: "silence", pb.TURN_DETECTION_SMART: "smart"}.get(
+            mode, "off"
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class SpeechBegin:
