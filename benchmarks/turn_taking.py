@@ -212,7 +212,8 @@ async def play_call(target: str, item: Item, variant: str, callers: int, set_nam
     if last:
         out.eot_ms = 1000.0 * (last[0] - spoken_at)
     out.not_ended = out.eot_ms is None or out.eot_ms > NOT_ENDED_MS
-    covering = [t for t, f in finals if f.start_ms < word_end_call_ms]
+    # The final of the utterance that holds the last word (none when its words were lost).
+    covering = [t for t, f in finals if f.start_ms < word_end_call_ms <= f.end_ms + 300]
     if covering:
         out.final_ms = 1000.0 * (max(covering) - spoken_at)
     out.turns = len(ends)

@@ -1,0 +1,49 @@
+"""benchmarks/turn_taking's bookkeeping: the pause splice, the last word, the summary."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks.turn_taking import Outcome, last_word_ms, splice_pause, summarise
+
+pytestmark = pytest.mark.unit
+
+RATE = 16_000
+
+
+def words(*spans_ms: tuple[int, int], total_ms: int) -> np.ndarray:
+    """Loud tone over each (start, end) span, quiet noise elsewhere."""
+    t = np.arange(total_ms * 16)
+    pcm = (30 * np.sin(t)).astype(np.int16)
+    for a, b in spans_ms:
+        pcm[a * 16 : b * 16] = (8000 * np.sin(2 * np.pi * 200 * t[a * 16 : b * 16] / RATE)).astype(
+            np.int16
+        )
+    return pcm
+
+
+def test_the_pause_goes_into_the_quietest_mid_sentence_gap() -> None:
+    pcm = words((200, 1000), (1100, 3000), total_ms=3600)
+    assert last_word_ms(pcm) == 3000
+    spliced = splice_pause(pcm, 600)
+    assert spliced is not None
+    audio, pause_end = spliced
+    assert len(audio) == len(pcm) + 600 * 16
+    # The gap at 1000-1100 ms is inside the middle half; the pause lands in it.
+    assert 1000 + 600 <= pause_end <= 1100 + 600
+    assert last_word_ms(audio) == 3600
+
+
+def test_a_clip_with_no_gap_is_not_spliced() -> None:
+    assert splice_pause(np.zeros(16_000, np.int16), 300) is None
+
+
+def test_the_summary_counts_premature_ends_per_pause() -> None:
+    calls = [
+        Outcome("words", "pauses", 1, "a", eot_ms=300, final_ms=200, premature=1, pauses=1),
+        Outcome("words", "pauses", 1, "b", eot_ms=2500, final_ms=250, pauses=1, not_ended=True),
+    ]
+    s = summarise(calls)
+    assert s["premature"] == 1 and s["premature_per_unit"] == 0.5
+    assert s["not_ended_2s"] == 1 and s["final_p50_ms"] is not None
