@@ -2,8 +2,8 @@
 
 Smart turn detection (silence and words; the audio model needs the pipecat-ai wheel, which
 the test environment does not have): every final carries its turn, each turn's EndOfTurn
-comes after its last final with the finals' text joined, and the caller's words are all in
-the turns' text. The same call path as benchmarks/turn_taking (its ``play_call``).
+comes after its last final with the finals' text joined, and the caller's words are in the
+turns' text. benchmarks/turn_taking makes the same calls and measures them.
 """
 
 from __future__ import annotations
