@@ -52,11 +52,16 @@ async def run_call(
     """One call; refused at admission (the server's capacity), it retries after the hint.
 
     Several tests open a dozen calls at once, more than a busy 2-core machine's capacity may
-    hold: a well-behaved client waits the server's ``grpc-retry-pushback-ms`` and tries again.
+    hold: a well-behaved client sends its config, and when the server refuses the call before
+    ``started`` it waits the ``grpc-retry-pushback-ms`` hint and tries again. Audio goes out
+    only once the call is admitted (a write after the refusal would fail in grpc's core with
+    INTERNAL instead of the server's status).
     """
     for _ in range(60):
+        call = rpc()
+        await call.write(cfg)
         try:
-            return [r async for r in rpc(requests([cfg, *chunks(data, chunk)], pace_s))]
+            first = await call.read()
         except grpc.aio.AioRpcError as exc:
             refused = exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and (
                 exc.details() or ""
@@ -65,6 +70,20 @@ async def run_call(
                 raise
             hint = dict(exc.trailing_metadata() or ()).get("grpc-retry-pushback-ms", "1000")
             await asyncio.sleep(int(hint) / 1000.0)
+            continue
+        out = [first]
+
+        async def send(c: Any = call) -> None:
+            for m in chunks(data, chunk):
+                await c.write(m)
+                await asyncio.sleep(pace_s)
+            await c.done_writing()
+
+        sender = asyncio.create_task(send())
+        while (r := await call.read()) is not grpc.aio.EOF:
+            out.append(r)
+        await sender
+        return out
     raise AssertionError("refused at admission for two minutes")
 
 
