@@ -32,6 +32,7 @@ from voxgate_client.testing import LocalServer
 WAIT_S = 120.0  # a bound on waiting for an event, never a speed requirement
 NO_RETRY = APIConnectOptions(max_retry=0, timeout=30.0)
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "answer_a_recording.py"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "livekit.md"
 
 
 def plain(text: str) -> str:
@@ -261,6 +262,12 @@ def test_the_documented_example_runs(server: LocalServer, tmp_path: Path) -> Non
     assert done.returncode == 0, done.stderr[-3000:]
     heard = plain(" ".join(line for line in done.stdout.splitlines() if line.startswith("caller:")))
     assert "ask not" in heard and "block books" in heard, done.stdout
+    # What the page shows it printing (how the speech is cut into lines aside).
+    said, shown = (
+        " ".join(line.removeprefix("caller:") for line in text if line.startswith("caller:"))
+        for text in (done.stdout.splitlines(), DOC.read_text().splitlines())
+    )
+    assert plain(said) == plain(shown), (done.stdout, shown)
     with wave.open(str(out)) as w:
         assert w.getframerate() == 24000 and w.getnframes() > 24000 * 3
 

@@ -12,9 +12,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import wave
 
-from pipecat.frames.frames import (
+from loguru import logger
+
+# Pipecat logs at DEBUG to stderr (every link and frame); this example shows warnings and
+# errors only. Set before Pipecat is imported, which logs its banner then.
+logger.remove()
+logger.add(sys.stderr, level="WARNING")
+
+from pipecat.frames.frames import (  # noqa: E402
     EndFrame,
     Frame,
     InputAudioRawFrame,
@@ -22,12 +30,12 @@ from pipecat.frames.frames import (
     TTSAudioRawFrame,
     TTSSpeakFrame,
 )
-from pipecat.pipeline.pipeline import Pipeline
-from pipecat.pipeline.worker import PipelineParams, PipelineWorker
-from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
-from pipecat.workers.runner import WorkerRunner
-from pipecat_voxgate import VoxgateSTTService, VoxgateSTTSettings, VoxgateTTSService
-from voxgate_client import read_wav, sample_call_path
+from pipecat.pipeline.pipeline import Pipeline  # noqa: E402
+from pipecat.pipeline.worker import PipelineParams, PipelineWorker  # noqa: E402
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor  # noqa: E402
+from pipecat.workers.runner import WorkerRunner  # noqa: E402
+from pipecat_voxgate import VoxgateSTTService, VoxgateSTTSettings, VoxgateTTSService  # noqa: E402
+from voxgate_client import read_wav, sample_call_path  # noqa: E402
 
 
 class Answer(FrameProcessor):
