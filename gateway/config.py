@@ -280,6 +280,16 @@ class BatcherConfig(_Frozen):
         "items mid-batch); off by default because on CPU that loop is slower than "
         "CTranslate2's generate (docs/decode_loop.md has the measurements).",
     )
+    engine_nice: int = Field(
+        12,
+        ge=0,
+        le=19,
+        description="The recogniser's engine threads (CTranslate2's, started when a model "
+        "loads) run this many nice levels below the event loop; with the defaults also below "
+        "the synthesis workers (session.tts_nice): on cores that replies and finals share, a "
+        "reply's next window comes before a final (a late final is latency, a late window a "
+        "gap in speech). Idle cores are theirs at any level (Linux; 0 = the loop's priority).",
+    )
 
 
 class AdmissionConfig(_Frozen):
@@ -686,6 +696,14 @@ class SessionConfig(_Frozen):
         le=64,
         description="Decoder windows of several replies per ONNX Runtime call under 'deadline' "
         "scheduling; 0 = by device (1 on CPU, where batching does not pay; 8 on GPU).",
+    )
+    tts_nice: int = Field(
+        4,
+        ge=0,
+        le=19,
+        description="Synthesis workers run this many nice levels below the event loop (which "
+        "paces every reply's frames and runs every call's VAD and echo canceller) and below "
+        "the first-audio thread, under 'deadline' scheduling (Linux; 0 = the same priority).",
     )
 
 

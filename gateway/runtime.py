@@ -21,7 +21,13 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from engines.asr import BUNDLED_MODELS, ModelFilesError, WhisperEngine, resolve_model_dir
+from engines.asr import (
+    BUNDLED_MODELS,
+    ModelFilesError,
+    WhisperConfig,
+    WhisperEngine,
+    resolve_model_dir,
+)
 from engines.asr.base import AsrEngine, AsrOptions, AsrRequest, AsrResult
 from engines.base import ASR_SAMPLE_RATE_HZ, UtteranceStats
 from engines.tts import (
@@ -63,6 +69,7 @@ from gateway.models import (
     ModelRegistry,
     model_name_of,
 )
+from gateway.priority import call_lowered
 from gateway.synthesis import ReplyStats, SynthesisScheduler, policy_for
 
 __all__ = [
@@ -102,6 +109,8 @@ class TtsSynthesizer:
         metrics: where first audio, streams, slack, lateness and batches are counted.
         scheduling: ``deadline`` or ``fifo`` (see above).
         max_batch_size: decoder windows per ONNX Runtime call under ``deadline``.
+        nice: under ``deadline``, the workers run this many nice levels below the event loop
+            (``session.tts_nice``; :mod:`gateway.priority`).
     """
 
     def __init__(
@@ -112,6 +121,7 @@ class TtsSynthesizer:
         *,
         scheduling: Literal["deadline", "fifo"] = "deadline",
         max_batch_size: int = 1,
+        nice: int = 0,
     ) -> None:
         self.streamer = streamer
         self._metrics = metrics
@@ -124,7 +134,7 @@ class TtsSynthesizer:
             if not isinstance(streamer, VitsStreamer):
                 raise TypeError("deadline scheduling needs a VitsStreamer (open/decode_windows)")
             policy = policy_for(streamer, max_batch_size)
-            self.scheduler = SynthesisScheduler(streamer, threads, policy, metrics)
+            self.scheduler = SynthesisScheduler(streamer, threads, policy, metrics, nice=nice)
         else:
             self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tts")
         metrics.engine_workers.labels("tts").set(threads)
@@ -507,6 +517,7 @@ class EngineHubImpl:
             self._metrics,
             scheduling=scfg.tts_scheduling,
             max_batch_size=scfg.tts_max_batch_size or batch,
+            nice=scfg.tts_nice,
         )
         log.info(
             "tts: %s scheduling, %d worker(s), up to %d window(s) per decoder call on %s",
@@ -554,8 +565,9 @@ class EngineHubImpl:
                 }
             )
         self._asr_cfg_used = cfg
-        engine = WhisperEngine.load(cfg)
-        engine.warmup()
+        # Loaded on a thread below the loop's CPU priority: CTranslate2's worker threads,
+        # started here, inherit it (batcher.engine_nice; gateway/priority.py).
+        engine = call_lowered(self.config.batcher.engine_nice, _load_whisper, cfg)
         # One engine object per worker over the one CTranslate2 model (see WhisperEngine.sibling).
         workers: list[AsrEngine] = [engine, *(engine.sibling() for _ in range(plan.workers - 1))]
         self._asr_engines = workers
@@ -633,12 +645,7 @@ class EngineHubImpl:
         over every model, so each model's replica needs as many CTranslate2 workers.
         """
         cfg = self._asr_cfg_used.model_copy(update={"model": model, "barge_in_model": None})
-        engine = WhisperEngine.load(cfg)
-        try:
-            engine.warmup()
-        except BaseException:
-            engine.close()
-            raise
+        engine = call_lowered(self.config.batcher.engine_nice, _load_whisper, cfg)
         return LoadedModel(
             name=name,
             description=ModelDescription(
@@ -762,6 +769,17 @@ class EngineHubImpl:
             await asyncio.to_thread(engine.close)
         if self._streamer is not None:
             await asyncio.to_thread(self._streamer.close)
+
+
+def _load_whisper(cfg: WhisperConfig) -> WhisperEngine:
+    """Load and warm a Whisper engine (closed again if the warm-up fails)."""
+    engine = WhisperEngine.load(cfg)
+    try:
+        engine.warmup()
+    except BaseException:
+        engine.close()
+        raise
+    return engine
 
 
 def _models_root(models_dir: str | None) -> Path | None:

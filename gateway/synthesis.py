@@ -8,9 +8,11 @@ owns the state that the policy reads and the threads that do the work:
   ``first_audio + s / rate`` (plus any starvation so far, since a starved player resumes
   later), exactly as the session paces frames out from the first one;
 * a dispatcher task asks the policy whenever a worker is free or a reply changes, runs the
-  chosen step on a worker thread (or, for a reply's first audio while every worker is busy,
-  on one extra first-audio thread) (``engine.decode_windows`` for windows, batched where the
-  policy said so) and delivers the chunks to the reply's queue on the event loop;
+  chosen step on a worker thread, or a reply's first audio on one extra first-audio thread
+  when that is free (also while every worker is busy) (``engine.decode_windows`` for
+  windows, batched where the policy said so) and delivers the chunks to the reply's queue on
+  the event loop; the workers run below the loop's and the first-audio thread's CPU
+  priority (:mod:`gateway.priority`);
 * a reply that is cancelled (barge-in, Clear, hang-up) leaves the queue at once; a step of it
   already running finishes and its result is dropped.
 
@@ -41,10 +43,15 @@ from engines.tts._scheduler import (
     next_work,
 )
 from gateway.metrics import GatewayMetrics
+from gateway.priority import lower_current_thread
 
-__all__ = ["ReplyStats", "SynthesisScheduler", "policy_for"]
+__all__ = ["DEFAULT_GUARD_S", "ReplyStats", "SynthesisScheduler", "policy_for"]
 
 log = logging.getLogger("voxgate.synthesis")
+
+#: A step is due this long before its first sample plays: the session holds one 20 ms frame
+#: back, and the hop from worker to sender takes a few ms.
+DEFAULT_GUARD_S = 0.025
 
 
 def policy_for(streamer: VitsStreamer, max_batch_size: int = 1) -> SynthPolicy:
@@ -183,6 +190,8 @@ class SynthesisScheduler:
             beside its first).
         inline_open_chars: texts up to this long are validated and normalised on the event
             loop (well under a millisecond); longer ones on a thread.
+        nice: the workers run this many nice levels below the event loop and the first-audio
+            lane (Linux; 0 = the same priority, see :mod:`gateway.priority`).
         clock: the event loop's clock unless a test passes its own.
     """
 
@@ -193,9 +202,10 @@ class SynthesisScheduler:
         policy: SynthPolicy,
         metrics: GatewayMetrics | None = None,
         *,
-        guard_s: float = 0.025,
+        guard_s: float = DEFAULT_GUARD_S,
         max_inflight: int = 2,
         inline_open_chars: int = 1000,
+        nice: int = 0,
         clock: Callable[[], float] | None = None,
     ) -> None:
         self.streamer = streamer
@@ -207,12 +217,22 @@ class SynthesisScheduler:
         self._max_inflight = max_inflight
         self._inline_open_chars = inline_open_chars
         self._clock = clock
-        # One thread more than the workers: the first-audio lane (see next_work's urgent_only).
-        # While every worker runs a window, a new reply's first steps still start at once and
-        # share the cores with them (the OS preempts; ONNX Runtime cannot).
-        self._pool = ThreadPoolExecutor(max_workers=workers + 1, thread_name_prefix="tts")
+        # The workers, below the event loop's CPU priority: a window is due hundreds of ms
+        # ahead, while the loop's frame pacing and dispatching are due within a few ms.
+        self._pool = ThreadPoolExecutor(
+            max_workers=workers,
+            thread_name_prefix="tts",
+            initializer=lower_current_thread,
+            initargs=(nice,),
+        )
+        # And one thread more, at the loop's priority: the first-audio lane. A reply's first
+        # steps run there whenever it is free (on an idle worker otherwise), so that first
+        # audio takes a core ahead of the workers' windows; and while every worker runs a
+        # window, a new reply's first steps still start at once (see next_work's
+        # urgent_only) and the OS preempts the windows for them (ONNX Runtime cannot).
+        self._lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-first")
         self._idle = workers
-        self._urgent_idle = True
+        self._lane_idle = True
         self._active: dict[int, _Reply] = {}  # every reply not yet complete nor cancelled
         self._ids = itertools.count()
         self._wake: asyncio.Event | None = None
@@ -293,6 +313,7 @@ class SynthesisScheduler:
             reply.out.put_nowait(RuntimeError("the synthesis scheduler is closed"))
         self._active.clear()
         await asyncio.to_thread(self._pool.shutdown, wait=True, cancel_futures=True)
+        await asyncio.to_thread(self._lane.shutdown, wait=True, cancel_futures=True)
 
     # -- dispatch --------------------------------------------------------------------------
 
@@ -320,7 +341,7 @@ class SynthesisScheduler:
             return None
         loop = asyncio.get_running_loop()
         wait: float | None = None
-        while self._idle > 0 or self._urgent_idle:
+        while self._idle > 0 or self._lane_idle:
             ready: list[_Reply] = []
             waiting: list[_Reply] = []
             alone = self.policy.alone_first_window_frames > 0 and len(self._active) == 1
@@ -354,9 +375,19 @@ class SynthesisScheduler:
     def _start(
         self, decision: Dispatch, loop: asyncio.AbstractEventLoop, urgent: bool, now: float
     ) -> None:
-        """Plan the chosen steps here (planning is serial per reply), run them on a worker."""
+        """Plan the chosen steps here (planning is serial per reply), run them on a worker.
+
+        ``urgent``: only the first-audio lane is free. A reply's first audio chosen for a
+        worker runs on the lane instead while the lane is free (the worker stays free).
+        """
         replies = [self._active[w.key] for w in decision.work]
         self.dispatches.append(tuple((w.key, w.kind, w.frames) for w in decision.work))
+        lane = urgent or (
+            self._lane_idle
+            and len(replies) == 1
+            and replies[0].origin is None
+            and replies[0].job.samples_planned == 0
+        )
         plans: list[WindowPlan | None] = []
         for w, reply in zip(decision.work, replies, strict=True):
             reply.inflight += 1
@@ -373,14 +404,15 @@ class SynthesisScheduler:
                 ctx = self.policy.context_frames
                 reply.first_eta = now + self.cost.window_s(w.frames + ctx)
             plans.append(reply.job.plan(w.frames, w.pad_to))
-        if urgent:
-            self._urgent_idle = False
+        if lane:
+            self._lane_idle = False
         else:
             self._idle -= 1
         first = decision.work[0].frames or self.policy.first_window_frames
-        fut = loop.run_in_executor(self._pool, self._run, replies, plans, loop, first)
+        pool = self._lane if lane else self._pool
+        fut = loop.run_in_executor(pool, self._run, replies, plans, loop, first)
         front = plans[0] is None
-        fut.add_done_callback(lambda f: self._finished(f, replies, urgent, front))
+        fut.add_done_callback(lambda f: self._finished(f, replies, lane, front))
 
     def _run(
         self,
@@ -435,18 +467,18 @@ class SynthesisScheduler:
             self._wake.set()
 
     def _finished(
-        self, fut: asyncio.Future[_RunResult], replies: list[_Reply], urgent: bool, front: bool
+        self, fut: asyncio.Future[_RunResult], replies: list[_Reply], lane: bool, front: bool
     ) -> None:
         """On the loop: settle the run, then give the free worker its next step at once."""
-        self._settle(fut, replies, urgent, front)
+        self._settle(fut, replies, lane, front)
         self._pump()
 
     def _settle(
-        self, fut: asyncio.Future[_RunResult], replies: list[_Reply], urgent: bool, front: bool
+        self, fut: asyncio.Future[_RunResult], replies: list[_Reply], lane: bool, front: bool
     ) -> None:
         """Learn the cost, deliver chunks in order, finish complete replies."""
-        if urgent:
-            self._urgent_idle = True
+        if lane:
+            self._lane_idle = True
         else:
             self._idle += 1
         if self._wake is not None:

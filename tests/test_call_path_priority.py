@@ -1,0 +1,124 @@
+"""Who gets the cores on the call path: the loop, then first audio, then windows, then finals.
+
+Issue 35: eight paced replies through ``Converse`` stalled where the in-process synthesis
+benchmark did not, because on the call path the synthesis workers share two cores with the
+event loop (every call's frame pacing, VAD and echo canceller) and with the recogniser's
+threads (the callers' finals), and the kernel shared them evenly: the loop waited for a core
+as long as it ran and the workers got a third of a core each (``benchmarks/calls/replies.py``;
+docs/tts-scheduling.md, "On the call path"). These tests check the order that fixes it on the
+real engines, by thread priority and by which thread runs what, never by timing:
+
+* a reply's first audio runs on the first-audio thread at the loop's priority, its later
+  windows on workers ``tts_nice`` levels below;
+* on a served default gateway, the synthesis workers, the first-audio thread and the
+  recogniser's CTranslate2 threads have the nice values of the configuration, and the loop's
+  own thread is untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import pytest
+
+from clients.voxgate_client import CallConfig, PlaybackFinished, VoxgateClient
+from engines.tts import ReplyJob, SpeakOptions, TtsChunk, TtsConfig, VitsStreamer, WindowPlan
+from gateway.config import load_config
+from gateway.priority import thread_nice
+from gateway.runtime import build_hub
+from gateway.synthesis import SynthesisScheduler, policy_for
+from gateway.testing.server import running_server
+
+pytestmark = pytest.mark.model
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice")
+
+REPLY = (
+    "Thanks for calling, your order has shipped. It should arrive on Tuesday, March 3rd. "
+    "The total came to $42.50, including tax. Is there anything else I can help you with?"
+)
+
+
+@pytest.fixture(scope="module")
+def streamer() -> Iterator[VitsStreamer]:
+    engine = VitsStreamer.load(TtsConfig(cache_bytes=0))
+    engine.warmup()
+    yield engine
+    engine.close()
+
+
+@linux
+async def test_first_audio_runs_at_the_loops_priority_and_later_windows_below_it(
+    streamer: VitsStreamer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With both workers idle, the first front end and window still go to the first-audio
+    thread (they run in one step); every window on a worker runs ``nice`` levels lower."""
+    base = thread_nice()
+    assert base is not None
+    nice = min(3, 19 - base)
+    fronts: list[tuple[str, int | None]] = []
+    windows: list[tuple[str, int | None]] = []
+    run_front_end, decode = ReplyJob.run_front_end, streamer.decode_windows
+
+    def front_recorded(job: ReplyJob) -> list[TtsChunk]:
+        fronts.append((threading.current_thread().name, thread_nice()))
+        return run_front_end(job)
+
+    def decode_recorded(items: Sequence[tuple[ReplyJob, WindowPlan]]) -> list[np.ndarray]:
+        windows.append((threading.current_thread().name, thread_nice()))
+        return decode(items)
+
+    monkeypatch.setattr(ReplyJob, "run_front_end", front_recorded)
+    monkeypatch.setattr(streamer, "decode_windows", decode_recorded)
+    scheduler = SynthesisScheduler(streamer, 2, policy_for(streamer), nice=nice)
+    try:
+        chunks = [c async for c in scheduler.stream(REPLY, SpeakOptions())]
+    finally:
+        await scheduler.aclose()
+    assert chunks and len(windows) > 2
+    first_thread, first_nice = fronts[0]
+    assert first_thread.startswith("tts-first") and first_nice == base
+    on_workers = [n for name, n in windows if name.startswith("tts_")]
+    assert on_workers and set(on_workers) == {base + nice}
+    assert thread_nice() == base  # the loop's thread
+
+
+def _nice_of(tid: int) -> int:
+    """A thread's nice value from /proc (field 19 of its stat line)."""
+    with open(f"/proc/self/task/{tid}/stat") as f:
+        stat = f.read()
+    return int(stat[stat.rindex(")") + 2 :].split()[16])
+
+
+@linux
+async def test_a_served_gateway_puts_its_engine_threads_below_the_loop() -> None:
+    """Default configuration, one reply through Converse, then every thread's nice value."""
+    base = thread_nice()
+    assert base is not None
+    before = set(os.listdir("/proc/self/task"))
+    cfg = load_config(None, {"server": {"host": "127.0.0.1", "port": 0}})
+    tts_nice, asr_nice = cfg.session.tts_nice, cfg.batcher.engine_nice
+    assert 0 < tts_nice < asr_nice  # finals yield to windows, windows to the loop
+    async with running_server(hub=build_hub(cfg), config=cfg) as srv:
+        async with VoxgateClient(srv.target) as client:
+            call = await client.converse(CallConfig())
+            speak_id = await call.speak("Okay, one moment.")
+            async for event in call:
+                if isinstance(event, PlaybackFinished) and event.speak_id == speak_id:
+                    break
+            await call.hangup()
+        python = {t.native_id: t.name for t in threading.enumerate()}
+        workers = [tid for tid, name in python.items() if name.startswith("tts_")]
+        lane = [tid for tid, name in python.items() if name.startswith("tts-first")]
+        assert workers and lane
+        assert {_nice_of(t) for t in workers if t is not None} == {min(19, base + tts_nice)}
+        assert {_nice_of(t) for t in lane if t is not None} == {base}
+        # CTranslate2's own threads (not Python's), started while the model loaded.
+        started = {int(t) for t in os.listdir("/proc/self/task")} - {int(t) for t in before}
+        lowered = [t for t in started if t not in python and _nice_of(t) == base + asr_nice]
+        assert lowered
+        assert thread_nice() == base
