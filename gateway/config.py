@@ -664,6 +664,16 @@ class SessionConfig(_Frozen):
         description="Synthesized audio leaves this far ahead of its playout time, ms; it absorbs "
         "network and scheduling jitter at the client.",
     )
+    playout_prebuffer_ms: int = Field(
+        60,
+        ge=0,
+        le=1_000,
+        description="The first this many ms of a reply leave at once, and every later frame "
+        "that much sooner, ms: a client that plays frames as they arrive then holds this much "
+        "audio against jitter too (playout_lead_ms alone helps only a client that waits that "
+        "long before it starts to play). Barge-in accounting still assumes playout "
+        "playout_lead_ms after the first frame left.",
+    )
     barge_in: BargeInConfig = Field(
         default_factory=BargeInConfig,  # type: ignore[arg-type]
         description="Barge-in policy and echo guard defaults (gateway.config.BargeInConfig).",
@@ -696,6 +706,16 @@ class SessionConfig(_Frozen):
         le=64,
         description="Decoder windows of several replies per ONNX Runtime call under 'deadline' "
         "scheduling; 0 = by device (1 on CPU, where batching does not pay; 8 on GPU).",
+    )
+    tts_max_lead_ms: int = Field(
+        2_000,
+        ge=0,
+        le=600_000,
+        description="A Converse reply is synthesized at most this far ahead of its playout, ms "
+        "(0 = no limit; Synthesize streams are never held): the workers run above the "
+        "recogniser's threads (batcher.engine_nice), and without a bound they would take the "
+        "cores from finals due now for audio due many seconds later. A barge-in also throws "
+        "away at most this much synthesis.",
     )
     tts_nice: int = Field(
         4,

@@ -61,6 +61,10 @@ class SpeakIn:
     barge_in_min_words: int = 0
     #: Synthesize with the load-shedding settings (gateway/degrade.py: larger decoder windows).
     degraded: bool = False
+    #: A caller hears it in real time from its first frame (a Converse reply), so synthesis
+    #: need not run more than ``session.tts_max_lead_ms`` ahead of it; False (Synthesize):
+    #: as fast as the device allows.
+    paced: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 import wave
@@ -111,6 +112,8 @@ class TtsSynthesizer:
         max_batch_size: decoder windows per ONNX Runtime call under ``deadline``.
         nice: under ``deadline``, the workers run this many nice levels below the event loop
             (``session.tts_nice``; :mod:`gateway.priority`).
+        max_lead_s: under ``deadline``, a paced reply (``SpeakIn.paced``) is synthesized at
+            most this far ahead of its player (``session.tts_max_lead_ms``).
     """
 
     def __init__(
@@ -122,6 +125,7 @@ class TtsSynthesizer:
         scheduling: Literal["deadline", "fifo"] = "deadline",
         max_batch_size: int = 1,
         nice: int = 0,
+        max_lead_s: float = math.inf,
     ) -> None:
         self.streamer = streamer
         self._metrics = metrics
@@ -134,7 +138,9 @@ class TtsSynthesizer:
             if not isinstance(streamer, VitsStreamer):
                 raise TypeError("deadline scheduling needs a VitsStreamer (open/decode_windows)")
             policy = policy_for(streamer, max_batch_size)
-            self.scheduler = SynthesisScheduler(streamer, threads, policy, metrics, nice=nice)
+            self.scheduler = SynthesisScheduler(
+                streamer, threads, policy, metrics, nice=nice, max_lead_s=max_lead_s
+            )
         else:
             self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tts")
         metrics.engine_workers.labels("tts").set(threads)
@@ -159,7 +165,7 @@ class TtsSynthesizer:
         options = self._options(speak)
         t0 = time.perf_counter()
         chunks = (
-            self._scheduled(speak.text, options, stats)
+            self._scheduled(speak.text, options, stats, speak.paced)
             if self.scheduler
             else self._fifo(speak.text, options)
         )
@@ -188,10 +194,10 @@ class TtsSynthesizer:
             self._metrics.tts_streams_active.dec()
 
     async def _scheduled(
-        self, text: str, options: SpeakOptions, stats: ReplyStats | None
+        self, text: str, options: SpeakOptions, stats: ReplyStats | None, paced: bool
     ) -> AsyncGenerator[TtsChunk]:
         assert self.scheduler is not None
-        async for chunk in self.scheduler.stream(text, options, stats):
+        async for chunk in self.scheduler.stream(text, options, stats, paced=paced):
             yield chunk
 
     async def _fifo(self, text: str, options: SpeakOptions) -> AsyncGenerator[TtsChunk]:
@@ -518,6 +524,7 @@ class EngineHubImpl:
             scheduling=scfg.tts_scheduling,
             max_batch_size=scfg.tts_max_batch_size or batch,
             nice=scfg.tts_nice,
+            max_lead_s=scfg.tts_max_lead_ms / 1000.0 if scfg.tts_max_lead_ms else math.inf,
         )
         log.info(
             "tts: %s scheduling, %d worker(s), up to %d window(s) per decoder call on %s",

@@ -719,6 +719,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             speculative_finals=self.config.session.speculative_finals,
             language=self.config.session.language,
             playout_lead_ms=self.config.session.playout_lead_ms,
+            playout_prebuffer_ms=self.config.session.playout_prebuffer_ms,
             turns=turns,
         )
 

@@ -135,6 +135,9 @@ class CallConfig:
     echo_canceller: EchoCancellerName = "gate_aec3"
     mode: Literal["converse", "recognize"] = "converse"
     playout_lead_ms: int = 60
+    #: A reply's first this many ms leave at once and every later frame that much sooner
+    #: (a client that plays on arrival holds it); the accounting keeps ``playout_lead_ms``.
+    playout_prebuffer_ms: int = 60
     speculative_finals: bool = True
     #: How interims choose a language when ``asr_options.language`` is None (detect).
     language: LanguageConfig = field(default_factory=LanguageConfig)  # type: ignore[arg-type]
@@ -1248,12 +1251,13 @@ class CallSession:
             bytes_per_ms(self.config.output_encoding, self.config.output_rate_hz) * FRAME_MS
         )
         lead_s = self.config.playout_lead_ms / 1000.0
+        prebuffer_s = self.config.playout_prebuffer_ms / 1000.0
         pieces: asyncio.Queue[TtsPiece | _End | BaseException] = asyncio.Queue(maxsize=4)
 
         async def produce() -> None:
             assert self._synth is not None
             try:
-                speech = self._synth.stream(self._quality.speak(pb.speak))
+                speech = self._synth.stream(replace(self._quality.speak(pb.speak), paced=True))
                 async for piece in cap.apply(speech):
                     await pieces.put(piece)
             except asyncio.CancelledError:
@@ -1285,8 +1289,12 @@ class CallSession:
                     frame, pending = pending[:frame_bytes], pending[frame_bytes:]
                     if pb.started_at == 0.0:
                         pb.started_at = loop.time() + lead_s
-                    # Paced on an absolute clock: frame k leaves `lead` before it is due.
-                    due = pb.started_at + pb.sent_ms / 1000.0 - lead_s
+                    # Paced on an absolute clock: frame k leaves `lead` before it is due
+                    # (the playout that barge-in accounting, marks and the echo guard assume:
+                    # `lead` after the first frame left), and `prebuffer` sooner still, so
+                    # that a client that plays frames as they arrive is never a frame's
+                    # jitter away from running dry: it holds `prebuffer` from the first.
+                    due = pb.started_at + pb.sent_ms / 1000.0 - lead_s - prebuffer_s
                     delay = due - loop.time()
                     if delay > 0:
                         await asyncio.sleep(delay)

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
@@ -122,6 +123,7 @@ class _Reply:
     pending: dict[int, TtsChunk] = field(default_factory=dict)  # finished out of order
     next_offset: int = 0  # the next sample to deliver
     stats: ReplyStats = field(default_factory=ReplyStats)
+    paced: bool = False  # played to a caller in real time (see SynthesisScheduler max_lead_s)
 
     def due(self, sample: int) -> float | None:
         return None if self.origin is None else self.origin + sample / self.rate
@@ -170,6 +172,18 @@ class _Reply:
             return self.first_eta + self.first_frames * hop / self.rate - guard_s
         return self.item(guard_s).deadline
 
+    def held_until(self, now: float, guard_s: float, max_lead_s: float) -> float | None:
+        """When a paced reply held ``max_lead_s`` ahead of its player may go on (or None).
+
+        ``None`` for a reply that is not held: unpaced, not started, or not that far ahead.
+        """
+        if not self.paced or self.origin is None or self.cancelled or self.job.planned_all:
+            return None
+        deadline = self.item(guard_s).deadline
+        if deadline is None or deadline - max_lead_s <= now:
+            return None
+        return deadline - max_lead_s
+
     @property
     def finished(self) -> bool:
         return self.job.planned_all and not self.inflight and not self.front_running
@@ -192,6 +206,10 @@ class SynthesisScheduler:
             loop (well under a millisecond); longer ones on a thread.
         nice: the workers run this many nice levels below the event loop and the first-audio
             lane (Linux; 0 = the same priority, see :mod:`gateway.priority`).
+        max_lead_s: a paced reply (one a caller hears in real time, ``stream(paced=True)``)
+            further than this ahead of its player waits: above the recogniser's CPU priority,
+            synthesis of audio due seconds later would otherwise take the cores from finals
+            due now. Unpaced replies (``Synthesize``) run as far ahead as the device allows.
         clock: the event loop's clock unless a test passes its own.
     """
 
@@ -206,6 +224,7 @@ class SynthesisScheduler:
         max_inflight: int = 2,
         inline_open_chars: int = 1000,
         nice: int = 0,
+        max_lead_s: float = math.inf,
         clock: Callable[[], float] | None = None,
     ) -> None:
         self.streamer = streamer
@@ -216,6 +235,7 @@ class SynthesisScheduler:
         self._guard_s = guard_s
         self._max_inflight = max_inflight
         self._inline_open_chars = inline_open_chars
+        self._max_lead_s = max_lead_s
         self._clock = clock
         # The workers, below the event loop's CPU priority: a window is due hundreds of ms
         # ahead, while the loop's frame pacing and dispatching are due within a few ms.
@@ -248,7 +268,13 @@ class SynthesisScheduler:
     def queue_depth(self) -> int:
         """Replies with a step that waits for a worker."""
         alone = self.policy.alone_first_window_frames > 0 and len(self._active) == 1
-        return sum(1 for r in self._active.values() if r.eligible(self._max_inflight, alone))
+        now = self._now()
+        return sum(
+            1
+            for r in self._active.values()
+            if r.eligible(self._max_inflight, alone)
+            and r.held_until(now, self._guard_s, self._max_lead_s) is None
+        )
 
     def _now(self) -> float:
         return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
@@ -262,12 +288,19 @@ class SynthesisScheduler:
         return self._wake
 
     async def stream(
-        self, text: str, options: SpeakOptions, stats: ReplyStats | None = None
+        self,
+        text: str,
+        options: SpeakOptions,
+        stats: ReplyStats | None = None,
+        *,
+        paced: bool = False,
     ) -> AsyncGenerator[TtsChunk]:
         """Validate ``text`` (raising ``TtsInputError``), then yield its chunks as they are made.
 
-        Closing the iterator (or cancelling the task iterating it) cancels the reply: its
-        queued steps leave the queue at once.
+        ``paced``: a caller hears the reply in real time from its first chunk, so its
+        synthesis need not run more than ``max_lead_s`` ahead. Closing the iterator (or
+        cancelling the task iterating it) cancels the reply: its queued steps leave the queue
+        at once.
         """
         wake = self._ensure_started()
         loop = asyncio.get_running_loop()
@@ -279,7 +312,7 @@ class SynthesisScheduler:
             job = self.streamer.open(text, options)
         else:
             job = await loop.run_in_executor(None, self.streamer.open, text, options)
-        reply = _Reply(next(self._ids), job, arrival, self.streamer.sample_rate_hz)
+        reply = _Reply(next(self._ids), job, arrival, self.streamer.sample_rate_hz, paced=paced)
         if stats is not None:
             reply.stats = stats
         reply.stats.reply_id = reply.key
@@ -341,15 +374,22 @@ class SynthesisScheduler:
             return None
         loop = asyncio.get_running_loop()
         wait: float | None = None
+        release = math.inf  # when the next paced reply held at max_lead_s may go on
         while self._idle > 0 or self._lane_idle:
             ready: list[_Reply] = []
             waiting: list[_Reply] = []
             alone = self.policy.alone_first_window_frames > 0 and len(self._active) == 1
+            now = self._now()
+            release = math.inf
             for r in self._active.values():
+                held = r.held_until(now, self._guard_s, self._max_lead_s)
+                if held is not None:
+                    release = min(release, held)
+                    waiting.append(r)
+                    continue
                 (ready if r.eligible(self._max_inflight, alone) else waiting).append(r)
             if not ready:
                 break
-            now = self._now()
             hop = self.streamer.hop_length
             upcoming = [d for r in waiting if (d := r.upcoming(self._guard_s, hop)) is not None]
             urgent = self._idle == 0
@@ -370,6 +410,8 @@ class SynthesisScheduler:
                 break
             self._start(decision, loop, urgent, now)
         self._queue_changed()
+        if math.isfinite(release):
+            wait = release if wait is None else min(wait, release)
         return wait
 
     def _start(

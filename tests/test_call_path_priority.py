@@ -17,9 +17,11 @@ real engines, by thread priority and by which thread runs what, never by timing:
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -85,6 +87,56 @@ async def test_first_audio_runs_at_the_loops_priority_and_later_windows_below_it
     on_workers = [n for name, n in windows if name.startswith("tts_")]
     assert on_workers and set(on_workers) == {base + nice}
     assert thread_nice() == base  # the loop's thread
+
+
+async def test_a_paced_reply_waits_max_lead_ahead_of_its_player_an_unpaced_one_never(
+    streamer: VitsStreamer,
+) -> None:
+    """On a clock that stands still, a paced reply stops about ``max_lead_s`` ahead of its
+    player (the cores go to finals due now); an unpaced one (Synthesize) runs to its end.
+    Once the clock moves (here 50 times real time), the paced reply goes on to its end."""
+    stopped_at: list[float | None] = [0.0]  # None: the clock runs
+    started = time.perf_counter()
+
+    def clock() -> float:
+        if stopped_at[0] is not None:
+            return stopped_at[0]
+        return 1000.0 + 50.0 * (time.perf_counter() - started)
+
+    lead_s = 0.5
+    scheduler = SynthesisScheduler(
+        streamer, 2, policy_for(streamer), max_lead_s=lead_s, clock=clock
+    )
+    rate = streamer.sample_rate_hz
+    try:
+        whole = [c async for c in scheduler.stream(REPLY, SpeakOptions())]
+        assert whole[-1].is_last
+
+        stream = scheduler.stream(REPLY, SpeakOptions(), paced=True)
+        got = [await anext(stream)]
+        # Until nothing more comes (a held reply's workers stay idle); the pending read is
+        # not cancelled (that would cancel the reply).
+        pending = asyncio.ensure_future(anext(stream))
+        while (await asyncio.wait({pending}, timeout=2.0))[0]:
+            got.append(pending.result())
+            pending = asyncio.ensure_future(anext(stream))
+        ahead_s = sum(len(c.samples) for c in got) / rate
+        largest_s = 2 * scheduler.policy.max_window_frames * scheduler.policy.frame_s
+        assert ahead_s < lead_s + largest_s
+        assert not got[-1].is_last and ahead_s < sum(len(c.samples) for c in whole) / rate
+        assert scheduler.queue_depth == 0  # held, not waiting for a worker
+
+        started = time.perf_counter()
+        stopped_at[0] = None  # the player plays on: the rest follows
+        rest = [await asyncio.wait_for(pending, 30.0)]
+        rest += [c async for c in stream]
+        assert rest[-1].is_last
+        # All of it: about as long as the unpaced run (the voice's durations are sampled,
+        # so not to the sample).
+        total = sum(len(c.samples) for c in got + rest)
+        assert abs(total / sum(len(c.samples) for c in whole) - 1.0) < 0.2
+    finally:
+        await scheduler.aclose()
 
 
 def _nice_of(tid: int) -> int:

@@ -42,6 +42,7 @@ pytestmark = pytest.mark.component
 
 FRAME_S = 0.02
 LEAD_S = 0.06
+PREBUFFER_S = 0.06
 
 
 def tone(ms: int) -> bytes:
@@ -133,8 +134,10 @@ def test_reply_frames_leave_on_an_absolute_clock_with_no_drift() -> None:
     t0 = frames[0][0]
     for k, (t, ev) in enumerate(frames):
         assert ev.offset_ms == 20 * k and ev.sequence_number == k + 1
-        # Frame k leaves `lead` before it is due; the first is due lead after it leaves.
-        assert t == pytest.approx(t0 + k * FRAME_S, abs=1e-9), k
+        # Frame k leaves `lead` + `prebuffer` before it is due (the first is due `lead` after
+        # it leaves): the first `prebuffer` of audio goes at once, then one frame per 20 ms,
+        # so a client that plays frames as they arrive always holds `prebuffer`.
+        assert t == pytest.approx(t0 + max(0.0, k * FRAME_S - PREBUFFER_S), abs=1e-9), k
     ((t_fin, fin),) = call.of(PlaybackFinishedOut)
     assert fin.duration_ms == 10_000
     assert t_fin == pytest.approx(t0 + LEAD_S + 10.0, abs=1e-9)  # when the tail was heard
@@ -251,8 +254,9 @@ def test_marks_queued_behind_a_cleared_reply_are_reached_in_order_not_dropped() 
     ((t_cut, _), *_) = call.of(InterruptedOut)
     marks = call.of(MarkReachedOut)
     assert [m.name for _, m in marks] == ["m1", "m2"]
-    # Reached once the cut reply's audio already sent has played: within a frame and the lead.
-    assert all(t_cut <= t <= t_cut + LEAD_S + FRAME_S for t, _ in marks)
+    # Reached once the cut reply's audio already sent has played: within a frame, the lead
+    # and the prebuffer (sent that much ahead).
+    assert all(t_cut <= t <= t_cut + LEAD_S + PREBUFFER_S + FRAME_S for t, _ in marks)
 
 
 # --- recognition: finals, speculation, interims, faults -----------------------------------------
