@@ -252,8 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
         "the answer starts, so the next one may interrupt it) or end (wait until each answer "
         "ends; the bare flag)",
     )
-    from clients.cli import add_connection_arguments  # noqa: PLC0415
+    from clients.cli import add_connection_arguments, add_turn_arguments  # noqa: PLC0415
 
+    add_turn_arguments(c)
     add_connection_arguments(c)
     c.set_defaults(func=_cmd_call)
 

@@ -37,6 +37,7 @@ from clients.voxgate_client import (
     CallEndedError,
     CallInfo,
     Dtmf,
+    EndOfTurn,
     ErrorEvent,
     MarkReached,
     PlaybackFinished,
@@ -47,6 +48,8 @@ from clients.voxgate_client import (
     SpeechBegin,
     SpeechEnd,
     Transcript,
+    TurnDetectionName,
+    TurnOptions,
     VoxgateClient,
     VoxgateError,
     WireAudio,
@@ -63,9 +66,11 @@ __all__ = [
     "CallResult",
     "WaitForBot",
     "add_connection_arguments",
+    "add_turn_arguments",
     "connection_from_args",
     "play_call",
     "run_call",
+    "turn_options_from_args",
 ]
 
 #: Mark sent after the last audio chunk and the flush: once it is reached, the server has seen
@@ -94,6 +99,8 @@ class CallOptions:
         wait_for_bot: when the caller's audio pauses for the bot (see :data:`WaitForBot`).
         hangup_wait_s: after the audio ends, hang up at the latest this long after it even if
             transcripts or replies are still due (a safety net, never reached normally).
+        turns: the call's turn detection (``--turns``, ``--turn-eagerness``); the default
+            keeps the server's. With it on, the bot answers each EndOfTurn, not each final.
     """
 
     file: Path
@@ -109,6 +116,7 @@ class CallOptions:
     tls: bool | grpc.ChannelCredentials = False
     token: str | None = None
     hangup_wait_s: float = 120.0
+    turns: TurnOptions = field(default_factory=TurnOptions)
 
 
 @dataclass
@@ -184,6 +192,55 @@ def connection_from_args(
     return tls, token
 
 
+#: ``--turns`` values: the call's end-of-turn detection (docs/turns.md).
+TURN_CHOICES: tuple[TurnDetectionName, ...] = ("off", "silence", "smart")
+
+
+def add_turn_arguments(parser: argparse.ArgumentParser) -> None:
+    """The turn-detection flags every door shares (``voxgate call``, ``sip``, ``media-streams``).
+
+    One definition, so that the three doors take the same values and say the same thing.
+    """
+    parser.add_argument(
+        "--turns",
+        choices=TURN_CHOICES,
+        default=None,
+        help="end-of-turn detection on each call: off, silence (every utterance is a turn) or "
+        "smart (silence, the words so far and the gateway's audio model, if it has one); "
+        "with it on the built-in bots answer each EndOfTurn instead of each final "
+        "(default: the gateway's session.turns.mode)",
+    )
+    parser.add_argument(
+        "--turn-eagerness",
+        type=float,
+        default=None,
+        metavar="0..1",
+        help="smart turns: how readily a turn ends, higher sooner (default: the gateway's)",
+    )
+
+
+def turn_options_from_args(args: argparse.Namespace) -> TurnOptions:
+    """The :class:`TurnOptions` the flags of :func:`add_turn_arguments` describe.
+
+    Checked here rather than left to the gateway, which would refuse every call of a
+    misconfigured door one by one (INVALID_ARGUMENT) instead of the door refusing to start.
+
+    Raises:
+        ValueError: an eagerness outside 0..1, or one given with a mode that has none.
+    """
+    mode = getattr(args, "turns", None)
+    eagerness = getattr(args, "turn_eagerness", None)
+    if mode is not None and mode not in TURN_CHOICES:
+        raise ValueError(f"--turns {mode!r}: use one of {', '.join(TURN_CHOICES)}")
+    if eagerness is None:
+        return TurnOptions(mode=mode)
+    if not 0.0 <= eagerness <= 1.0:
+        raise ValueError(f"--turn-eagerness {eagerness:g}: must be 0..1")
+    if mode in ("off", "silence"):
+        raise ValueError(f"--turn-eagerness applies to --turns smart, not --turns {mode}")
+    return TurnOptions(mode=mode, eagerness=float(eagerness))
+
+
 def _plain(exc: OSError | ValueError) -> str:
     """The message without Python's ``[Errno N]`` prefix."""
     return str(exc.strerror) if isinstance(exc, OSError) and exc.strerror else str(exc)
@@ -199,6 +256,7 @@ async def run_call(args: argparse.Namespace) -> int:
         return 2
     try:
         tls, token = connection_from_args(args)
+        turns = turn_options_from_args(args)
     except ValueError as exc:
         print(f"voxgate call: {exc}", file=sys.stderr)
         return 2
@@ -214,6 +272,7 @@ async def run_call(args: argparse.Namespace) -> int:
         wait_for_bot=wait,
         tls=tls,
         token=token,
+        turns=turns,
     )
     return (await play_call(opts)).exit_code
 
@@ -267,9 +326,12 @@ class _CallState:
     """Bookkeeping that decides when the call is over and feeds the latency table."""
 
     has_asr: bool = False
+    #: The call has turn detection on: the bot answers EndOfTurn, not each final.
+    turns_on: bool = False
     eof_reached: bool = False
     hung_up: bool = False
     open_utterances: set[int] = field(default_factory=set)  # ended, final not yet seen
+    open_turns: set[int] = field(default_factory=set)  # a final seen, its EndOfTurn not yet
     open_speaks: set[str] = field(default_factory=set)  # sent, not finished/interrupted
     # Finals the bot has not acted on yet (each for at most REPLY_WAIT_S).
     awaiting_reply: set[int] = field(default_factory=set)
@@ -288,7 +350,9 @@ class _CallState:
     @property
     def busy(self) -> bool:
         """The bot has something to answer or to finish saying."""
-        return bool(self.open_utterances or self.open_speaks or self.awaiting_reply)
+        return bool(
+            self.open_utterances or self.open_turns or self.open_speaks or self.awaiting_reply
+        )
 
     def caller_waits(self, mode: WaitForBot) -> bool:
         """Whether a caller taking turns by ``mode`` holds its audio now."""
@@ -299,6 +363,7 @@ class _CallState:
             return bool(
                 self.opening & self.open_speaks
                 or self.open_utterances
+                or self.open_turns
                 or self.awaiting_reply
                 or unstarted
             )
@@ -365,6 +430,7 @@ async def play_call(opts: CallOptions, *, stream: TextIO | None = None) -> CallR
         sample_rate_hz=audio.sample_rate_hz,
         interim_results=opts.interim_results,
         call_id=f"voxgate-call:{opts.file.name}",
+        turns=opts.turns,
     )
     mode = "real time" if opts.realtime else "as fast as the server allows"
     printer.line(
@@ -400,7 +466,7 @@ async def _converse(
     loop = asyncio.get_running_loop()
     session = call.session
     assert session is not None
-    state = _CallState(has_asr=session.has_asr)
+    state = _CallState(has_asr=session.has_asr, turns_on=session.turn_detection != "off")
     recorder = ReplyRecorder.for_session(session)
     log.reply_encoding, log.reply_rate_hz = recorder.encoding, recorder.sample_rate_hz
     gate = _Gate(lambda start, end: log.pauses.append((start, end)))
@@ -532,9 +598,14 @@ async def _converse(
                 recorder.add(ev)
             reply = _show(ev, state, printer)
             if reply is not None and link is not None:
-                state.awaiting_reply.add(reply.utterance_index)
+                index = (
+                    reply.last_utterance_index
+                    if isinstance(reply, EndOfTurn)
+                    else reply.utterance_index
+                )
+                state.awaiting_reply.add(index)
                 last_final[:] = [reply.received_s]
-                loop.call_later(REPLY_WAIT_S, waited_long_enough, reply.utterance_index)
+                loop.call_later(REPLY_WAIT_S, waited_long_enough, index)
             update_gate()
     finally:
         for task in (guard, sender, hanger):
@@ -568,11 +639,17 @@ def _describe_session(s: SessionStarted, printer: _Printer) -> None:
     parts = [f"connected: session {s.session_id}"]
     parts.append(f"model {s.model}" if s.has_asr else "no ASR (speech events only)")
     parts.append(f"voice {s.voice}" if s.has_tts else "no voice (replies are printed)")
+    if s.turn_detection != "off":
+        parts.append(f"turn detection {s.turn_detection}")
     printer.line(s.received_s, ", ".join(parts))
 
 
-def _show(ev: ServerEvent, state: _CallState, printer: _Printer) -> Transcript | None:
-    """Print one event and update the state; returns a final transcript to answer."""
+def _show(ev: ServerEvent, state: _CallState, printer: _Printer) -> Transcript | EndOfTurn | None:
+    """Print one event and update the state; returns what the bot is to answer.
+
+    That is each final, or with turn detection on each EndOfTurn (the built-in bots answer
+    a turn, not the utterances of it: docs/turns.md), so the caller waits for it.
+    """
     t = ev.received_s
     if isinstance(ev, SpeechBegin):
         printer.line(
@@ -603,6 +680,17 @@ def _show(ev: ServerEvent, state: _CallState, printer: _Printer) -> Transcript |
             t,
             f'caller: "{ev.text}"  (utterance {ev.utterance_index}, '
             f"confidence {ev.confidence:.2f}, server latency {ev.latency_ms} ms)",
+        )
+        if not state.turns_on:
+            return ev
+        if ev.turn_index is not None:
+            state.open_turns.add(ev.turn_index)
+    elif isinstance(ev, EndOfTurn):
+        state.open_turns.discard(ev.turn_index)
+        printer.line(
+            t,
+            f"end of turn {ev.turn_index} ({ev.reason or 'unknown'}, after "
+            f"{ev.silence_ms} ms of silence, server latency {ev.latency_ms} ms)",
         )
         return ev
     elif isinstance(ev, AudioOut):

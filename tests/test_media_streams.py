@@ -533,3 +533,27 @@ async def test_the_adapters_echo_handling_reaches_the_gateway(asked: Any, runs: 
         await peer.wait_closed()
     effective = bot.session.effective_config.barge_in.echo_handling
     assert effective == pb.EchoHandling.Value(f"ECHO_HANDLING_{runs}")
+
+
+@pytest.mark.parametrize("asked", [None, "smart"])
+async def test_the_adapters_turn_detection_reaches_the_gateway(asked: Any) -> None:
+    """An adapter set for turn detection (``voxgate media-streams --turns smart
+    --turn-eagerness 0.8``) asks the gateway for it on each stream's call, so its bot answers
+    turns; unset, the call has the gateway's default (off: nothing in the effective config)."""
+    from clients.voxgate_client import TurnOptions
+    from voxgate.v1 import voxgate_pb2 as pb
+
+    turns = TurnOptions(mode=asked, eagerness=0.8) if asked else TurnOptions()
+    bot = SessionSpy()
+    async with stack(bot, turns=turns) as adapter, ReplayClient(url(adapter)) as peer:
+        await peer.begin()
+        await asyncio.wait_for(bot.started.wait(), 30)
+        await peer.send_stop()
+        await peer.wait_closed()
+    effective = bot.session.effective_config.turn_detection
+    assert bot.session.turn_detection == (asked or "off")
+    if asked:
+        assert effective.mode == pb.TURN_DETECTION_SMART
+        assert effective.eagerness == pytest.approx(0.8)
+    else:
+        assert effective.mode == pb.TURN_DETECTION_UNSPECIFIED

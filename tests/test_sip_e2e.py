@@ -166,6 +166,34 @@ async def test_the_trunks_echo_handling_reaches_the_gateway(
     assert started.effective_config.barge_in.echo_handling == runs
 
 
+@pytest.mark.parametrize(
+    ("asked", "runs"),
+    [({}, pb.TURN_DETECTION_UNSPECIFIED), ({"turns": "smart"}, pb.TURN_DETECTION_SMART)],
+)
+async def test_the_bridges_turn_detection_reaches_the_gateway(
+    caller_audio: Path, asked: dict[str, Any], runs: int
+) -> None:
+    """A bridge set for turn detection (``voxgate sip --turns smart --turn-eagerness 0.8``)
+    asks the gateway for it on each call, so its bot answers turns; unset, the call has the
+    gateway's default (off: nothing in the effective config)."""
+    if asked:
+        asked = {**asked, "turn_eagerness": 0.8}
+    async with bridge_and_gateway(**asked) as (bridge, events):
+        ok(
+            await run_sipp(
+                SIPP_DIR / "uac_stream.xml", bridge.address, cwd=caller_audio, duration_ms=1000
+            )
+        )
+        await wait_for(lambda: not bridge.calls, "call torn down")
+    [(call_id, _)] = list(bridge.ended)
+    started = events.by_call[call_id][0]
+    assert isinstance(started, SessionStarted)
+    assert started.effective_config.turn_detection.mode == runs
+    assert started.turn_detection == ("smart" if asked else "off")
+    if asked:
+        assert started.effective_config.turn_detection.eagerness == pytest.approx(0.8)
+
+
 async def test_ten_concurrent_calls_are_isolated(caller_audio: Path) -> None:
     async with bridge_and_gateway() as (bridge, events):
         res = await run_sipp(

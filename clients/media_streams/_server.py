@@ -46,6 +46,7 @@ from clients.voxgate_client import (
     MarkReached,
     PlaybackInterrupted,
     ServerEvent,
+    TurnOptions,
     VoxgateClient,
     VoxgateError,
 )
@@ -119,6 +120,8 @@ class MediaStreamsConfig:
         gateway_chunk_ms: caller audio is sent to the gateway in pieces of this length
             (a multiple of 20 ms): each gRPC write costs the adapter about 0.5 ms of CPU, so
             40 ms halves the cost of 20 ms at 20 ms more delay (benchmarks/media_streams.py).
+        turns: end-of-turn detection on each call (mode, eagerness); the default keeps the
+            gateway's. With it on, the bot answers each EndOfTurn rather than each final.
     """
 
     host: str = "127.0.0.1"
@@ -139,6 +142,7 @@ class MediaStreamsConfig:
     gateway_chunk_ms: int = 40
     stream_token: str | None = field(default=None, repr=False)
     bot_policy: BotPolicy = field(default_factory=BotPolicy)
+    turns: TurnOptions = field(default_factory=TurnOptions)
 
 
 @dataclass(slots=True)
@@ -273,6 +277,7 @@ class _Stream:
                     voice=self.config.voice,
                     call_id=start.call_id[:128],
                     echo_handling=self.config.echo_handling,
+                    turns=self.config.turns,
                 )
             )
         except (VoxgateError, CallEndedError) as exc:

@@ -11,7 +11,12 @@ from pathlib import Path
 from typing import get_args
 
 from clients.bot import add_bot_policy_arguments, bot_policy_from_args
-from clients.cli import add_connection_arguments, connection_from_args
+from clients.cli import (
+    add_connection_arguments,
+    add_turn_arguments,
+    connection_from_args,
+    turn_options_from_args,
+)
 from clients.voxgate_client import EchoHandlingName
 
 from ._dialect import DIALECTS
@@ -84,6 +89,7 @@ def add_media_streams_arguments(parser: argparse.ArgumentParser) -> None:
         "gate_aec3 (soft callers over a loud echo heard sooner) or aec3 (a carrier leg that "
         "echoes through an analogue hybrid); default: the gateway's",
     )
+    add_turn_arguments(parser)
     parser.add_argument(
         "--lead-ms",
         type=int,
@@ -132,6 +138,7 @@ async def run_media_streams(args: argparse.Namespace) -> int:
             raise ValueError("--bot must name a bot")
         tls, token = connection_from_args(args, prefix="gateway-")
         bot_policy = bot_policy_from_args(args)
+        turns = turn_options_from_args(args)
         if not 0 <= args.lead_ms <= 2000:
             raise ValueError(f"--lead-ms must be 0..2000, got {args.lead_ms}")
         if not (20 <= args.gateway_chunk_ms <= 200 and args.gateway_chunk_ms % 20 == 0):
@@ -161,6 +168,7 @@ async def run_media_streams(args: argparse.Namespace) -> int:
         gateway_chunk_ms=args.gateway_chunk_ms,
         stream_token=stream_token,
         bot_policy=bot_policy,
+        turns=turns,
     )
     server = MediaStreamServer(config, bot)
     stop = asyncio.Event()

@@ -87,6 +87,8 @@ from clients.voxgate_client import (
     ServerEvent,
     Transcript,
     TransferResult,
+    TurnDetectionName,
+    TurnOptions,
     VoxgateClient,
     VoxgateError,
     tls_credentials,
@@ -163,6 +165,19 @@ class BridgeConfig(BaseModel):
         "echo is heard sooner), 'aec3' (WebRTC's echo canceller alone: trunks that echo "
         "through an analogue hybrid); '' = the gateway's default.",
     )
+    turns: TurnDetectionName | Literal[""] = Field(
+        default="",
+        description="End-of-turn detection on each call: 'off', 'silence' (every utterance is "
+        "a turn) or 'smart' (silence, the words so far and the gateway's audio model, if it has "
+        "one); with it on, the bot answers each EndOfTurn rather than each final; '' = the "
+        "gateway's default (session.turns.mode).",
+    )
+    turn_eagerness: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="'smart' turns: how readily a turn ends, higher sooner (0 = the gateway's).",
+    )
     t1_ms: int = Field(default=500, ge=10, le=10_000, description="RFC 3261 T1 (RTT estimate).")
     t2_ms: int = Field(default=4000, ge=10, le=60_000, description="RFC 3261 T2 (retransmit cap).")
     gateway_timeout_s: float = Field(
@@ -222,6 +237,11 @@ class BridgeConfig(BaseModel):
         if 0 < self.session_expires_s < self.min_se_s:
             raise ValueError(
                 f"session_expires_s={self.session_expires_s} < min_se_s={self.min_se_s}"
+            )
+        if self.turn_eagerness and self.turns in ("off", "silence"):
+            raise ValueError(
+                f"turn_eagerness={self.turn_eagerness:g} applies to turns='smart', not "
+                f"turns={self.turns!r}"
             )
         return self
 
@@ -1491,6 +1511,9 @@ class SipBridge:
                 voice=self.config.voice,
                 call_id=call.call_id,
                 echo_handling=self.config.echo_handling or None,
+                turns=TurnOptions(
+                    mode=self.config.turns or None, eagerness=self.config.turn_eagerness
+                ),
             )
         )
         assert call.gw.session is not None

@@ -29,7 +29,12 @@ from clients.bot import (
     bot_policy_from_args,
     load_bot,
 )
-from clients.cli import add_connection_arguments, connection_from_args
+from clients.cli import (
+    add_connection_arguments,
+    add_turn_arguments,
+    connection_from_args,
+    turn_options_from_args,
+)
 from clients.sip._bridge import BridgeConfig, SipBridge
 from clients.voxgate_client import EchoHandlingName
 
@@ -112,6 +117,7 @@ def add_sip_arguments(parser: argparse.ArgumentParser) -> None:
         "sooner, twice the CPU on a trunk that echoes) or aec3 (echo through an analogue hybrid); "
         "default: the gateway's",
     )
+    add_turn_arguments(parser)
     parser.add_argument(
         "--log-content",
         action="store_true",
@@ -161,6 +167,7 @@ async def run_sip(args: argparse.Namespace) -> int:
         bot_policy = bot_policy_from_args(args)
         # Checks the files and resolves the token (flag, file or $VOXGATE_TOKEN) up front.
         tls, token = connection_from_args(args, prefix="gateway-")
+        turns = turn_options_from_args(args)
         config = BridgeConfig(
             listen_host=args.listen[0],
             listen_port=args.listen[1],
@@ -179,6 +186,8 @@ async def run_sip(args: argparse.Namespace) -> int:
             language=args.language,
             voice=args.voice,
             echo_handling=args.echo_handling,
+            turns=turns.mode or "",
+            turn_eagerness=turns.eagerness,
             log_content=args.log_content,
             rtp_timeout_s=args.rtp_timeout,
             max_call_s=args.max_call,
