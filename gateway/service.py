@@ -408,6 +408,13 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             bulk_calls=self.bulk_calls() if kind == "call" else 0,
         )
 
+    def _audio_model(self, cfg: CallConfig) -> str:
+        """The audio end-of-turn model a call's turns consult (its file name), or ''."""
+        t = cfg.turns
+        if self.turn_model is None or t.mode != "smart" or not t.audio_model:
+            return ""
+        return self.turn_model.name
+
     async def ListModels(  # noqa: N802
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListModelsResponse:
@@ -415,7 +422,16 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         if isinstance(request, _Undecodable):
             await _abort(context, request.error())
         models = self.models.descriptions() if self.models is not None else self.info.models
+        turns = self.config.session.turns
         return pb.ListModelsResponse(
+            turn_detection=pb.TurnDetectionInfo(
+                # A turn ends after its finals: a server without a recogniser sends no EndOfTurn.
+                modes=[pb.TURN_DETECTION_SILENCE, pb.TURN_DETECTION_SMART]
+                if self.transcriber is not None
+                else [],
+                default_mode=_PB_TURN_MODE[turns.mode],
+                audio_model=self.turn_model.name if self.turn_model is not None else "",
+            ),
             models=[
                 pb.ModelInfo(
                     name=m.name,
@@ -427,7 +443,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
                     loaded=m.loaded,
                 )
                 for i, m in enumerate(models)
-            ]
+            ],
         )
 
     async def ListVoices(  # noqa: N802
@@ -593,7 +609,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             session.shutdown()
         started = pb.SessionStarted(
             session_id=session_id,
-            effective_config=_effective_config(first.config, call_cfg),
+            effective_config=_effective_config(first.config, call_cfg, self._audio_model(call_cfg)),
             model=self._model_name(lease),
             voice=self.info.voices[0].name if self.info.voices else "",
             server_version=_version(),
@@ -1010,7 +1026,9 @@ def _vad_config(default: VadConfig, req: pb.VadConfig) -> VadConfig:
         raise CallError.invalid(f"config.vad: {exc}") from None
 
 
-def _effective_config(req: pb.SessionConfig, cfg: CallConfig) -> pb.SessionConfig:
+def _effective_config(
+    req: pb.SessionConfig, cfg: CallConfig, audio_model: str = ""
+) -> pb.SessionConfig:
     eff = pb.SessionConfig()
     eff.CopyFrom(req)
     eff.input_audio.encoding = _PB_ENCODING[cfg.input_encoding]
@@ -1040,6 +1058,7 @@ def _effective_config(req: pb.SessionConfig, cfg: CallConfig) -> pb.SessionConfi
             t.min_silence_ms if t.mode == "smart" else t.end_silence_ms
         )
         eff.turn_detection.max_pause_ms = t.max_pause_ms
+        eff.turn_detection.audio_model = audio_model
     return eff
 
 

@@ -523,6 +523,17 @@ class VoxgateClient:
         resp = await self._unary(self._stub.ListModels, pb.ListModelsRequest())
         return list(resp.models)
 
+    async def turn_detection(self) -> pb.TurnDetectionInfo:
+        """The end-of-turn detection the server runs (from ListModels).
+
+        Its modes (none without a recogniser), the default a call gets, and the audio model
+        ``smart`` consults ('' for none), so a bot can ask for what the server has.
+        """
+        resp: pb.ListModelsResponse = await self._unary(
+            self._stub.ListModels, pb.ListModelsRequest()
+        )
+        return resp.turn_detection
+
     async def list_voices(self) -> list[pb.VoiceInfo]:
         """Voices loaded on the server (empty without TTS)."""
         resp = await self._unary(self._stub.ListVoices, pb.ListVoicesRequest())

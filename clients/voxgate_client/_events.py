@@ -82,6 +82,14 @@ class SessionStarted:
             mode, "off"
         )
 
+    @property
+    def turn_model(self) -> str:
+        """The audio end-of-turn model deciding this call's ``smart`` turns, by file name.
+
+        Empty when there is none (silence and the words alone) or the mode is not ``smart``.
+        """
+        return self.effective_config.turn_detection.audio_model
+
 
 @dataclass(frozen=True, slots=True)
 class SpeechBegin:

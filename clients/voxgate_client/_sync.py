@@ -197,6 +197,10 @@ class VoxgateSyncClient:
         """Recognition models on the server."""
         return self._run(self._client.list_models())
 
+    def turn_detection(self) -> pb.TurnDetectionInfo:
+        """The end-of-turn detection the server runs (see ``VoxgateClient.turn_detection``)."""
+        return self._run(self._client.turn_detection())
+
     def list_voices(self) -> list[pb.VoiceInfo]:
         """Voices on the server."""
         return self._run(self._client.list_voices())

@@ -79,9 +79,16 @@ def smart_turn_source(spec: str) -> bytes:
 
 
 class SmartTurn:
-    """The shared model: one ONNX Runtime session, thread-safe ``run``; no per-call state."""
+    """The shared model: one ONNX Runtime session, thread-safe ``run``; no per-call state.
 
-    def __init__(self, model: bytes) -> None:
+    Attributes:
+        name: the model's file name (``smart-turn-v3.2-cpu.onnx`` from a wheel or Pipecat,
+            else the ``.onnx`` file's own), which ListModels and a call's effective config
+            report, so a client can tell which model decides its turns.
+    """
+
+    def __init__(self, model: bytes, name: str = SMART_TURN_FILE) -> None:
+        self.name = name
         so = ort.SessionOptions()
         so.inter_op_num_threads = 1
         so.intra_op_num_threads = 1
@@ -94,7 +101,9 @@ class SmartTurn:
     @classmethod
     def load(cls, spec: str) -> Self:
         """Load from a ``.onnx`` path, a pipecat-ai wheel or ``pipecat``."""
-        return cls(smart_turn_source(spec))
+        path = Path(spec)
+        name = path.name if path.suffix == ".onnx" else SMART_TURN_FILE
+        return cls(smart_turn_source(spec), name)
 
     def features(self, audio: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """The model's input for 16 kHz float audio: the last 8 s, shape (80, 800)."""

@@ -107,16 +107,18 @@ class SessionConfig(_message.Message):
     def __init__(self, input_audio: _Optional[_Union[AudioFormat, _Mapping]] = ..., output_audio: _Optional[_Union[AudioFormat, _Mapping]] = ..., vad: _Optional[_Union[VadConfig, _Mapping]] = ..., interim_results: bool = ..., interim_interval_ms: _Optional[int] = ..., language: _Optional[str] = ..., model: _Optional[str] = ..., decoding: _Optional[_Union[DecodingOptions, _Mapping]] = ..., voice: _Optional[str] = ..., barge_in: _Optional[_Union[BargeInConfig, _Mapping]] = ..., call_id: _Optional[str] = ..., turn_detection: _Optional[_Union[TurnDetectionOptions, _Mapping]] = ...) -> None: ...
 
 class TurnDetectionOptions(_message.Message):
-    __slots__ = ("mode", "eagerness", "end_silence_ms", "max_pause_ms")
+    __slots__ = ("mode", "eagerness", "end_silence_ms", "max_pause_ms", "audio_model")
     MODE_FIELD_NUMBER: _ClassVar[int]
     EAGERNESS_FIELD_NUMBER: _ClassVar[int]
     END_SILENCE_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_PAUSE_MS_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_MODEL_FIELD_NUMBER: _ClassVar[int]
     mode: TurnDetection
     eagerness: float
     end_silence_ms: int
     max_pause_ms: int
-    def __init__(self, mode: _Optional[_Union[TurnDetection, str]] = ..., eagerness: _Optional[float] = ..., end_silence_ms: _Optional[int] = ..., max_pause_ms: _Optional[int] = ...) -> None: ...
+    audio_model: str
+    def __init__(self, mode: _Optional[_Union[TurnDetection, str]] = ..., eagerness: _Optional[float] = ..., end_silence_ms: _Optional[int] = ..., max_pause_ms: _Optional[int] = ..., audio_model: _Optional[str] = ...) -> None: ...
 
 class VadConfig(_message.Message):
     __slots__ = ("aggressiveness", "frame_ms", "start_speech_ms", "end_silence_ms", "min_speech_ms", "max_utterance_ms", "pre_roll_ms")
@@ -469,10 +471,22 @@ class ModelInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., family: _Optional[str] = ..., languages: _Optional[_Iterable[str]] = ..., device: _Optional[str] = ..., compute_type: _Optional[str] = ..., is_default: bool = ..., loaded: bool = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
-    __slots__ = ("models",)
+    __slots__ = ("models", "turn_detection")
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    TURN_DETECTION_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
-    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
+    turn_detection: TurnDetectionInfo
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., turn_detection: _Optional[_Union[TurnDetectionInfo, _Mapping]] = ...) -> None: ...
+
+class TurnDetectionInfo(_message.Message):
+    __slots__ = ("modes", "default_mode", "audio_model")
+    MODES_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_MODE_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_MODEL_FIELD_NUMBER: _ClassVar[int]
+    modes: _containers.RepeatedScalarFieldContainer[TurnDetection]
+    default_mode: TurnDetection
+    audio_model: str
+    def __init__(self, modes: _Optional[_Iterable[_Union[TurnDetection, str]]] = ..., default_mode: _Optional[_Union[TurnDetection, str]] = ..., audio_model: _Optional[str] = ...) -> None: ...
 
 class ListVoicesRequest(_message.Message):
     __slots__ = ()

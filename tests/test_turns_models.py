@@ -1,0 +1,101 @@
+"""ListModels and a call's effective config say which turn detection the server runs.
+
+Real in-process servers: the default configuration with the bundled models (a recogniser, no
+audio end-of-turn model), a VAD-only one (no recogniser: no EndOfTurn), and one whose
+``session.turns.smart_turn_model`` is a tiny ONNX classifier this test builds with Smart
+Turn's input and output shape (the real file ships in the pipecat-ai wheel, which the test
+environment does not have): what is reported is its file name, never a claim about its output.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from clients.voxgate_client import CallConfig, TurnOptions, VoxgateClient
+from clients.voxgate_client._proto import voxgate_pb2 as pb
+from gateway.config import load_config
+from gateway.runtime import build_hub
+from gateway.testing.server import running_server
+
+pytestmark = pytest.mark.e2e
+
+
+def tiny_turn_model(path: Path) -> Path:
+    """An ONNX graph with Smart Turn v3's signature: (1, 80, 800) features -> a probability."""
+    x = helper.make_tensor_value_info("input_features", TensorProto.FLOAT, [1, 80, 800])
+    y = helper.make_tensor_value_info("probability", TensorProto.FLOAT, [1, 1, 1])
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMean", ["input_features"], ["m"], axes=[1, 2], keepdims=1),
+            helper.make_node("Sigmoid", ["m"], ["probability"]),
+        ],
+        "tiny-turn",
+        [x],
+        [y],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+async def test_the_default_server_offers_silence_and_smart_turns_without_an_audio_model() -> None:
+    cfg = load_config(None, {"server": {"host": "127.0.0.1", "port": 0, "grace_s": 1.0}})
+    async with (
+        running_server(hub=build_hub(cfg), config=cfg) as srv,
+        VoxgateClient(srv.target) as client,
+    ):
+        info = await client.turn_detection()
+        call = await client.converse(CallConfig(turns=TurnOptions(mode="smart")))
+        async with call:
+            session = call.session
+            await call.hangup()
+            async for _ in call:
+                pass
+    assert list(info.modes) == [pb.TURN_DETECTION_SILENCE, pb.TURN_DETECTION_SMART]
+    assert info.default_mode == pb.TURN_DETECTION_OFF
+    assert info.audio_model == ""
+    assert session is not None and session.turn_detection == "smart"
+    assert session.turn_model == ""
+
+
+async def test_a_server_without_a_recogniser_offers_no_turn_detection() -> None:
+    async with running_server() as srv, VoxgateClient(srv.target) as client:
+        info = await client.turn_detection()
+    assert list(info.modes) == []
+    assert info.audio_model == ""
+
+
+async def test_the_loaded_audio_model_is_named_in_list_models_and_in_smart_calls(
+    tmp_path: Path,
+) -> None:
+    model = tiny_turn_model(tmp_path / "tiny-turn.onnx")
+    turns = {"mode": "smart", "smart_turn_model": str(model)}
+    async with (
+        running_server(session={"turns": turns}) as srv,
+        VoxgateClient(srv.target) as client,
+    ):
+        info = await client.turn_detection()
+        started: dict[str, Any] = {}
+        for name, options in {
+            "default": TurnOptions(),
+            "silence": TurnOptions(mode="silence"),
+        }.items():
+            call = await client.converse(CallConfig(turns=options))
+            async with call:
+                started[name] = call.session
+                await call.hangup()
+                async for _ in call:
+                    pass
+    assert info.audio_model == "tiny-turn.onnx"
+    assert info.default_mode == pb.TURN_DETECTION_SMART
+    assert started["default"].turn_detection == "smart"
+    assert started["default"].turn_model == "tiny-turn.onnx"
+    # Silence turns never consult the model: the call says so.
+    assert started["silence"].turn_detection == "silence"
+    assert started["silence"].turn_model == ""
