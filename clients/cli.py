@@ -440,7 +440,9 @@ async def play_call(opts: CallOptions, *, stream: TextIO | None = None) -> CallR
     )
     try:
         async with VoxgateClient(opts.target, opts.tls, opts.token) as client:
-            call = await client.converse(config)
+            # A file sent faster than real time says so: a busy server admits it from spare
+            # capacity (deploy/README.md, "Admission and overload").
+            call = await client.converse(config, bulk=not opts.realtime)
             async with call:
                 await _converse(
                     call, audio, opts=opts, bot=bot, printer=printer, log=log, result=result

@@ -332,6 +332,7 @@ class AdmissionPolicy:
         active_calls: int,
         active_synthesize: int,
         bulk_calls: int = 0,
+        declared_bulk: bool = False,
     ) -> Refusal | None:
         """None to admit one more stream of ``kind``, else why not.
 
@@ -342,7 +343,13 @@ class AdmissionPolicy:
             active_synthesize: Synthesize streams in progress now (live).
             bulk_calls: of ``active_calls``, those sending faster than real time now (live).
                 They are served from spare capacity only, so they reserve none of it; a new
-                call is counted as real-time (its pace is not known yet).
+                call is counted as real-time (its pace is not known yet)...
+            declared_bulk: ...unless it says it sends faster than real time (``voxgate-pacing:
+                bulk``): then it takes only spare capacity, so neither the real-time count,
+                nor the latency guard, nor the ramp refuses it (only ``max_concurrent_calls``).
+                Its finals wait behind real-time finals and use at most ``workers - 1``
+                workers, so real-time callers keep their latency beside it; a claim its pace
+                does not bear out is counted as real-time from then on.
         """
         cfg = self.config
         hint = cfg.retry_after_ms
@@ -369,7 +376,7 @@ class AdmissionPolicy:
                 f"{hint / 1000:g} s or on another replica",
                 hint,
             )
-        if not cfg.enabled or active_calls == 0:  # an idle replica always admits
+        if not cfg.enabled or active_calls == 0 or declared_bulk:  # idle: always admits
             return None
         realtime = active_calls - bulk_calls
         cap = self.capacity(snap)

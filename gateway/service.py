@@ -107,6 +107,8 @@ _DTMF_DIGITS = frozenset("0123456789*#ABCD")
 _MAX_DTMF_MS = 60_000
 #: Bounds of the barge-in options a call may give.
 _MAX_MIN_WORDS = 20
+#: Request metadata by which a client says how it will send its audio (see ``_declared_pacing``).
+PACING_METADATA = "voxgate-pacing"
 _MAX_BACKCHANNELS = 200
 _MAX_BACKCHANNEL_CHARS = 64
 _BARGE_IN_MODES: dict[pb.BargeIn, BargeInMode] = {
@@ -398,14 +400,19 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         """Calls in progress whose audio runs ahead of real time now (see CallSession.bulk)."""
         return sum(1 for session in self._sessions.values() if session.bulk)
 
-    def refusal(self, kind: StreamKind) -> Refusal | None:
-        """Whether one more stream of ``kind`` would be refused now, and why."""
+    def refusal(self, kind: StreamKind, *, declared_bulk: bool = False) -> Refusal | None:
+        """Whether one more stream of ``kind`` would be refused now, and why.
+
+        ``declared_bulk``: the call said it sends faster than real time (``voxgate-pacing:
+        bulk``), so it is admitted from spare capacity (see ``AdmissionPolicy.decide``).
+        """
         return self.admission.decide(
             kind,
             self.load,
             active_calls=self.active_calls,
             active_synthesize=self.active_synthesize,
             bulk_calls=self.bulk_calls() if kind == "call" else 0,
+            declared_bulk=declared_bulk,
         )
 
     def _audio_model(self, cfg: CallConfig) -> str:
@@ -492,8 +499,12 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         if not self.accepting:
             self.metrics.calls_refused.labels("shutting_down").inc()
             await _abort(context, CallError(ErrorKind.UNAVAILABLE, "server is shutting down"))
+        try:
+            declared_bulk = _declared_pacing(context) == "bulk"
+        except CallError as exc:
+            await _abort(context, exc)
         # Refused before reading anything, so a balancer can still retry it elsewhere.
-        refusal = self.refusal("call")
+        refusal = self.refusal("call", declared_bulk=declared_bulk)
         if refusal is not None:
             self.metrics.calls_refused.labels(refusal.reason).inc()
             await _abort(context, _refused(refusal))
@@ -506,7 +517,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         began = loop.time()
         outcome = "ok"
         try:
-            ended_by_eof = await self._call(context, mode, session_id)
+            ended_by_eof = await self._call(context, mode, session_id, declared_bulk)
             if ended_by_eof and not context.cancelled():
                 await _settle_cancel(context)
             if context.cancelled():  # the client cancelled; the session saw it as EOF
@@ -548,6 +559,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         context: grpc.aio.ServicerContext,
         mode: Literal["converse", "recognize"],
         session_id: str,
+        declared_bulk: bool = False,
     ) -> bool:
         """Run one call; True when it ended because its request stream ended (EOF)."""
         limits = self.config.limits
@@ -578,7 +590,9 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         # it in memory until this call ends, even if a rescan stops offering it meanwhile.
         lease = await self._acquire_model(first.config.model)
         try:
-            return await self._run_session(context, mode, session_id, first, lease)
+            return await self._run_session(
+                context, mode, session_id, first, lease, declared_bulk=declared_bulk
+            )
         finally:
             if lease is not None:
                 lease.release()
@@ -590,6 +604,8 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         session_id: str,
         first: pb.ConverseRequest,
         lease: ModelLease | None,
+        *,
+        declared_bulk: bool = False,
     ) -> bool:
         limits = self.config.limits
         call_cfg = self._call_config(first.config, mode, lease)
@@ -603,6 +619,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             quality=self.quality,
             realtime_slack_ms=self.config.admission.realtime_slack_ms,
             turn_model=self.turn_model,
+            declared_bulk=declared_bulk,
         )
         self._sessions[session_id] = session
         if self._ending:
@@ -1199,6 +1216,29 @@ def _forget(task: asyncio.Future[None]) -> None:
     _DETACHED.discard(task)
     if not task.cancelled():
         task.exception()  # AbortError, or ExecuteBatchError once the peer is gone
+
+
+def _declared_pacing(context: grpc.aio.ServicerContext) -> Literal["realtime", "bulk"]:
+    """How the client says it will send its audio: ``voxgate-pacing`` request metadata.
+
+    ``bulk``: recorded audio, faster than real time (a file being transcribed); such a call
+    is admitted from spare capacity, never refused because real-time callers are near their
+    latency limit, and its finals wait behind theirs. ``realtime`` (the default, also when the
+    key is absent): a live caller. The server checks the claim against the audio's pace (see
+    ``CallSession.bulk``): a "bulk" call that keeps to real time counts as real-time.
+
+    Raises:
+        CallError: INVALID_ARGUMENT for any other value, or the key sent twice.
+    """
+    values = [v for k, v in context.invocation_metadata() or () if k == PACING_METADATA]
+    if not values:
+        return "realtime"
+    if len(values) == 1 and values[0] in ("realtime", "bulk"):
+        return "bulk" if values[0] == "bulk" else "realtime"
+    raise CallError.invalid(
+        f"{PACING_METADATA} metadata must be sent once, as 'realtime' or 'bulk'; got "
+        f"{echo(values if len(values) > 1 else values[0])}"
+    )
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: CallError) -> None:

@@ -275,6 +275,8 @@ class CallSession:
             that shedding reaches calls in progress; full quality when omitted.
         realtime_slack_ms: audio this far ahead of the call's own clock makes it :attr:`bulk`.
         turn_model: the audio end-of-turn model ``smart`` turn detection consults, if any.
+        declared_bulk: the client said it sends faster than real time (``voxgate-pacing:
+            bulk``): the call is :attr:`bulk` from its start, until its pace says otherwise.
     """
 
     def __init__(
@@ -291,9 +293,11 @@ class CallSession:
         quality: QualityLevel | None = None,
         realtime_slack_ms: int = 2_000,
         turn_model: EndOfTurnModel | None = None,
+        declared_bulk: bool = False,
     ) -> None:
         self.config = config
         self._realtime_slack_ms = realtime_slack_ms
+        self._declared_bulk = declared_bulk
         self._quality = quality if quality is not None else QualityLevel()
         self.log_id = log_id
         self._metrics = metrics if metrics is not None else GatewayMetrics()
@@ -395,8 +399,12 @@ class CallSession:
         caller's, so admission and the ladder do not read it.
         """
         if self._first_audio_at is None:
-            return False
+            return self._declared_bulk
         elapsed_ms = (asyncio.get_running_loop().time() - self._first_audio_at) * 1000.0
+        if self._declared_bulk and elapsed_ms < 2 * self._realtime_slack_ms:
+            # Declared, and too early for its pace to show (a fast sender is past the slack
+            # by then): believed. After that, the pace decides, as for any call.
+            return True
         return self._audio_ms_in - elapsed_ms > self._realtime_slack_ms
 
     def shutdown(self) -> None:

@@ -230,6 +230,24 @@ def test_bulk_calls_reserve_no_capacity_and_no_latency() -> None:
     assert p.decide("call", snap, active_calls=13, active_synthesize=0, bulk_calls=3) is not None
 
 
+def test_a_call_that_declares_bulk_takes_spare_capacity_past_every_guard_but_the_ceiling() -> None:
+    """``voxgate-pacing: bulk``: a file client is not refused because real-time callers fill
+    the capacity, are near their latency limit, or are ramping up; the hard ceiling holds."""
+    p = policy(ramp_doubling=True, capacity_calls=4)  # max_concurrent_calls=50
+    hot = calm(final_p95_s=1.4, asr_utilisation=0.9, calls_mean=4.0)
+    for refused_by in ("engine_capacity", "latency", "ramp"):
+        snap = hot if refused_by != "ramp" else calm(calls=0, calls_mean=0.0, finals=0)
+        active = 4 if refused_by == "engine_capacity" else 2
+        refusal = p.decide("call", snap, active_calls=active, active_synthesize=0)
+        assert refusal is not None and refusal.reason == refused_by, refused_by
+        assert (
+            p.decide("call", snap, active_calls=active, active_synthesize=0, declared_bulk=True)
+            is None
+        ), refused_by
+    ceiling = p.decide("call", hot, active_calls=50, active_synthesize=0, declared_bulk=True)
+    assert ceiling is not None and ceiling.reason == "max_concurrent_calls"
+
+
 def test_unmeasured_load_may_at_most_double_per_window() -> None:
     """With slow start on, a burst of callers cannot get in before their cost is measured."""
     assert policy().ramp_limit(calm()) is None  # off by default
@@ -359,6 +377,45 @@ async def test_a_slow_recogniser_makes_the_server_refuse_new_calls_before_it_deg
         await wait_for(lambda: not srv.full, "the replica accepts again")
         assert await health(ch, SERVICE_NAME) == health_pb2.HealthCheckResponse.SERVING
         events = await _collect(stub.Converse(requests(call_audio(speech_dir))))
+        assert len([e for e in events if e.WhichOneof("event") == "transcript"]) == 4
+
+
+async def test_a_file_client_that_says_bulk_is_admitted_where_a_caller_is_refused(
+    speech_dir: Path,
+) -> None:
+    """A real server holding one real-time call at ``capacity_calls=1``: a second real-time
+    call is refused, the same call with ``voxgate-pacing: bulk`` is admitted and transcribed
+    whole, and a pacing value that is neither is INVALID_ARGUMENT, echoed cut short."""
+    engine: FakeBatchEngine[AsrRequest, AsrResult] = FakeBatchEngine(fake_result, delay_s=0.8)
+    admission = {"capacity_calls": 1, "ramp_doubling": False}
+    async with fake_asr_server(engine, admission=admission) as (srv, ch):
+        stub = pb_grpc.VoiceGatewayStub(ch)
+        assert srv.servicer is not None
+        servicer = srv.servicer
+        first = asyncio.create_task(_collect(stub.Converse(requests(call_audio(speech_dir)))))
+        await wait_for(lambda: servicer.active_calls == 1, "the real-time call is in")
+
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await _collect(stub.Converse(requests([config()])))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "1 real-time calls in progress" in (err.value.details() or "")
+
+        bulk = stub.Converse(
+            requests(call_audio(speech_dir)), metadata=(("voxgate-pacing", "bulk"),)
+        )
+        events = await asyncio.wait_for(_collect(bulk), HANG_S)
+        assert len([e for e in events if e.WhichOneof("event") == "transcript"]) == 4
+        assert srv.metrics.value("voxgate_calls_refused_total", reason="engine_capacity") == 1
+
+        bad = stub.Converse(requests([config()]), metadata=(("voxgate-pacing", "x" * 5000),))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await _collect(bad)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        details = err.value.details() or ""
+        assert "'realtime' or 'bulk'" in details and "(5000 characters)" in details
+        assert len(details) < 400
+
+        events = await asyncio.wait_for(first, HANG_S)  # the caller was never disturbed
         assert len([e for e in events if e.WhichOneof("event") == "transcript"]) == 4
 
 

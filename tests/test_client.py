@@ -419,3 +419,32 @@ async def test_the_timeline_keeps_the_caller_audio_length_at_any_send_pace(
         assert span.end_s - span.start_s == pytest.approx((end.offset_ms - begin.offset_ms) / 1000)
         sample = begin.offset_ms * audio.sample_rate_hz // 1000
         assert span.start_s == pytest.approx(float(tl.caller_x[sample]), abs=1e-6)
+
+
+async def test_a_file_client_says_bulk_and_is_admitted_where_a_live_caller_is_not(
+    tmp_path: Path,
+) -> None:
+    """At capacity (``capacity_calls=1``, one live call in): ``converse()`` is refused,
+    ``converse(bulk=True)`` and ``voxgate call`` sending a file fast (the README's first
+    usage line) are admitted; ``voxgate call --realtime`` is a live caller and is refused."""
+    over = {**FAST, "admission": {"capacity_calls": 1, "realtime_slack_ms": 600_000}}
+    async with running_server(**over) as srv, VoxgateClient(srv.target) as client:
+        live = await client.converse(CallConfig(call_id="live"))
+        with pytest.raises(VoxgateError) as refused:
+            await client.converse(CallConfig())
+        assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        async with await client.converse(CallConfig(), bulk=True) as bulk:
+            assert isinstance(bulk.session, SessionStarted)
+            await bulk.hangup()
+            _ = [e async for e in bulk]
+
+        def cli(realtime: bool) -> CallOptions:
+            return CallOptions(file=Path(sample_call_path()), target=srv.target, realtime=realtime)
+
+        fast = await play_call(cli(False), stream=io.StringIO())
+        assert fast.exit_code == 0
+        out = io.StringIO()
+        assert (await play_call(cli(True), stream=out)).exit_code != 0
+        assert "RESOURCE_EXHAUSTED" in out.getvalue()
+        await live.hangup()
+        await live.aclose()

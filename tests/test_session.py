@@ -65,6 +65,8 @@ class Call:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     out: list[tuple[float, OutboundEvent]] = field(default_factory=list)
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+    #: CallSession's own keyword arguments (beside the call's config).
+    session_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         cfg = CallConfig(
@@ -83,6 +85,7 @@ class Call:
             self.synth,
             metrics=self.metrics,
             detector=EnergyVoiceDetector(),
+            **self.session_options,
         )
 
     async def run(self) -> None:
@@ -113,6 +116,37 @@ def drive(call: Call, script: Any) -> None:
         await asyncio.wait_for(runner, 600)  # virtual seconds: a hang guard
 
     run_virtual(main())
+
+
+# --- pace: real time or bulk --------------------------------------------------------------------
+
+
+def test_a_call_is_bulk_while_its_audio_runs_ahead_and_a_declared_one_from_its_start() -> None:
+    """Bulk (served from spare capacity) by pace: audio over ``realtime_slack_ms`` ahead of the
+    call's clock. A call that declared it (``voxgate-pacing: bulk``) is bulk from its start,
+    until its pace can show (twice the slack): one that keeps to real time is real-time then."""
+    plain = Call(synth=None)
+    declared = Call(synth=None, session_options={"declared_bulk": True})
+    seen: dict[str, list[bool]] = {"plain": [], "declared": []}
+
+    async def script(c: Call) -> None:
+        await asyncio.sleep(0.1)
+        seen["plain" if c is plain else "declared"].append(c.session.bulk)  # no audio yet
+        for _ in range(3):  # 3 s at real time, then 3 s more
+            await c.say(silence(1000))
+            seen["plain" if c is plain else "declared"].append(c.session.bulk)
+        await c.say(silence(2000))
+        seen["plain" if c is plain else "declared"].append(c.session.bulk)  # 5 s in: real time
+        for _ in range(2):  # a file's worth at once: 4 s ahead
+            await c.inbox.put(AudioIn(silence(2000)))
+        await asyncio.sleep(0.1)
+        seen["plain" if c is plain else "declared"].append(c.session.bulk)
+        await c.inbox.put(None)
+
+    drive(plain, script)
+    drive(declared, script)
+    assert seen["plain"] == [False, False, False, False, False, True]
+    assert seen["declared"] == [True, True, True, True, False, True]
 
 
 # --- pacing and playback accounting ------------------------------------------------------------

@@ -302,12 +302,12 @@ async def fast_client(target: str, path: Path, stop: asyncio.Event) -> dict[str,
         stream_audio,
     )
 
-    result: dict[str, Any] = {"files": 0, "finals": 0, "refused": 0, "errors": []}
+    result: dict[str, Any] = {"files": 0, "finals": 0, "refused": 0, "errors": [], "why": {}}
     audio = load_audio(path)
     async with VoxgateClient(target) as client:
         while not stop.is_set():
             try:
-                call = await client.recognize(CallConfig())
+                call = await client.recognize(CallConfig(), bulk=True)
                 async with call:
 
                     async def send(c: Any = call) -> None:
@@ -324,6 +324,9 @@ async def fast_client(target: str, path: Path, stop: asyncio.Event) -> dict[str,
             except VoxgateError as exc:
                 if "RESOURCE_EXHAUSTED" in exc.code.name:
                     result["refused"] += 1
+                    # Which admission rule (the message up to its numbers), counted.
+                    why = exc.message.split(":")[0] + ": " + exc.message.split(":")[1][:40]
+                    result["why"][why] = result["why"].get(why, 0) + 1
                     await asyncio.sleep(1.0)
                 else:
                     result["errors"].append(f"{exc.code.name}: {exc.message[:120]}")
@@ -360,6 +363,7 @@ class Probe:
             "shed": ",".join(shed) or "-",
             "fast_files": self.fast.get("files", 0),
             "fast_refused": self.fast.get("refused", 0),
+            "fast_refused_why": self.fast.get("why", {}),
         }
 
     def passes(self, p95_goal_s: float) -> bool:

@@ -44,6 +44,7 @@ from ._bot import (
     serve_bot,
 )
 from ._client import (
+    PACING_METADATA,
     TOKEN_ENV,
     Call,
     VoxgateClient,
@@ -89,6 +90,7 @@ from ._sync import VoxgateSyncClient
 __all__ = [
     "AS_FAST_AS_ALLOWED",
     "BOT_SERVICE",
+    "PACING_METADATA",
     "REALTIME",
     "TOKEN_ENV",
     "UNPACED",

@@ -43,6 +43,7 @@ from ._proto import voxgate_pb2 as pb
 from ._stub import VoiceGatewayStub
 
 __all__ = [
+    "PACING_METADATA",
     "TOKEN_ENV",
     "Call",
     "VoxgateClient",
@@ -374,6 +375,10 @@ def read_token(
     return token
 
 
+#: The request metadata key by which a call says how it sends audio (``bulk`` or ``realtime``).
+PACING_METADATA = "voxgate-pacing"
+
+
 def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     """The call metadata that carries ``token`` (what the gateway checks); empty for None."""
     return (("authorization", f"Bearer {token}"),) if token else ()
@@ -447,22 +452,34 @@ class VoxgateClient:
 
     # -- calls -------------------------------------------------------------------------------------
 
-    async def converse(self, config: CallConfig | pb.SessionConfig) -> Call:
+    async def converse(self, config: CallConfig | pb.SessionConfig, *, bulk: bool = False) -> Call:
         """Start a full-duplex call; returns once the server has accepted the config.
+
+        ``bulk``: the call will send recorded audio faster than real time (a file, not a live
+        caller). The server then admits it from spare capacity, beside real-time callers near
+        its latency limit too, and its finals wait behind theirs (``voxgate-pacing: bulk``
+        metadata). Leave it False for a live caller: a real-time call that claims it is
+        counted as real-time once its pace shows.
 
         Raises:
             VoxgateError: the server refused the config (INVALID_ARGUMENT with the field) or the
                 call (RESOURCE_EXHAUSTED at capacity, UNAVAILABLE while shutting down).
         """
-        return await self._start(self._stub.Converse, config)
+        return await self._start(self._stub.Converse, config, bulk)
 
-    async def recognize(self, config: CallConfig | pb.SessionConfig) -> Call:
-        """Start a recognition-only call (StreamingRecognize): ``speak``/``mark`` are refused."""
-        return await self._start(self._stub.StreamingRecognize, config)
+    async def recognize(self, config: CallConfig | pb.SessionConfig, *, bulk: bool = False) -> Call:
+        """Start a recognition-only call (StreamingRecognize): ``speak``/``mark`` are refused.
 
-    async def _start(self, method: Any, config: CallConfig | pb.SessionConfig) -> Call:
+        ``bulk``: as for :meth:`converse` (a file transcribed faster than real time).
+        """
+        return await self._start(self._stub.StreamingRecognize, config, bulk)
+
+    async def _start(
+        self, method: Any, config: CallConfig | pb.SessionConfig, bulk: bool = False
+    ) -> Call:
         cfg = config.to_proto() if isinstance(config, CallConfig) else config
-        call = Call(method(metadata=self._metadata), CallInfo(call_id=cfg.call_id))
+        metadata = self._metadata + ((PACING_METADATA, "bulk"),) if bulk else self._metadata
+        call = Call(method(metadata=metadata), CallInfo(call_id=cfg.call_id))
         self._calls.add(call)
         # A call that ended on its own needs no closing by the client; forget it.
         call._reader.add_done_callback(lambda _: self._calls.discard(call))

@@ -142,7 +142,9 @@ class VoxgateSyncClient:
         cfg = config or CallConfig(encoding=audio.encoding, sample_rate_hz=audio.sample_rate_hz)
         pace = pacing or (REALTIME if realtime else AS_FAST_AS_ALLOWED)
         events: list[ServerEvent] = []
-        async with await self._client.converse(cfg) as call:
+        # Faster than real time: say so, so that a busy server admits it from spare capacity.
+        bulk = pace.factor is None or pace.factor > 1.0
+        async with await self._client.converse(cfg, bulk=bulk) as call:
 
             async def send() -> None:
                 await stream_audio(call, audio, pace)
