@@ -1,5 +1,8 @@
 """A real voxgate server in a child process, for tests and benchmarks of code built on the client.
 
+Also :class:`FlakyNetwork`, a TCP relay in front of one, whose connections a test can refuse or
+cut, to see a client recover from a lost connection against the real server behind it.
+
 The client distribution cannot import the server (and, beside Pipecat, cannot even share its
 protobuf), so tests of adapters start the server's own ``voxgate serve`` from the server's
 environment on a loopback port and talk to it over gRPC, as production code does. Which
@@ -10,6 +13,8 @@ how one test run shares one loaded server across several test processes.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import shutil
 import socket
@@ -26,6 +31,7 @@ __all__ = [
     "METRICS_ENV",
     "SERVER_ENV",
     "TARGET_ENV",
+    "FlakyNetwork",
     "LocalServer",
     "ServerStartError",
     "server_command",
@@ -196,3 +202,77 @@ class LocalServer:
             if f is not None:
                 f.close()
         self._log = self._config_file = None
+
+
+class FlakyNetwork:
+    """A TCP relay to a server, whose connections a test can make fail.
+
+    Its first ``drop`` connections are closed as they open, and :meth:`cut` closes every open
+    one (the connection lost mid-call). A network that fails and then recovers: gRPC's calls
+    fail with UNAVAILABLE until its channel reconnects (after its own backoff), against the
+    real server behind.
+    ``async with FlakyNetwork(server.target, drop=1) as net: ... net.target``.
+    """
+
+    def __init__(self, upstream: str, *, drop: int = 0) -> None:
+        self._host, port = upstream.rsplit(":", 1)
+        self._port = int(port)
+        self._drop = drop
+        self.dropped = 0
+        #: How many times :meth:`cut` closed open connections.
+        self.cuts = 0
+        self.target = ""
+        self._server: asyncio.Server | None = None
+        self._pipes: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def __aenter__(self) -> Self:
+        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        self.target = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._server is not None
+        self._server.close()
+        self._abort_all()
+        await asyncio.gather(*self._pipes, return_exceptions=True)
+
+    def cut(self) -> None:
+        """Close every open connection at once, both ways; later ones are relayed again."""
+        self.cuts += 1
+        self._abort_all()
+
+    def _abort_all(self) -> None:
+        for writer in list(self._writers):
+            writer.transport.abort()
+        for task in list(self._pipes):
+            task.cancel()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.dropped < self._drop:
+            self.dropped += 1
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection(self._host, self._port)
+        self._writers.update((writer, up_writer))
+        for src, dst in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(self._pipe(src, dst))
+            self._pipes.add(task)
+            task.add_done_callback(self._pipes.discard)
+
+    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while data := await src.read(65536):
+                dst.write(data)
+                await dst.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._writers.discard(dst)
+            with contextlib.suppress(Exception):
+                dst.close()

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Iterator
-from types import TracebackType
-from typing import Self
 
 import numpy as np
 import pytest
 from livekit import rtc
 from voxgate_client import read_wav, sample_call_path
-from voxgate_client.testing import LocalServer
+from voxgate_client.testing import FlakyNetwork, LocalServer
 
 
 @pytest.fixture(scope="session")
@@ -33,62 +29,9 @@ def short_idle_server() -> Iterator[LocalServer]:
         yield srv
 
 
-class FlakyNetwork:
-    """A TCP relay to a server whose first ``drop`` connections are closed as they open.
-
-    A network that fails and then recovers: gRPC's calls fail with UNAVAILABLE until its
-    channel reconnects (after its own backoff), which makes LiveKit retry, against the real
-    server behind. ``async with FlakyNetwork(server.target, drop=1) as net: ... net.target``.
-    """
-
-    def __init__(self, upstream: str, *, drop: int) -> None:
-        self._host, port = upstream.rsplit(":", 1)
-        self._port = int(port)
-        self._drop = drop
-        self.dropped = 0
-        self.target = ""
-        self._server: asyncio.Server | None = None
-        self._pipes: set[asyncio.Task[None]] = set()
-
-    async def __aenter__(self) -> Self:
-        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
-        self.target = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        assert self._server is not None
-        self._server.close()
-        for task in list(self._pipes):
-            task.cancel()
-        await asyncio.gather(*self._pipes, return_exceptions=True)
-
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.dropped < self._drop:
-            self.dropped += 1
-            writer.close()
-            return
-        up_reader, up_writer = await asyncio.open_connection(self._host, self._port)
-        for src, dst in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.create_task(self._pipe(src, dst))
-            self._pipes.add(task)
-            task.add_done_callback(self._pipes.discard)
-
-    @staticmethod
-    async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-        try:
-            while data := await src.read(65536):
-                dst.write(data)
-                await dst.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            with contextlib.suppress(Exception):
-                dst.close()
+# What the test modules take from here; FlakyNetwork (a relay whose connections fail) is the
+# client library's, shared with the Pipecat service's tests.
+__all__ = ["IDLE_TIMEOUT_S", "FlakyNetwork", "frames"]
 
 
 @pytest.fixture(scope="session")

@@ -367,12 +367,13 @@ async def test_a_stream_the_server_ends_is_reopened_and_later_speech_keeps_the_a
 ) -> None:
     """Kennedy, then no audio at all for longer than the server's idle timeout: the server
     ends the gRPC stream (DEADLINE_EXCEEDED), LiveKit retries, the next audio opens a new one,
-    and the second speaker is heard at the times the stream's audio puts them at."""
+    and the second speaker is heard at the times the stream's audio puts them at. (Keepalive
+    off: with it, the stream survives, see the next test.)"""
     pcm, rate = sample_call
     cut = int(CUT_S * rate)
     first, second = pcm[:cut], pcm[cut:]
     reference = await hear(server.target, second, rate)
-    engine = voxgate.STT(target=short_idle_server.target, language="en")
+    engine = voxgate.STT(target=short_idle_server.target, language="en", keepalive_interval_s=None)
     errors: list[STTError] = []
     engine.on("error", errors.append)
 
@@ -395,6 +396,127 @@ async def test_a_stream_the_server_ends_is_reopened_and_later_speech_keeps_the_a
     assert_same_words_shifted(later, reference, CUT_S)
     indexes = [f.metadata["utterance_index"] for f in finals]
     assert indexes == sorted(set(indexes)), "utterance indexes keep counting across streams"
+
+
+async def test_keepalive_silence_keeps_the_stream_and_stays_off_the_audio_clock(
+    server: LocalServer, short_idle_server: LocalServer, sample_call: tuple[np.ndarray, int]
+) -> None:
+    """The same silent gap with keepalive at a quarter of the idle timeout: the one gRPC stream
+    survives, and the ten or so silences it sent (a second of audio the server counted) do
+    not move the second speaker's words."""
+    pcm, rate = sample_call
+    cut = int(CUT_S * rate)
+    first, second = pcm[:cut], pcm[cut:]
+    reference = await hear(server.target, second, rate)
+    engine = voxgate.STT(
+        target=short_idle_server.target, language="en", keepalive_interval_s=IDLE_TIMEOUT_S / 4
+    )
+    errors: list[STTError] = []
+    engine.on("error", errors.append)
+
+    async def push(stream: stt.SpeechStream) -> None:
+        await feed(stream, first, rate)
+        await asyncio.sleep(IDLE_TIMEOUT_S + 3.0)
+        await feed(stream, second, rate)
+        stream.end_input()
+
+    stream = engine.stream(conn_options=NO_RETRY)
+    finals = await finals_of(stream, push)
+    await engine.aclose()
+    assert not errors, errors
+    assert len(stream.sessions) == 1, "no reconnect"
+    later = [f for f in finals if f.start_time >= CUT_S]
+    assert_same_words_shifted(later, reference, CUT_S)
+
+
+#: Where the connection is cut: inside the second speaker's sentence (12.7 s to 18.1 s).
+LOST_AT_S = 14.5
+
+
+async def test_audio_in_flight_when_the_stream_dies_is_heard_on_the_next_one(
+    server: LocalServer, sample_call: tuple[np.ndarray, int]
+) -> None:
+    """The connection dies mid-sentence (the relay cuts it): the server never finalises the
+    open utterance and drops what was still on the wire. The audio sent since Kennedy's final
+    is sent again on the next gRPC stream, so the second speaker's sentence is heard whole,
+    at the times a stream that never failed gives it."""
+    pcm, rate = sample_call
+    reference = await hear(server.target, pcm[int(CUT_S * rate) :], rate)
+    lost_at = round(LOST_AT_S * 10)  # in 100 ms frames
+    async with FlakyNetwork(server.target) as net:
+        engine = voxgate.STT(target=net.target, language="en")
+        errors: list[STTError] = []
+        engine.on("error", errors.append)
+
+        async def push(stream: stt.SpeechStream) -> None:
+            for i, f in enumerate(frames(pcm, rate)):
+                if i == lost_at:
+                    net.cut()
+                stream.push_frame(f)
+                await asyncio.sleep(f.duration)  # real time, as a room sends it
+            stream.end_input()
+
+        stream = engine.stream(conn_options=RETRYING)
+        finals = await finals_of(stream, push)
+        await engine.aclose()
+    assert errors and all(e.recoverable for e in errors), errors
+    assert "UNAVAILABLE" in str(errors[0].error), errors
+    assert len(stream.sessions) == 2
+    heard = plain(" ".join(f.text for f in finals))
+    assert "ask not what your country can do for you" in heard, heard
+    later = [f for f in finals if f.start_time >= CUT_S]
+    assert_same_words_shifted(later, reference, CUT_S)
+
+
+# -- end of turn ----------------------------------------------------------------------------------
+
+
+async def test_turn_detection_ends_speech_on_the_end_of_turn_not_each_final(
+    server: LocalServer, sample_call: tuple[np.ndarray, int]
+) -> None:
+    """Kennedy's sentence with the server's smart turn detection: its pauses end utterances
+    (each with its final), and END_OF_SPEECH, what LiveKit's ``turn_detection="stt"`` takes
+    as the end of the user's turn, comes once per turn, after the turn's last final, carrying
+    the turn's text and where its speech ended."""
+    pcm, rate = sample_call
+    engine = voxgate.STT(target=server.target, language="en", turn_detection="smart")
+
+    async def push(stream: stt.SpeechStream) -> None:
+        await feed(stream, pcm[: int(CUT_S * rate)], rate)
+        stream.end_input()
+
+    stream = engine.stream(conn_options=NO_RETRY)
+    pusher = asyncio.create_task(push(stream))
+    events = [ev async for ev in stream]
+    await pusher
+    await engine.aclose()
+    T = stt.SpeechEventType
+    speaking = False
+    turn: list[stt.SpeechData] = []
+    ends: list[stt.SpeechData] = []
+    for ev in events:
+        if ev.type == T.START_OF_SPEECH:
+            assert not speaking
+            speaking, turn = True, []
+        elif ev.type == T.FINAL_TRANSCRIPT:
+            assert speaking
+            turn.append(ev.alternatives[0])
+        elif ev.type == T.END_OF_SPEECH:
+            assert speaking and turn, "a turn ends after its finals"
+            speaking = False
+            (end,) = ev.alternatives
+            assert {f.metadata["turn_index"] for f in turn} == {end.metadata["turn_index"]}
+            assert plain(end.text).split() == plain(" ".join(f.text for f in turn)).split()
+            assert end.start_time == turn[0].start_time
+            assert abs(end.end_time - turn[-1].end_time) <= 0.5, (end, turn[-1])
+            ends.append(end)
+    assert not speaking and ends
+    finals = [ev.alternatives[0] for ev in events if ev.type == T.FINAL_TRANSCRIPT]
+    assert [e.metadata["turn_index"] for e in ends] == list(range(len(ends)))
+    utterances = {f.metadata["utterance_index"] for f in finals}
+    assert len(ends) < len(utterances), "turns span pauses that end utterances"
+    heard = plain(" ".join(e.text for e in ends))
+    assert "ask not what your country can do for you" in heard, heard
 
 
 # -- keyterms, options, voices --------------------------------------------------------------------

@@ -17,11 +17,25 @@ Turns, two ways (the ``server_turns`` argument):
   ``ProposedUserStoppedSpeakingFrame`` (after the utterance's final), and the service asks for
   ``ExternalUserTurnStrategies`` in its metadata, as Pipecat's Gladia and Soniox services do.
 
+End of turn (the ``turn_detection`` argument, ``"smart"`` or ``"silence"``): the server decides
+when the user's *turn* is over (``EndOfTurn``: a pause inside a sentence ends an utterance,
+not the turn), and the service takes the route Pipecat's Deepgram Flux service takes for its
+own end-of-turn events: ``ProposedUserStartedSpeakingFrame`` when a turn's first speech
+begins, the turn's finals, then ``ProposedUserStoppedSpeakingFrame`` and the
+``on_end_of_turn`` event (with the :class:`~voxgate_client.EndOfTurn`, on the service's audio
+clock) on the server's EndOfTurn, with ``ExternalUserTurnStrategies`` asked for in the
+metadata, so the user aggregator's turn stop, and the LLM's reply, follow the server's end
+of turn.
+
 Reconnection, with Pipecat's own hooks (``STTService._reconnect`` / ``_do_reconnect``, as its
 NVIDIA gRPC service does): when the server ends the stream (``DEADLINE_EXCEEDED`` after its
 idle timeout, ``UNAVAILABLE`` on a restart...) the service logs a warning and fires
 ``on_connection_error``, as Pipecat's websocket services do on a drop, and the next audio
-frame opens a new stream; audio that arrives meanwhile is buffered and replayed into it. A
+frame opens a new stream; audio that arrives meanwhile is buffered and replayed into it, and
+so is the audio the dead stream took since its last final (at most ``REPLAY_LIMIT_S``): the
+server may never have heard it (sent after it stopped reading, or the utterance open when the
+connection died). Sends are paced to the server's real-time limit, so that backlog never gets
+the new stream refused. A
 refused reopening is an ``ErrorFrame`` and is retried with Pipecat's exponential backoff up to
 ``reconnect_attempts`` times; a refusal that retrying cannot fix (a bad model, a bad token) and
 the last failed attempt are reported with ``force_treat_as_permanent``, which makes the service
@@ -44,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -73,14 +88,18 @@ from pipecat.utils.network import QuickFailureTracker, exponential_backoff_time
 from pipecat.utils.time import time_now_iso8601
 from pipecat.utils.types import NOT_GIVEN, NotGiven
 from voxgate_client import (
+    AS_FAST_AS_ALLOWED,
     Call,
     CallConfig,
     CallEndedError,
+    EndOfTurn,
     ErrorEvent,
     QualityChanged,
     SessionStarted,
     SpeechBegin,
     Transcript,
+    TurnDetectionName,
+    TurnOptions,
     VadOptions,
     VoxgateClient,
     VoxgateError,
@@ -107,6 +126,10 @@ DEFAULT_KEYTERM_BOOST = 6.0
 #: Audio kept for the next stream when a send finds the stream dead before the reconnect
 #: starts (the moments between the server's end and the reader seeing it), s.
 UNSENT_LIMIT_S = 10.0
+
+#: Most audio a new stream hears again of what a dead one took since its last final, s.
+#: Within the server's burst allowance (5 s by default), and the sends are paced.
+REPLAY_LIMIT_S = 4.0
 
 
 @dataclass
@@ -164,6 +187,23 @@ class _Stream:
     reader: asyncio.Task[None] | None = None
     #: This service ended it (hangup, close, a settings change): its end is no drop.
     ended_here: bool = False
+    #: Pipeline audio sent since its last final, with where each piece starts on the
+    #: service's clock (s): what a new stream hears again if this one dies.
+    replay: deque[tuple[float, bytes, float]] = field(default_factory=deque)
+    #: When its first write went (loop time), for pacing.
+    first_write_at: float | None = None
+
+    def sent_audio(self, audio: bytes, seconds: float) -> None:
+        """Keep pipeline audio just sent, up to ``REPLAY_LIMIT_S``."""
+        start_s = self.base_s + self.audio_s
+        self.replay.append((start_s, audio, seconds))
+        while self.replay and start_s + seconds - self.replay[0][0] > REPLAY_LIMIT_S:
+            self.replay.popleft()
+
+    def settle(self, heard_s: float) -> None:
+        """The server decided the audio up to ``heard_s`` (a final's end, service clock)."""
+        while self.replay and self.replay[0][0] + self.replay[0][2] <= heard_s:
+            self.replay.popleft()
 
     @property
     def audio_s(self) -> float:
@@ -199,6 +239,12 @@ class VoxgateSTTService(STTService):
         tls: False (plaintext), True (system roots) or ``grpc.ChannelCredentials``.
         token: bearer token, when the gateway requires one.
         server_turns: let voxgate's VAD propose turn starts and stops (see module docstring).
+        turn_detection: ask the server for end-of-turn detection: ``"smart"`` (silence, the
+            words so far and its audio model), ``"silence"`` (every utterance is a turn) or
+            ``"off"``; None = the server's default (off unless its operator set one). With
+            ``"smart"``/``"silence"`` the server's EndOfTurn ends the user's turn (see module
+            docstring); ``server_turns`` is then implied.
+        turn_eagerness: ``"smart"``: how readily a turn ends, 0..1 (0 = the server's default).
         reconnect_attempts: how many times a refused stream is tried before the service gives
             up (the first reopening after the server ended a stream is immediate, later ones
             follow Pipecat's exponential backoff).
@@ -219,6 +265,8 @@ class VoxgateSTTService(STTService):
         tls: bool | grpc.ChannelCredentials = False,
         token: str | None = None,
         server_turns: bool = False,
+        turn_detection: TurnDetectionName | None = None,
+        turn_eagerness: float = 0.0,
         reconnect_attempts: int = 3,
         reconnect_backoff_min_wait: float = 4.0,
         reconnect_backoff_max_wait: float = 10.0,
@@ -245,7 +293,18 @@ class VoxgateSTTService(STTService):
         self._target = target
         self._tls = tls
         self._token = token
-        self._server_turns = server_turns
+        self._turn_options = (
+            TurnOptions(mode=turn_detection, eagerness=turn_eagerness)
+            if turn_detection is not None
+            else TurnOptions()
+        )
+        #: The server's EndOfTurn ends the user's turn (the turn proposals follow it).
+        self._turns = turn_detection in ("silence", "smart")
+        self._server_turns = server_turns or self._turns
+        #: A proposed turn is open (with ``_turns``): its start was broadcast, not its stop.
+        self._turn_open = False
+        #: One write and its bookkeeping at a time (pipeline audio and keepalive silence).
+        self._write_lock = asyncio.Lock()
         self._reconnect_attempts = reconnect_attempts
         self._backoff_min_s = reconnect_backoff_min_wait
         self._backoff_max_s = reconnect_backoff_max_wait
@@ -268,6 +327,7 @@ class VoxgateSTTService(STTService):
         #: ``SessionStarted`` of every stream opened, oldest first (the server's effective
         #: config of each, e.g. after a settings change or a reconnect).
         self.sessions: list[SessionStarted] = []
+        self._register_event_handler("on_end_of_turn")
 
     # -- Pipecat hooks ---------------------------------------------------------------------------
 
@@ -422,6 +482,7 @@ class VoxgateSTTService(STTService):
             vad=VadOptions(
                 end_silence_ms=s.end_silence_ms if isinstance(s.end_silence_ms, int) else 0
             ),
+            turns=self._turn_options,
         )
 
     async def _try_open(self) -> str:
@@ -474,16 +535,28 @@ class VoxgateSTTService(STTService):
         wire = audio
         if self.sample_rate != self._wire_rate:
             wire = await self._resampler.resample(audio, self.sample_rate, self._wire_rate)
-        try:
-            await s.call.send_audio(wire)
-        except (VoxgateError, CallEndedError):
-            # The stream just ended (the reader reports why); the next audio reconnects.
-            if not keepalive and not s.ended_here:
-                self._keep_unsent(audio, seconds)
-            return
-        if keepalive:
-            s.silences.append((s.sent_s, seconds))
-        s.sent_s += seconds
+        # Paced as the client library paces a file: a backlog (replayed audio, what buffered
+        # during a reconnect) goes no faster than the server's real-time limit accepts.
+        loop = asyncio.get_running_loop()
+        if s.first_write_at is not None:
+            due = s.first_write_at + AS_FAST_AS_ALLOWED.due_s(s.sent_s * 1000)
+            if (wait := due - loop.time()) > 0:
+                await asyncio.sleep(wait)
+        async with self._write_lock:
+            try:
+                await s.call.send_audio(wire)
+            except (VoxgateError, CallEndedError):
+                # The stream just ended (the reader reports why); the next audio reconnects.
+                if not keepalive and not s.ended_here:
+                    self._keep_unsent(audio, seconds)
+                return
+            if s.first_write_at is None:
+                s.first_write_at = loop.time()
+            if keepalive:
+                s.silences.append((s.sent_s, seconds))
+            else:
+                s.sent_audio(audio, seconds)
+            s.sent_s += seconds
 
     def _keep_unsent(self, audio: bytes, seconds: float) -> None:
         self._unsent.append(audio)
@@ -496,12 +569,19 @@ class VoxgateSTTService(STTService):
         s, self._stream = self._stream, None
         if s is None:
             return
+        hung_up = s.ended_here
         s.ended_here = True
         await s.call.aclose()
         if s.reader is not None and s.reader is not asyncio.current_task():
             await self.cancel_task(s.reader)
         self._clock_s = s.base_s + s.audio_s
         self._utterances = s.index_base + s.utterances
+        if not hung_up and s.replay:
+            # Dropped or cancelled: the next stream hears again what this one took since
+            # its last final, ahead of what it could not send, and its clock starts there.
+            self._clock_s = s.replay[0][0]
+            self._unsent[:0] = [audio for _, audio, _ in s.replay]
+            self._unsent_s += sum(seconds for _, _, seconds in s.replay)
 
     async def _cancel_recovery(self) -> None:
         task, self._recovery = self._recovery, None
@@ -524,7 +604,12 @@ class VoxgateSTTService(STTService):
                     s.utterances = max(s.utterances, event.utterance_index + 1)
                     await self._speech_began(s.index_base + event.utterance_index)
                 elif isinstance(event, Transcript):
-                    await self._transcript(s.rebase(event))
+                    t = s.rebase(event)
+                    if t.is_final:
+                        s.settle(t.end_ms / 1000)
+                    await self._transcript(t)
+                elif isinstance(event, EndOfTurn):
+                    await self._end_of_turn(s, event)
                 elif isinstance(event, ErrorEvent):
                     # One utterance failed; the stream goes on.
                     await self.push_error(f"voxgate: {event.code.name}: {event.message}")
@@ -560,8 +645,9 @@ class VoxgateSTTService(STTService):
         await self._call_event_handler("on_connection_error", why)
         # The dead stream's open utterances get no final: close the turn they opened (the
         # new stream proposes a new one when it hears speech).
-        if self._open_utterances:
+        if self._open_utterances or self._turn_open:
             self._open_utterances.clear()
+            self._turn_open = False
             await self.broadcast_frame(ProposedUserStoppedSpeakingFrame)
         if give_up:
             await self.push_error(
@@ -573,6 +659,11 @@ class VoxgateSTTService(STTService):
     async def _speech_began(self, utterance: int) -> None:
         # Utterances overlap on the wire: the next one can begin before the previous one's
         # final is decoded. One proposed turn spans them all.
+        if self._turns:
+            if not self._turn_open:
+                self._turn_open = True
+                await self.broadcast_frame(ProposedUserStartedSpeakingFrame)
+            return
         if not self._server_turns:
             return
         was_open = bool(self._open_utterances)
@@ -600,10 +691,29 @@ class VoxgateSTTService(STTService):
         else:
             # A flushed utterance that held no words still ends the TTFB measurement.
             await self.stop_ttfb_metrics()
-        if self._server_turns and t.utterance_index in self._open_utterances:
+        if self._server_turns and not self._turns and t.utterance_index in self._open_utterances:
             self._open_utterances.discard(t.utterance_index)
             if not self._open_utterances:
                 await self.broadcast_frame(ProposedUserStoppedSpeakingFrame)
+
+    async def _end_of_turn(self, s: _Stream, eot: EndOfTurn) -> None:
+        """The server says the user's turn is over: close the proposed turn (after its finals).
+
+        ``on_end_of_turn`` gets the event with its offset and utterances on the service's
+        clock and count, as Deepgram Flux's service fires its own ``on_end_of_turn``.
+        """
+        if not self._turns:
+            return  # the server's own default turned it on; this service did not ask
+        eot = replace(
+            eot,
+            offset_ms=s.service_ms(eot.offset_ms),
+            first_utterance_index=s.index_base + eot.first_utterance_index,
+            last_utterance_index=s.index_base + eot.last_utterance_index,
+        )
+        if self._turn_open:
+            self._turn_open = False
+            await self.broadcast_frame(ProposedUserStoppedSpeakingFrame)
+        await self._call_event_handler("on_end_of_turn", eot)
 
 
 def _boosted(term: str, boost: float) -> str:

@@ -24,6 +24,7 @@ from conftest import IDLE_TIMEOUT_S, audio_frames
 from pipecat.frames.frames import (
     ErrorFrame,
     Frame,
+    InputAudioRawFrame,
     InterimTranscriptionFrame,
     InterruptionFrame,
     ProposedUserStartedSpeakingFrame,
@@ -42,6 +43,7 @@ from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.pipeline.worker import PipelineParams
 from pipecat.tests.utils import SleepFrame, run_test
 from pipecat.transcriptions.language import Language
+from pipecat.turns.user_turn_strategies import ExternalUserTurnStrategies
 from pipecat.utils import deprecation
 from pipecat.utils.errors import ErrorCategory
 from pipecat_voxgate import (
@@ -50,8 +52,8 @@ from pipecat_voxgate import (
     VoxgateTTSService,
     VoxgateTTSSettings,
 )
-from voxgate_client import Transcript, VoxgateClient
-from voxgate_client.testing import LocalServer
+from voxgate_client import EndOfTurn, Transcript, VoxgateClient
+from voxgate_client.testing import FlakyNetwork, LocalServer
 
 START_TIMEOUT_S = 60.0
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "answer_a_recording.py"
@@ -493,6 +495,101 @@ async def test_keepalive_silence_keeps_the_stream_and_stays_off_the_audio_clock(
     shift_ms = round(CUT_S * 1000)
     finals = final_results(down)
     assert_same_words_shifted([t for t in finals if t.start_ms >= shift_ms], reference, shift_ms)
+
+
+#: Where the connection is cut: inside the second speaker's sentence (12.7 s to 18.1 s).
+LOST_AT_S = 14.5
+
+
+async def test_audio_in_flight_when_the_stream_dies_is_heard_on_the_next_one(
+    server: LocalServer, sample_call: tuple[np.ndarray, int]
+) -> None:
+    """The connection dies mid-sentence (the relay cuts it as that frame enters the service):
+    the server never finalises the open utterance and drops what was still on the wire. The
+    audio sent since Kennedy's final is heard again on the next stream, so the second
+    speaker's sentence comes back whole, at the times a stream that never failed gives it."""
+    pcm, rate = sample_call
+    cut = int(CUT_S * rate)
+    reference = await hear(server.target, pcm[cut:], rate)
+    frames = audio_frames(pcm, rate, speed=1.0)  # real time, as a transport delivers it
+    audio = [f for f in frames if isinstance(f, InputAudioRawFrame)]
+    marker = audio[round(LOST_AT_S * 10)]  # 100 ms frames
+
+    async with FlakyNetwork(server.target) as net:
+
+        class CutAtMarker(BaseObserver):
+            async def on_push_frame(self, data: FramePushed) -> None:
+                if data.frame is marker and not net.cuts:
+                    net.cut()
+
+        stt = VoxgateSTTService(target=net.target, audio_passthrough=False, sample_rate=rate)
+        dropped: list[str] = []
+
+        @stt.event_handler("on_connection_error")
+        async def on_connection_error(_: VoxgateSTTService, error: str) -> None:
+            dropped.append(error)
+
+        down, _ = await run_test(
+            stt, frames_to_send=frames, observers=[CutAtMarker()], start_timeout=START_TIMEOUT_S
+        )
+    assert net.cuts == 1 and dropped and "UNAVAILABLE" in dropped[0], dropped
+    assert stt.is_usable and len(stt.sessions) >= 2
+    finals = final_results(down)
+    heard = plain(" ".join(t.text for t in finals))
+    assert "ask not what your country can do for you" in heard, heard
+    shift_ms = round(CUT_S * 1000)
+    assert_same_words_shifted([t for t in finals if t.start_ms >= shift_ms], reference, shift_ms)
+
+
+# -- end of turn ---------------------------------------------------------------------------------
+
+
+async def test_turn_detection_proposes_the_turns_stop_on_the_servers_end_of_turn(
+    server: LocalServer, sample_call: tuple[np.ndarray, int]
+) -> None:
+    """Kennedy's sentence with the server's smart turn detection: its pauses end utterances
+    (each with its final), and the proposed turn (what ExternalUserTurnStrategies, which the
+    service asks for, turns into the user's turn) stops once per EndOfTurn, after the turn's
+    last final; on_end_of_turn gets the turn's text."""
+    pcm, rate = sample_call
+    stt = VoxgateSTTService(
+        target=server.target, audio_passthrough=False, sample_rate=rate, turn_detection="smart"
+    )
+    assert isinstance(stt.service_metadata_frame().user_turn_strategies, ExternalUserTurnStrategies)
+    turns: list[EndOfTurn] = []
+
+    @stt.event_handler("on_end_of_turn")
+    async def on_end_of_turn(_: VoxgateSTTService, eot: EndOfTurn) -> None:
+        turns.append(eot)
+
+    speech = audio_frames(pcm[: int(CUT_S * rate)], rate)
+    down, up = await run_test(stt, frames_to_send=speech, start_timeout=START_TIMEOUT_S)
+    open_turn: list[Transcript] | None = None
+    ended: list[list[Transcript]] = []
+    for f in down:
+        if isinstance(f, ProposedUserStartedSpeakingFrame):
+            assert open_turn is None
+            open_turn = []
+        elif isinstance(f, TranscriptionFrame):
+            assert open_turn is not None, "a final outside a turn"
+            open_turn.append(f.result)
+        elif isinstance(f, ProposedUserStoppedSpeakingFrame):
+            assert open_turn, "a turn stops after its finals"
+            ended.append(open_turn)
+            open_turn = None
+    assert open_turn is None and ended
+    assert [e.turn_index for e in turns] == list(range(len(ended)))
+    for eot, finals in zip(turns, ended, strict=True):
+        assert {t.turn_index for t in finals} == {eot.turn_index}
+        assert plain(eot.text).split() == plain(" ".join(t.text for t in finals)).split()
+        assert eot.first_utterance_index == finals[0].utterance_index
+        assert abs(eot.offset_ms - finals[-1].end_ms) <= 500, (eot, finals[-1])
+    utterances = {t.utterance_index for finals in ended for t in finals}
+    assert len(ended) < len(utterances), "turns span pauses that end utterances"
+    heard = plain(" ".join(e.text for e in turns))
+    assert "ask not what your country can do for you" in heard, heard
+    proposals = (ProposedUserStartedSpeakingFrame, ProposedUserStoppedSpeakingFrame)
+    assert kinds(list(up), *proposals) == kinds(list(down), *proposals)
 
 
 # -- keyterms and voices -------------------------------------------------------------------------

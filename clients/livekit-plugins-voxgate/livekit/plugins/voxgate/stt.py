@@ -9,19 +9,34 @@ FINAL_TRANSCRIPT with word-aligned ``TimedString``s, then END_OF_SPEECH (voxgate
 speech end *before* the final; LiveKit's turn logic expects the final first, as its own
 inference STT sends them).
 
+Keepalive, as LiveKit's own streaming plugins do it (Deepgram's ``KeepAlive`` task beside its
+send and receive tasks): voxgate has no keepalive message, a call stays alive on audio, so a
+task beside the sender writes 100 ms of silence whenever no audio has gone out for
+``keepalive_interval_s``. A room whose audio pauses (a muted or departed participant) then
+keeps its stream past the server's ``idle_timeout_s``. The silence is not on the audio clock.
+
 Reconnection is LiveKit's: a stream the server ends (``DEADLINE_EXCEEDED`` after its idle
-timeout, ``UNAVAILABLE`` on a restart) or refuses at capacity raises a retryable ``APIError``
-from ``_run`` and LiveKit runs it again (``APIConnectOptions``). Once a gRPC stream has
-ended, the next opens only when audio is there to send, so a silent input (no user yet)
-holds no stream; audio pushed meanwhile waits in LiveKit's input channel, and a frame a
-failed stream could not take is sent first on the next one.
+timeout with keepalive off, ``UNAVAILABLE`` on a restart or a lost connection) or refuses at
+capacity raises a retryable ``APIError`` from ``_run`` and LiveKit runs it again
+(``APIConnectOptions``). Once a gRPC stream has ended, the next opens only when audio is
+there to send; audio pushed meanwhile waits in LiveKit's input channel. Audio the old stream
+accepted but whose words never came back (sent after the server stopped reading, or the
+utterance open when the connection died) is not lost: the audio sent since the last final
+(at most ``REPLAY_LIMIT_S``) is sent again first on the next stream, whose clock starts
+where that audio starts. Sends are paced to the server's real-time limit, so a backlog never
+gets a stream refused.
 
 Times are on the audio clock: a transcript's times are the stream's ``start_time_offset``
 (what LiveKit's ``AgentSession`` sets: where the stream's audio begins on the session's
-timeline) plus the audio sent on earlier gRPC streams plus the server's time in the current
-one. LiveKit's base class adds the *wall-clock* time between retries to that offset, which is
-wrong whenever the audio that arrived meanwhile is buffered and sent afterwards; each run
-sets it back on the audio clock.
+timeline) plus the audio before the current gRPC stream plus the audio (not the keepalive
+silence) the server's time in the current one covers. LiveKit's base class adds the
+*wall-clock* time between retries to that offset, which is wrong whenever the audio that
+arrived meanwhile is buffered and sent afterwards; each run sets it back on the audio clock.
+
+End of turn: ``turn_detection="smart"`` (or ``"silence"``) asks the server to detect the end
+of the user's turn (``EndOfTurn``). START_OF_SPEECH then opens a turn and END_OF_SPEECH closes
+it after the turn's last final, on ``EndOfTurn`` (not after each utterance's final), which is
+what LiveKit's ``turn_detection="stt"`` mode takes as the end of the user's turn.
 
 Options that change (``update_options``, LiveKit's session keyterms) apply to running streams
 too: a stream's config is its first message, so the stream moves to a new gRPC stream with
@@ -33,6 +48,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -54,6 +71,7 @@ from voxgate_client import (
     Call,
     CallConfig,
     CallEndedError,
+    EndOfTurn,
     ErrorEvent,
     ModelInfo,
     QualityChanged,
@@ -61,6 +79,8 @@ from voxgate_client import (
     SpeechBegin,
     SpeechEnd,
     Transcript,
+    TurnDetectionName,
+    TurnOptions,
     VadOptions,
     VoxgateClient,
     VoxgateError,
@@ -80,6 +100,13 @@ SERVED_RATES_HZ = (8000, 16000, 24000, 48000)
 #: 6 is the value docs/decode_loop.md measured (9 of 10 domain terms recognised).
 DEFAULT_KEYTERM_BOOST = 6.0
 
+#: Length of one keepalive silence, s (what Pipecat's keepalive sends too).
+KEEPALIVE_SILENCE_S = 0.1
+
+#: Most audio sent again on a new gRPC stream, s: what the old one accepted since its last
+#: final. Within the server's burst allowance (5 s by default), and the sends are paced.
+REPLAY_LIMIT_S = 4.0
+
 
 @dataclass(frozen=True)
 class _Options:
@@ -93,6 +120,9 @@ class _Options:
     initial_prompt: str
     sample_rate: int
     end_silence_ms: int
+    keepalive_interval_s: float | None
+    turn_detection: TurnDetectionName | None
+    turn_eagerness: float
 
 
 class STT(stt.STT[Literal["metrics_collected", "error"]]):
@@ -114,6 +144,16 @@ class STT(stt.STT[Literal["metrics_collected", "error"]]):
         initial_prompt: decoding prompt (context, spelling of names).
         sample_rate: the rate audio is sent at (LiveKit resamples to it); 8, 16, 24 or 48 kHz.
         end_silence_ms: the server VAD's trailing silence that ends an utterance (0 = default).
+        keepalive_interval_s: after this long without audio, send 100 ms of silence (and again
+            every interval), so that the server's ``idle_timeout_s`` (60 s by default) does not
+            end a stream whose room is silent; keep it below that timeout. None: no keepalive
+            (a stream the server ends is reopened when audio comes).
+        turn_detection: ask the server for end-of-turn detection: ``"smart"`` (silence, the
+            words so far and its audio model), ``"silence"`` (every utterance is a turn) or
+            ``"off"``; None = the server's default (off unless its operator set one). With
+            ``"smart"``/``"silence"``, END_OF_SPEECH marks the end of the user's turn: use it
+            with ``AgentSession(turn_handling={"turn_detection": "stt"})``.
+        turn_eagerness: ``"smart"``: how readily a turn ends, 0..1 (0 = the server's default).
     """
 
     def __init__(
@@ -132,9 +172,14 @@ class STT(stt.STT[Literal["metrics_collected", "error"]]):
         initial_prompt: str = "",
         sample_rate: int = 16000,
         end_silence_ms: int = 0,
+        keepalive_interval_s: float | None = 5.0,
+        turn_detection: TurnDetectionName | None = None,
+        turn_eagerness: float = 0.0,
     ) -> None:
         if sample_rate not in SERVED_RATES_HZ:
             raise ValueError(f"sample_rate={sample_rate}; use one of {SERVED_RATES_HZ}")
+        if keepalive_interval_s is not None and keepalive_interval_s <= 0:
+            raise ValueError(f"keepalive_interval_s={keepalive_interval_s}; > 0, or None for off")
         super().__init__(
             capabilities=stt.STTCapabilities(
                 streaming=True,
@@ -157,6 +202,9 @@ class STT(stt.STT[Literal["metrics_collected", "error"]]):
             initial_prompt,
             sample_rate,
             end_silence_ms,
+            keepalive_interval_s,
+            turn_detection,
+            turn_eagerness,
         )
         #: The AgentSession's keyterms (static and detected), kept apart from the user's.
         self._session_keyterms: tuple[str, ...] = ()
@@ -194,6 +242,11 @@ class STT(stt.STT[Literal["metrics_collected", "error"]]):
             hotwords=(*o.hotwords, *boosted),
             initial_prompt=o.initial_prompt,
             vad=VadOptions(end_silence_ms=o.end_silence_ms),
+            turns=(
+                TurnOptions(mode=o.turn_detection, eagerness=o.turn_eagerness)
+                if o.turn_detection is not None
+                else TurnOptions()
+            ),
         )
 
     def update_options(
@@ -296,7 +349,7 @@ class STT(stt.STT[Literal["metrics_collected", "error"]]):
         except VoxgateError as exc:
             raise api_error(exc, "StreamingRecognize") from exc
         text = " ".join(t.text.strip() for t in finals if t.text.strip())
-        words = [w for t in finals for w in _words(t, 0.0)]
+        words = [w for t in finals for w in _words(t, 0.0, lambda ms: ms / 1000)]
         return stt.SpeechEvent(
             type=stt.SpeechEventType.FINAL_TRANSCRIPT,
             alternatives=[
@@ -330,12 +383,12 @@ async def _open(client: VoxgateClient, config: CallConfig, conn: APIConnectOptio
         raise APITimeoutError(f"voxgate: no SessionStarted within {conn.timeout:g} s") from None
 
 
-def _words(t: Transcript, offset_s: float) -> list[TimedString]:
+def _words(t: Transcript, offset_s: float, audio_s: Callable[[int], float]) -> list[TimedString]:
     return [
         TimedString(
             w.word,
-            start_time=w.start_ms / 1000 + offset_s,
-            end_time=w.end_ms / 1000 + offset_s,
+            start_time=audio_s(w.start_ms) + offset_s,
+            end_time=audio_s(w.end_ms) + offset_s,
             confidence=w.probability,
             start_time_offset=offset_s,
         )
@@ -360,7 +413,11 @@ class SpeechStream(stt.SpeechStream):
         self._language = language
         #: A config to move to once the user is not speaking (update_options, keyterms).
         self._next_config: CallConfig | None = None
+        #: Whether END_OF_SPEECH waits for EndOfTurn rather than each final.
+        self._turns = stt._opts.turn_detection in ("silence", "smart")
         self._speaking = False
+        #: Where the open turn's first final starts on the audio clock, s.
+        self._turn_start_s: float | None = None
         #: Audio sent since the last RECOGNITION_USAGE, s.
         self._audio_s = 0.0
         #: Audio sent on every gRPC stream before the current one, and on it so far, s.
@@ -369,6 +426,20 @@ class SpeechStream(stt.SpeechStream):
         self._anchor_s: float | None = None
         #: Frames taken from the input that no stream has taken yet (sent first on the next).
         self._unsent: list[rtc.AudioFrame] = []
+        #: Frames a dead stream took whose words never came back: sent before ``_unsent``.
+        self._resend: list[rtc.AudioFrame] = []
+        #: Frames the current gRPC stream took since its last final, with where each starts
+        #: (``_sent_s`` before it): what a new stream sends again if this one dies.
+        self._replay: deque[tuple[float, rtc.AudioFrame]] = deque()
+        #: The current gRPC stream: everything written to it (audio and keepalive), s; its
+        #: keepalive silences on its own clock, (start, length) s; when its first write went
+        #: and its last (loop time), for pacing and keepalive.
+        self._wire_s = 0.0
+        self._silences: list[tuple[float, float]] = []
+        self._first_write_at: float | None = None
+        self._last_write_at = 0.0
+        #: One write (and its bookkeeping) at a time: the sender and the keepalive share it.
+        self._write_lock = asyncio.Lock()
         #: Utterances of earlier gRPC streams (each stream numbers its own from 0).
         self._index_base = 0
         self._utterances = 0
@@ -407,7 +478,9 @@ class SpeechStream(stt.SpeechStream):
 
         The first gRPC stream opens at once, so a refused config is known before any audio
         and the stream is ready when the audio comes. A flush before any audio has nothing
-        to finish. False once the input has ended.
+        to finish. Audio to send again waits for new audio too (a stream the server ended
+        for idleness is not reopened only to idle again), unless the input has ended. False
+        once the input has ended with nothing to send.
         """
         if self._unsent or not self.sessions:
             return True
@@ -415,7 +488,7 @@ class SpeechStream(stt.SpeechStream):
             if isinstance(item, rtc.AudioFrame):
                 self._unsent.append(item)
                 return True
-        return False
+        return bool(self._resend)
 
     async def _one_stream(self) -> bool:
         """One gRPC stream; True when it ended to move to a new config (more to send)."""
@@ -427,26 +500,47 @@ class SpeechStream(stt.SpeechStream):
         self.sessions.append(call.session)
         self._request_id = call.session.session_id
         self._hung_up = False
+        self._wire_s, self._silences, self._first_write_at = 0.0, [], None
+        self._last_write_at = asyncio.get_running_loop().time()
         try:
+            # As LiveKit's Deepgram plugin runs its connection: send, keepalive, receive.
             sender = asyncio.create_task(self._send(call), name="voxgate-stt-send")
+            keepalive = asyncio.create_task(self._keepalive(call), name="voxgate-stt-keepalive")
             try:
                 await self._receive(call)
             finally:
-                await utils.aio.cancel_and_wait(sender)
+                await utils.aio.cancel_and_wait(sender, keepalive)
             if sender.done() and not sender.cancelled() and (err := sender.exception()):
                 raise err
         except VoxgateError as exc:
             self._end_of_speech()  # the dead stream's utterance gets no final
+            self._rewind()
             raise api_error(exc, "StreamingRecognize") from exc
         finally:
             await call.aclose()
         if not self._hung_up:
             self._end_of_speech()
+            self._rewind()
             raise APIConnectionError("voxgate: the server ended the recognition stream")
+        self._replay.clear()  # a hangup: the server heard everything
         return self._next_config is not None
+
+    def _rewind(self) -> None:
+        """Put what the dead stream took since its last final back in front of the input.
+
+        The server may not have heard it (sent after it stopped reading, or the utterance
+        open when the connection died). The next stream starts where that audio starts.
+        """
+        if self._replay:
+            self._sent_s = self._replay[0][0]
+            self._resend[:0] = [frame for _, frame in self._replay]
+            self._replay.clear()
 
     async def _send(self, call: Call) -> None:
         try:
+            while self._resend:  # what an earlier stream took but the server may not have heard
+                await self._send_frame(call, self._resend[0])
+                self._resend.pop(0)
             while self._unsent:  # what an earlier stream took but could not send
                 await self._send_frame(call, self._unsent[0])
                 self._unsent.pop(0)
@@ -465,9 +559,57 @@ class SpeechStream(stt.SpeechStream):
             return  # the server ended the stream; the receiver raises its status
 
     async def _send_frame(self, call: Call, frame: rtc.AudioFrame) -> None:
-        await call.send_audio(frame.data.tobytes())
+        # Paced as the client library paces a file: a backlog (audio that waited through a
+        # retry, a replay) goes no faster than the server's real-time limit accepts.
+        loop = asyncio.get_running_loop()
+        if self._first_write_at is not None:
+            due = self._first_write_at + AS_FAST_AS_ALLOWED.due_s(self._wire_s * 1000)
+            if (wait := due - loop.time()) > 0:
+                await asyncio.sleep(wait)
+        async with self._write_lock:
+            await call.send_audio(frame.data.tobytes())
+            self._wrote(frame.duration)
+        self._replay.append((self._sent_s, frame))
         self._audio_s += frame.duration
         self._sent_s += frame.duration
+        while self._replay and self._sent_s - self._replay[0][0] > REPLAY_LIMIT_S:
+            self._replay.popleft()
+
+    def _wrote(self, seconds: float) -> None:
+        now = asyncio.get_running_loop().time()
+        if self._first_write_at is None:
+            self._first_write_at = now
+        self._last_write_at = now
+        self._wire_s += seconds
+
+    async def _keepalive(self, call: Call) -> None:
+        """Silence whenever no audio went out for ``keepalive_interval_s`` (see the module)."""
+        interval = self._voxgate._opts.keepalive_interval_s
+        if interval is None:
+            return
+        loop = asyncio.get_running_loop()
+        samples = round(self._config.sample_rate_hz * KEEPALIVE_SILENCE_S)
+        silence = bytes(2 * samples)
+        while True:
+            wait = self._last_write_at + interval - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            async with self._write_lock:
+                try:
+                    await call.send_audio(silence)
+                except CallEndedError:
+                    return  # the receiver raises the stream's status
+                self._silences.append((self._wire_s, samples / self._config.sample_rate_hz))
+                self._wrote(samples / self._config.sample_rate_hz)
+
+    def _audio_at(self, stream_ms: int) -> float:
+        """A time on the current gRPC stream's clock as audio since it began, s.
+
+        The server counts the keepalive silence too; the audio clock does not.
+        """
+        t = stream_ms / 1000
+        return t - sum(min(length, t - start) for start, length in self._silences if start < t)
 
     async def _receive(self, call: Call) -> None:
         async for event in call:
@@ -477,6 +619,9 @@ class SpeechStream(stt.SpeechStream):
             elif isinstance(event, Transcript):
                 self._utterances = max(self._utterances, event.utterance_index + 1)
                 self._transcript(event)
+            elif isinstance(event, EndOfTurn):
+                if self._turns:
+                    self._end_of_turn(event)
             elif isinstance(event, SpeechEnd):
                 pass  # END_OF_SPEECH follows the final (see module docstring)
             elif isinstance(event, ErrorEvent):
@@ -499,15 +644,44 @@ class SpeechStream(stt.SpeechStream):
                 )
             )
 
-    def _end_of_speech(self) -> None:
+    def _end_of_speech(self, turn: stt.SpeechData | None = None) -> None:
+        self._turn_start_s = None
         if self._speaking:
             self._speaking = False
             with contextlib.suppress(RuntimeError):  # the channel may close with the stream
                 self._event_ch.send_nowait(
                     stt.SpeechEvent(
-                        type=stt.SpeechEventType.END_OF_SPEECH, request_id=self._request_id
+                        type=stt.SpeechEventType.END_OF_SPEECH,
+                        request_id=self._request_id,
+                        alternatives=[turn] if turn is not None else [],
                     )
                 )
+
+    def _end_of_turn(self, eot: EndOfTurn) -> None:
+        """END_OF_SPEECH for the turn, carrying its text and where its speech ended.
+
+        LiveKit's ``turn_detection="stt"`` reads the end time of an END_OF_SPEECH's first
+        alternative as when the user last spoke (its endpointing delay counts from there).
+        """
+        offset = self.start_time_offset
+        end_s = offset + self._audio_at(eot.offset_ms)
+        self._end_of_speech(
+            stt.SpeechData(
+                language=LanguageCode(self._config.language or "en"),
+                text=eot.text.strip(),
+                start_time=self._turn_start_s if self._turn_start_s is not None else end_s,
+                end_time=end_s,
+                confidence=eot.probability,
+                metadata={
+                    "turn_index": eot.turn_index,
+                    "reason": eot.reason,
+                    "silence_ms": eot.silence_ms,
+                    "first_utterance_index": self._index_base + eot.first_utterance_index,
+                    "last_utterance_index": self._index_base + eot.last_utterance_index,
+                    "received_s": eot.received_s,
+                },
+            )
+        )
 
     def _transcript(self, t: Transcript) -> None:
         if not t.is_final and not t.text.strip():
@@ -517,16 +691,17 @@ class SpeechStream(stt.SpeechStream):
         data = stt.SpeechData(
             language=LanguageCode(t.language or self._config.language or "en"),
             text=t.text.strip(),
-            start_time=t.start_ms / 1000 + offset,
-            end_time=t.end_ms / 1000 + offset,
+            start_time=self._audio_at(t.start_ms) + offset,
+            end_time=self._audio_at(t.end_ms) + offset,
             confidence=t.confidence,
-            words=_words(t, offset),
+            words=_words(t, offset, self._audio_at),
             # What LiveKit's SpeechData has no field for; received_s (the client's loop time
             # of the message's arrival) lets a benchmark see what the plugin adds.
             metadata={
                 "utterance_index": self._index_base + t.utterance_index,
                 "no_speech_probability": t.no_speech_probability,
                 "received_s": t.received_s,
+                "turn_index": t.turn_index,
             },
         )
         if not t.is_final:
@@ -538,6 +713,10 @@ class SpeechStream(stt.SpeechStream):
                 )
             )
             return
+        # The server has decided this audio: a new stream need not hear it again.
+        heard_s = data.end_time - (self._anchor_s or 0.0)
+        while self._replay and self._replay[0][0] + self._replay[0][1].duration <= heard_s:
+            self._replay.popleft()
         if self._audio_s > 0:
             self._event_ch.send_nowait(
                 stt.SpeechEvent(
@@ -548,6 +727,8 @@ class SpeechStream(stt.SpeechStream):
             )
             self._audio_s = 0.0
         if data.text:
+            if self._turn_start_s is None:
+                self._turn_start_s = data.start_time
             self._event_ch.send_nowait(
                 stt.SpeechEvent(
                     type=stt.SpeechEventType.FINAL_TRANSCRIPT,
@@ -555,4 +736,5 @@ class SpeechStream(stt.SpeechStream):
                     alternatives=[data],
                 )
             )
-        self._end_of_speech()
+        if not self._turns:
+            self._end_of_speech()
