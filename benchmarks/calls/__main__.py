@@ -45,7 +45,7 @@ import tempfile
 import threading
 import time
 import wave
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,6 +162,9 @@ class Caller:
     lost: int = 0
     first_audio_ms: list[float] = field(default_factory=list)
     late: int = 0
+    #: Per reply with a late chunk: its longest wait for one, ms (how big a jitter buffer
+    #: would have hidden it).
+    worst_waits_ms: list[float] = field(default_factory=list)
     shed: list[str] = field(default_factory=list)
 
 
@@ -286,7 +289,10 @@ async def caller(
         frames = r["frames"]
         if frames:
             out.first_audio_ms.append(1000.0 * (frames[0][0] - r["sent"]))
-            out.late += play(frames, RATE_HZ)[0]
+            late, _, _ = play(frames, RATE_HZ)
+            out.late += late
+            if late:
+                out.worst_waits_ms.append(_worst_wait_ms(frames))
     return out
 
 
@@ -334,6 +340,17 @@ async def fast_client(target: str, path: Path, stop: asyncio.Event) -> dict[str,
     return result
 
 
+def _worst_wait_ms(frames: Sequence[tuple[float, int]]) -> float:
+    """The longest a player started at the first frame waited for any frame of a reply, ms."""
+    first, played, clock, worst = frames[0][0], 0, frames[0][0], 0.0
+    for t, n in frames:
+        need = max(first + played / RATE_HZ, clock)
+        worst = max(worst, t - need)
+        clock = max(t, need) + n / RATE_HZ
+        played += n
+    return 1000.0 * worst
+
+
 @dataclass
 class Probe:
     """One N on one server."""
@@ -359,6 +376,9 @@ class Probe:
             "first_audio_p50_ms": median(firsts) if firsts else math.nan,
             "first_audio_p95_ms": percentile(firsts, 95) if firsts else math.nan,
             "late": sum(c.late for c in self.callers),
+            "late_worst_wait_ms": max(
+                (w for c in self.callers for w in c.worst_waits_ms), default=0.0
+            ),
             "lost": sum(c.lost for c in self.callers),
             "shed": ",".join(shed) or "-",
             "fast_files": self.fast.get("files", 0),
@@ -400,14 +420,14 @@ def fmt(s: dict[str, Any]) -> str:
     return (
         f"{s['server']:<9} {s['n']:>3} {s['admitted']:>4} {s['refused']:>4} "
         f"{s['final_p50_ms']:>7.0f} {s['final_p95_ms']:>7.0f} {s['first_audio_p50_ms']:>6.0f} "
-        f"{s['first_audio_p95_ms']:>6.0f} {s['late']:>5} {s['lost']:>4} "
-        f"{s['fast_files']:>4} {s['fast_refused']:>4}  {s['shed']}"
+        f"{s['first_audio_p95_ms']:>6.0f} {s['late']:>5} {s['late_worst_wait_ms']:>5.0f} "
+        f"{s['lost']:>4} {s['fast_files']:>4} {s['fast_refused']:>4}  {s['shed']}"
     )
 
 
 HEADER = (
-    "server      N  adm  ref  fin p50 fin p95  1st50  1st95  late lost fast frej  shed\n"
-    "                         ms      ms       ms     ms           files"
+    "server      N  adm  ref  fin p50 fin p95  1st50  1st95  late  wait lost fast frej  shed\n"
+    "                         ms      ms       ms     ms          ms      files"
 )
 
 
