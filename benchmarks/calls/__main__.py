@@ -61,7 +61,9 @@ RATE_HZ = 16_000
 CHUNK_MS = 20
 CHUNK_BYTES = RATE_HZ * CHUNK_MS // 1000 * 2
 
-#: One- and two-sentence replies; {n} makes each distinct, so none is a phrase-cache hit.
+#: One- and two-sentence replies; {n} makes each distinct. Their short openings ("Sure,",
+#: "Thanks.") are units of their own, which the phrase cache holds after their first use, as
+#: a bot's usual openings are (``benchmarks.calls.replies`` has no cached sentence).
 REPLIES = (
     "Sure, ticket {n} is open.",
     "Thanks. Let me check order {n} for you right now.",
