@@ -47,6 +47,7 @@ __all__ = [
     "QueueFullError",
     "Schedulable",
     "WaitUntil",
+    "WithdrawnError",
     "choose_plan",
     "default_candidates",
     "default_plan",
@@ -114,6 +115,16 @@ class BatchTimeoutError(RuntimeError):
             f"the recognition engine did not finish a batch of {size} within "
             f"batch_timeout_s={timeout_s:g} (worker {worker} was replaced)"
         )
+
+
+class WithdrawnError(RuntimeError):
+    """A queued item left the queue unrun because a later submission superseded it.
+
+    :meth:`Batcher.withdraw` raises it into the futures of the queued items of a group: an
+    utterance's interim re-decodes, once the final decode of that utterance is submitted. The
+    final covers the whole utterance, so the interim's result would be stale on arrival, and
+    it would take a worker (or a place in the final's own batch) that the final needs.
+    """
 
 
 class BatchResultLengthError(RuntimeError):
@@ -423,6 +434,7 @@ class BatcherStats:
         joined: items that joined a running batch (``join_running``; also in items_run).
         returned: items handed to a running batch but not taken before it ended, put back
             in the queue.
+        withdrawn: queued items removed unrun by :meth:`Batcher.withdraw`.
     """
 
     submitted: int = 0
@@ -436,6 +448,7 @@ class BatcherStats:
     abandoned_threads: int = 0
     joined: int = 0
     returned: int = 0
+    withdrawn: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -449,6 +462,8 @@ class _Entry(Generic[T, R]):
     enqueued_at: float
     seq: int
     future: asyncio.Future[R]
+    #: What :meth:`Batcher.withdraw` names it by (None: never withdrawn).
+    group: Hashable = None
 
 
 @dataclass(slots=True, eq=False)
@@ -635,6 +650,7 @@ class Batcher(Generic[T, R]):
         key: Hashable = None,
         is_final: bool = True,
         deadline: float | None = None,
+        group: Hashable = None,
     ) -> asyncio.Future[R]:
         """Queue ``item`` and return a future for its result.
 
@@ -647,6 +663,8 @@ class Batcher(Generic[T, R]):
             is_final: False for interim re-decodes, which yield to finals.
             deadline: when the result is due, in ``loop.time()`` seconds; ``None`` = no
                 deadline (after every item that has one, within its priority).
+            group: a name :meth:`withdraw` may take the item back by while it waits (e.g. an
+                utterance, for its interims); ``None`` = never withdrawn.
 
         Returns:
             A future that resolves to the engine's result for ``item``, or fails with the
@@ -677,6 +695,7 @@ class Batcher(Generic[T, R]):
             enqueued_at=self._loop.time(),
             seq=self._seq,
             future=future,
+            group=group,
         )
         self._seq += 1
         self._queue[entry.seq] = entry
@@ -685,6 +704,40 @@ class Batcher(Generic[T, R]):
         self._observer.queue_depth(len(self._queue))
         self._wake.set()
         return future
+
+    def withdraw(self, group: Hashable) -> int:
+        """Take back every waiting item of ``group``; their futures fail with WithdrawnError.
+
+        Waiting means queued, or handed to a running batch that has not taken it yet
+        (``join_running``). Items already running are left to finish: their results still
+        arrive (an interim's words can stand in for a final that comes back empty), and a
+        running item holds only its own worker, which the policy never waits for while
+        another is idle. Returns how many items were withdrawn.
+        """
+        if group is None:
+            return 0
+        error = WithdrawnError("a later submission of its group superseded this item")
+        taken = [e for e in self._queue.values() if e.group == group]
+        for entry in taken:
+            del self._queue[entry.seq]
+        for run in {id(r): r for r in self._handed.values()}.values():
+            with run.lock:
+                mine = [e for e in run.handover if e.group == group]
+                run.handover = deque(e for e in run.handover if e.group != group)
+            for entry in mine:
+                self._handed.pop(entry.seq, None)
+            taken.extend(mine)
+        if not taken:
+            return 0
+        # NOTE: removed before failing, so the done-callbacks find nothing left to drop and
+        # the items count once, as withdrawn, not also as dropped.
+        for entry in taken:
+            _fail(entry.future, error)
+        self.stats.withdrawn += len(taken)
+        self._observer.queue_depth(len(self._queue))
+        if self._wake is not None:
+            self._wake.set()
+        return len(taken)
 
     def _on_done_while_queued(self, seq: int, _future: object = None) -> None:
         # A future completes while queued only when its caller cancels it (or aclose fails it);

@@ -100,7 +100,8 @@ class GatewayMetrics:
         self.asr_model_requests = Counter(
             "voxgate_asr_model_requests_total",
             "Recognition requests by model (the default's name, a named model's, or _barge-in "
-            "for asr.barge_in_model), kind (final, interim) and outcome (ok, failed, refused).",
+            "for asr.barge_in_model), kind (final, interim) and outcome (ok, failed, refused; "
+            "withdrawn: an interim taken off the queue when its utterance's final came).",
             ["model", "kind", "outcome"],
             registry=r,
         )

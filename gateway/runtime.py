@@ -57,6 +57,7 @@ from gateway.batcher import (
     BatchPolicy,
     BatchTimeoutError,
     QueueFullError,
+    WithdrawnError,
     default_plan,
 )
 from gateway.config import GatewayConfig
@@ -280,6 +281,12 @@ class AsrTranscriber:
     due sooner, go first, and a bulk final still never starves), and at most ``workers - 1``
     of them run at once, so a file being transcribed never holds every worker while a
     real-time caller's final waits. They wait for a slot; they are never skipped.
+
+    A final never waits behind an interim of its own utterance (``AsrRequest.utterance``):
+    submitting it withdraws that utterance's interims still queued (they fail with
+    :class:`~gateway.batcher.WithdrawnError`, which the session takes as "no interim"), so
+    none runs before it or shares its batch. One already running finishes on its worker; with
+    more than one worker it cannot hold the final, since interims never take the last one.
     """
 
     def __init__(
@@ -340,6 +347,9 @@ class AsrTranscriber:
         loop = asyncio.get_running_loop()
         began = loop.time()
         first_rank = request.is_final or request.urgent
+        if request.is_final:
+            # Before the final is queued: its own interims are stale from now on.
+            self.batcher.withdraw(request.utterance)
         if request.is_final and request.bulk:
             deadline = began + self._bulk_deadline_s
         else:
@@ -349,7 +359,11 @@ class AsrTranscriber:
         kind = "final" if request.is_final else "interim"
         try:
             fut = self.batcher.submit(
-                request, key=request.batch_key, is_final=first_rank, deadline=deadline
+                request,
+                key=request.batch_key,
+                is_final=first_rank,
+                deadline=deadline,
+                group=None if request.is_final else request.utterance,
             )
         except QueueFullError as exc:
             self._metrics.asr_model_requests.labels(model, kind, "refused").inc()
@@ -359,6 +373,9 @@ class AsrTranscriber:
         except BatchTimeoutError as exc:
             self._metrics.asr_model_requests.labels(model, kind, "failed").inc()
             raise CallError(ErrorKind.DEADLINE_EXCEEDED, str(exc)) from None
+        except WithdrawnError:
+            self._metrics.asr_model_requests.labels(model, kind, "withdrawn").inc()
+            raise
         except asyncio.CancelledError:
             raise
         except Exception:

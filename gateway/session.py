@@ -23,7 +23,7 @@ import contextlib
 import logging
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
@@ -35,6 +35,7 @@ from engines.base import ASR_SAMPLE_RATE_HZ
 from gateway.audio import AudioFormatError, InputDecoder, OutputEncoder
 from gateway.barge_in import BargeInModel, BargeInPolicy
 from gateway.base import Synthesizer, Transcriber, TtsPiece
+from gateway.batcher import WithdrawnError
 from gateway.config import (
     DtmfConfig,
     EchoCancellerName,
@@ -348,6 +349,9 @@ class CallSession:
         #: final's stand-in when the final decode gives none (see _final_or_interim).
         self._interim_texts: dict[int, tuple[int, AsrResult]] = {}
         self._interim_task: asyncio.Task[None] | None = None
+        #: Names this call's utterances to the recogniser (``AsrRequest.utterance``), so that
+        #: an utterance's final takes its queued interims off the queue.
+        self._asr_token = object()
         #: Sequence number of the last interim sent to the client (overlapping decodes may
         #: come back out of order; an older one is then not sent).
         self._interim_shown = 0
@@ -901,7 +905,14 @@ class CallSession:
         if self._turn is not None:
             self._turn_of.setdefault(index, self._turn)
             options = self._turn_options(options, utt)
-        req = AsrRequest(utt.audio, utt.stats, options, is_final=True, bulk=self.bulk)
+        req = AsrRequest(
+            utt.audio,
+            utt.stats,
+            options,
+            is_final=True,
+            bulk=self.bulk,
+            utterance=self._utterance(index),
+        )
         task = asyncio.create_task(transcriber.transcribe(req), name=f"speculative-{index}")
         self._specs[index] = _Speculation(utt.start_ms, utt.speech_end_ms, task)
 
@@ -934,7 +945,14 @@ class CallSession:
             self._metrics.asr_speculative.labels("discarded").inc()
             spec = None
         options = self._turn_options(self._asr_options(), utt)
-        req = AsrRequest(utt.audio, utt.stats, options, is_final=True, bulk=self.bulk)
+        req = AsrRequest(
+            utt.audio,
+            utt.stats,
+            options,
+            is_final=True,
+            bulk=self.bulk,
+            utterance=self._utterance(utt.index),
+        )
         decoded: AsrResult | None = None
         failure: ErrorOut | None = None
         try:
@@ -1122,6 +1140,10 @@ class CallSession:
                 if utt is None:
                     last_len = 0
                     continue
+                if utt.index in self._specs:
+                    # Its final decode has started (the speech has ended, unless it resumes):
+                    # an interim now would trail that final and take a worker beside it.
+                    continue
                 if not woken and len(utt.audio) - last_len < 16 * spacing_ms // 2:
                     continue
                 last_len = len(utt.audio)
@@ -1153,11 +1175,20 @@ class CallSession:
             counted = word_model.options(options) if word_model is not None else None
             options = counted or options
         urgent = fast and self.config.barge_in_urgent_interims
-        req = AsrRequest(utt.audio, utt.stats, options, is_final=False, urgent=urgent)
+        req = AsrRequest(
+            utt.audio,
+            utt.stats,
+            options,
+            is_final=False,
+            urgent=urgent,
+            utterance=self._utterance(index),
+        )
         try:
             result = await self._transcriber.transcribe(req)
-        except CallError:
-            return  # interim work is best-effort: a full queue just skips it
+        except (CallError, WithdrawnError):
+            # Interim work is best-effort: a full queue just skips it, and the utterance's
+            # final, once submitted, takes it off the queue (the final says it all).
+            return
         if not result.text or result.language_probability < min_language_prob:
             return
         if index not in self._final_done:
@@ -1174,6 +1205,10 @@ class CallSession:
             self._interim_shown = seq
             await self._emit(TranscriptOut(result, False, utt.start_ms, utt.end_ms, index))
         await self._check_words_barge_in(index, result.text)
+
+    def _utterance(self, index: int) -> Hashable:
+        """Utterance ``index`` of this call, as the recogniser's queue knows it."""
+        return (self._asr_token, index)
 
     def _listening_for_words(self) -> bool:
         """Whether the caller is talking over a reply that ``after_words`` may interrupt."""

@@ -82,6 +82,10 @@ class AsrRequest:
             is. The engine decodes it like any interim.
         bulk: from a call sending audio faster than real time (a file): scheduled after
             real-time finals, from spare capacity. Scheduling only; the engine ignores it.
+        utterance: which utterance of which call this decodes (any hashable, unique per
+            utterance; None = unnamed): when its final is submitted, that utterance's interims
+            still queued leave the queue, so that none runs ahead of, or in one batch with,
+            the final it is superseded by. Scheduling only; the engine ignores it.
     """
 
     audio: FloatArray
@@ -91,6 +95,7 @@ class AsrRequest:
     voiced_spans_ms: tuple[tuple[int, int], ...] = ()
     urgent: bool = False
     bulk: bool = False
+    utterance: Hashable = None
 
     @property
     def batch_key(self) -> Hashable:
