@@ -387,10 +387,6 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self._metered = frozenset(f"/{service_name}/{m}" for m in METERED_METHODS)
         self._open: dict[bytes, int] = {}
 
-    def open_calls(self, entry: TokenEntry) -> int:
-        """Metered calls ``entry``'s token has open now."""
-        return self._open.get(entry.digest, 0)
-
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],

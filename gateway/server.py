@@ -79,7 +79,6 @@ class GatewayServer:
         self._health = health_aio.HealthServicer()
         #: TLS credentials and the token interceptor; built in :meth:`start`.
         self.security: GatewaySecurity | None = None
-        self._stopped = asyncio.Event()
         self._abort = asyncio.Event()
         self._monitor: asyncio.Task[None] | None = None
         #: Whether health reports the service NOT_SERVING because the replica is full.
@@ -260,7 +259,6 @@ class GatewayServer:
         # 5. + 6. batcher, engines
         if self.hub is not None:
             await self.hub.aclose()
-        self._stopped.set()
 
     def reload_security(self) -> bool:
         """Re-read the tokens (SIGHUP); calls in progress are not touched."""
@@ -334,10 +332,6 @@ class GatewayServer:
             for waiter in (idle, aborted):
                 waiter.cancel()
         return servicer.active_calls == 0
-
-    async def wait_stopped(self) -> None:
-        """Block until :meth:`stop` completes."""
-        await self._stopped.wait()
 
 
 def _check_bindable(host: str, port: int) -> None:

@@ -261,15 +261,6 @@ def _class_of(frames: int, ladder: Sequence[int]) -> int:
     return ladder[-1]
 
 
-def _floor_ladder(frames: float, ladder: Sequence[int]) -> int:
-    """The largest ladder size not above ``frames`` (the smallest size if none is)."""
-    best = ladder[0]
-    for size in ladder:
-        if size <= frames:
-            best = size
-    return best
-
-
 def _urgency(item: SynthItem) -> tuple[int, float]:
     # Not started: first audio, oldest first; then earliest deadline.
     if item.deadline is None:

@@ -205,11 +205,6 @@ class VitsStreamer:
         return "cpu" if self._decoder.get_providers()[0] == "CPUExecutionProvider" else "cuda"
 
     @property
-    def graph_split(self) -> GraphSplit:
-        """How the voice graph was split (for tests and diagnostics)."""
-        return self._split
-
-    @property
     def cache(self) -> ByteLruCache[tuple[_Piece, ...]]:
         """The phrase cache (hit/miss counters, size)."""
         return self._cache
@@ -549,11 +544,6 @@ class ReplyJob:
     @property
     def samples_planned(self) -> int:
         """Reply samples covered by the steps issued so far (the next step starts here)."""
-        return self._planned_samples
-
-    @property
-    def samples_out(self) -> int:
-        """Same as :attr:`samples_planned`."""
         return self._planned_samples
 
     @property
