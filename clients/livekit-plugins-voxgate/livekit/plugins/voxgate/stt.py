@@ -598,8 +598,8 @@ class SpeechStream(stt.SpeechStream):
             async with self._write_lock:
                 try:
                     await call.send_audio(silence)
-                except CallEndedError:
-                    return  # the receiver raises the stream's status
+                except (CallEndedError, VoxgateError):
+                    return  # hung up, or ended: the receiver raises the stream's status
                 self._silences.append((self._wire_s, samples / self._config.sample_rate_hz))
                 self._wrote(samples / self._config.sample_rate_hz)
 
