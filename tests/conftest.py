@@ -60,3 +60,17 @@ def flite() -> str:
     if path is None:
         pytest.fail("flite not found: apt-get install -y flite (.ci/run does this)")
     return path
+
+
+#: Every test says which tier it is (pyproject's markers); ``-m`` selects tiers by them.
+TIERS = frozenset({"unit", "component", "e2e", "model", "gpu"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse to run a suite with a test that names no tier: ``-m unit`` would skip it silently."""
+    untiered = [item.nodeid for item in items if not TIERS & {m.name for m in item.iter_markers()}]
+    if untiered:
+        shown = ", ".join(untiered[:5]) + (" ..." if len(untiered) > 5 else "")
+        raise pytest.UsageError(
+            f"{len(untiered)} test(s) without a tier marker ({', '.join(sorted(TIERS))}): {shown}"
+        )

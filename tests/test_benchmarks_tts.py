@@ -14,6 +14,7 @@ import pytest
 from benchmarks.tts_concurrency import KINDS, Search, Stream, main, reply_text
 
 
+@pytest.mark.unit
 def test_player_counts_late_chunks_and_the_silence_they_leave() -> None:
     rate = 1000  # one sample per ms, for readable numbers
     on_time = Stream([(0.1, 200), (0.25, 200), (0.49, 200)])
@@ -26,6 +27,7 @@ def test_player_counts_late_chunks_and_the_silence_they_leave() -> None:
     assert late["rtf"] == pytest.approx(0.59 / 0.6)
 
 
+@pytest.mark.unit
 def test_single_reply_benchmark_counts_with_the_same_player() -> None:
     from benchmarks.tts_first_audio import _played
 
@@ -34,6 +36,7 @@ def test_single_reply_benchmark_counts_with_the_same_player() -> None:
     assert run.late_chunks == 1 and round(run.starve_ms) == 100
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("capacity", "max_n"), [(0, 16), (1, 16), (5, 16), (12, 16), (16, 16)])
 def test_search_finds_the_largest_zero_underrun_n(capacity: int, max_n: int) -> None:
     search = Search("m", max_n)
@@ -45,6 +48,7 @@ def test_search_finds_the_largest_zero_underrun_n(capacity: int, max_n: int) -> 
     assert len(probes) == len(set(probes)) <= 9
 
 
+@pytest.mark.unit
 def test_every_reply_of_a_probe_has_its_own_text() -> None:
     for kind in KINDS:
         texts = {reply_text(kind, i, 0) for i in range(16)}
@@ -66,6 +70,7 @@ def test_tiny_run_reports_every_method(tmp_path: Path) -> None:
     assert all(0 <= n <= 2 for n in result["largest_zero_underrun_n"].values())
 
 
+@pytest.mark.unit
 def test_schedule_simulator_tiny_run_prints_every_policy(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -78,6 +83,7 @@ def test_schedule_simulator_tiny_run_prints_every_policy(
     assert "largest N with zero late chunks" in out
 
 
+@pytest.mark.unit
 def test_the_policy_keeps_eight_replies_fed_where_the_previous_one_fell_behind() -> None:
     """On the virtual clock with the measured cost model (a model of 2 idle cores, not proof:
     the real voice's figures come from the full benchmark): eight four-sentence replies 100 ms

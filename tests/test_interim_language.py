@@ -55,6 +55,7 @@ def split(asr: FakeTranscriber) -> tuple[list[AsrRequest], list[AsrRequest], lis
     return before, [r for r in asr.requests if r.is_final], after
 
 
+@pytest.mark.component
 def test_interims_after_a_confident_final_decode_in_its_language() -> None:
     asr = FakeTranscriber(lambda r: "words", detected=scripted(("de", 0.95)), speculate=False)
     two_utterances(asr)
@@ -65,6 +66,7 @@ def test_interims_after_a_confident_final_decode_in_its_language() -> None:
     assert all(r.options.language is None for r in finals)  # finals keep detecting
 
 
+@pytest.mark.component
 def test_an_unsure_final_teaches_nothing() -> None:
     asr = FakeTranscriber(lambda r: "words", detected=scripted(("de", 0.6)), speculate=False)
     two_utterances(asr)
@@ -72,6 +74,7 @@ def test_an_unsure_final_teaches_nothing() -> None:
     assert after and all(r.options.language is None for r in after)
 
 
+@pytest.mark.component
 def test_an_empty_final_teaches_nothing() -> None:
     asr = FakeTranscriber(
         lambda r: "" if r.is_final else "words", detected=scripted(("de", 0.99)), speculate=False
@@ -81,6 +84,7 @@ def test_an_empty_final_teaches_nothing() -> None:
     assert after and all(r.options.language is None for r in after)
 
 
+@pytest.mark.component
 def test_learning_can_be_turned_off() -> None:
     asr = FakeTranscriber(lambda r: "words", detected=scripted(("de", 0.99)), speculate=False)
     two_utterances(asr, language=LanguageConfig(learn=False, interim_detect_min_ms=0))
@@ -88,6 +92,7 @@ def test_learning_can_be_turned_off() -> None:
     assert after and all(r.options.language is None for r in after)
 
 
+@pytest.mark.component
 def test_the_server_default_holds_until_a_final_teaches_another() -> None:
     asr = FakeTranscriber(lambda r: "words", detected=scripted(("de", 0.95)), speculate=False)
     two_utterances(asr, language=LanguageConfig(interim_default="en"))
@@ -97,12 +102,14 @@ def test_the_server_default_holds_until_a_final_teaches_another() -> None:
     assert all(r.options.language is None for r in finals)
 
 
+@pytest.mark.component
 def test_a_call_that_sets_its_language_is_left_alone() -> None:
     asr = FakeTranscriber(lambda r: "words", detected=scripted(("de", 0.95)), speculate=False)
     two_utterances(asr, asr_options=AsrOptions(language="fr"))
     assert asr.requests and all(r.options.language == "fr" for r in asr.requests)
 
 
+@pytest.mark.component
 def test_an_unsure_detection_on_a_short_prefix_is_not_used() -> None:
     # The text says how long the prefix was; the detection is always unsure (0.4).
     asr = FakeTranscriber(
@@ -120,6 +127,7 @@ def test_an_unsure_detection_on_a_short_prefix_is_not_used() -> None:
     assert sorted(shown) == sorted(n for n in asked if n >= min_samples)
 
 
+@pytest.mark.component
 def test_a_sure_detection_on_a_short_prefix_is_used() -> None:
     asr = FakeTranscriber(
         lambda r: "final" if r.is_final else "words", detected=("en", 0.9), speculate=False
@@ -129,6 +137,7 @@ def test_a_sure_detection_on_a_short_prefix_is_used() -> None:
     assert len(interims) == sum(not r.is_final for r in asr.requests)
 
 
+@pytest.mark.component
 def test_by_default_every_interim_is_used_however_unsure() -> None:
     asr = FakeTranscriber(
         lambda r: "final" if r.is_final else "words", detected=("ru", 0.1), speculate=False
@@ -138,6 +147,7 @@ def test_by_default_every_interim_is_used_however_unsure() -> None:
     assert interims and len(interims) == sum(not r.is_final for r in asr.requests)
 
 
+@pytest.mark.component
 def test_the_server_config_reaches_the_call() -> None:
     cfg = load_config(None, {"session": {"language": {"interim_default": "es"}}})
     assert cfg.session.language.interim_default == "es"

@@ -28,6 +28,7 @@ def flat(rows: int = 1) -> np.ndarray:
     return np.zeros((rows, VOCAB), np.float32)
 
 
+@pytest.mark.unit
 def test_suppress_tokens_forbids_only_its_ids() -> None:
     x = flat(2)
     SuppressTokens.of([3, 5, 3]).apply(4, x, [[1], [2]])
@@ -35,6 +36,7 @@ def test_suppress_tokens_forbids_only_its_ids() -> None:
     assert np.isfinite(np.delete(x, [3, 5], axis=1)).all()
 
 
+@pytest.mark.unit
 def test_suppress_blank_acts_on_the_first_step_only() -> None:
     x = flat()
     SuppressBlank((0, EOT)).apply(1, x, [[4]])
@@ -43,6 +45,7 @@ def test_suppress_blank_acts_on_the_first_step_only() -> None:
     assert np.isneginf(x[0, [0, EOT]]).all() and np.isfinite(x[0, 1])
 
 
+@pytest.mark.unit
 def test_repetition_penalty_lowers_seen_tokens_both_signs() -> None:
     x = flat()
     x[0, 2], x[0, 3], x[0, 4] = 2.0, -2.0, 2.0
@@ -53,6 +56,7 @@ def test_repetition_penalty_lowers_seen_tokens_both_signs() -> None:
 RULES = TimestampRules(EOT, NO_TS, TS0, VOCAB - 1, TS0 + 50)
 
 
+@pytest.mark.unit
 def test_timestamps_first_token_is_a_timestamp_within_max_initial() -> None:
     x = flat()
     RULES.apply(0, x, [[]])
@@ -60,6 +64,7 @@ def test_timestamps_first_token_is_a_timestamp_within_max_initial() -> None:
     assert np.isfinite(x[0, TS0 : TS0 + 51]).all() and np.isneginf(x[0, TS0 + 51 :]).all()
 
 
+@pytest.mark.unit
 def test_timestamps_pair_then_text_and_never_decrease() -> None:
     x = flat()
     x[0, 1] = 5.0  # text clearly wins, so the sum rule does not force a timestamp
@@ -76,12 +81,14 @@ def test_timestamps_pair_then_text_and_never_decrease() -> None:
     assert np.isneginf(z[0, NO_TS])
 
 
+@pytest.mark.unit
 def test_timestamps_forced_when_their_total_probability_beats_any_text_token() -> None:
     x = flat()  # 200 equal timestamps vs 10 equal text tokens: timestamps' sum wins
     RULES.apply(2, x, [[TS0, 3]])
     assert np.isneginf(x[0, :TS0]).all()
 
 
+@pytest.mark.unit
 def test_silence_end_pushes_eot_once_past_the_last_speech() -> None:
     proc = SilenceAwareEnd(EOT, TS0, speech_end_ms=1000, grace_ms=200)
     before = flat()
@@ -93,6 +100,7 @@ def test_silence_end_pushes_eot_once_past_the_last_speech() -> None:
     assert after[0, TS0 + 70] == 0.0, "timestamps themselves are not pushed"
 
 
+@pytest.mark.unit
 def test_silence_end_forbids_timestamps_inside_long_silences_only() -> None:
     proc = SilenceAwareEnd(EOT, TS0, speech_end_ms=4000, silences=((1000, 2500), (3000, 3500)))
     x = flat()
@@ -105,6 +113,7 @@ def test_silence_end_forbids_timestamps_inside_long_silences_only() -> None:
     assert not inside[3000 // 20 : 3500 // 20].any()
 
 
+@pytest.mark.unit
 def test_hallucination_strength_follows_the_statistics() -> None:
     clear = hallucination_strength(0.9, -20.0, 0.01)
     sparse = hallucination_strength(0.1, -20.0, 0.01)
@@ -115,6 +124,7 @@ def test_hallucination_strength_follows_the_statistics() -> None:
     assert hallucination_strength(0.9, -20.0, float("nan")) == 0.0
 
 
+@pytest.mark.unit
 def test_hallucination_bias_acts_on_the_first_text_token_per_row() -> None:
     proc = HallucinationBias(np.array([4, 6]), 3.0, TS0)
     x = flat(2)
@@ -126,6 +136,7 @@ def test_hallucination_bias_acts_on_the_first_text_token_per_row() -> None:
     assert not y.any()
 
 
+@pytest.mark.unit
 def test_parse_hotwords_syntax() -> None:
     words, phrases = parse_hotwords(["voxgate^6", " Oyelaran ^ 2.5", "plain", "big^99", "zero^0"])
     assert words == ("voxgate", "Oyelaran ^ 2.5", "plain", "big", "zero")
@@ -140,6 +151,7 @@ def toy_tree(boost: float = 4.0) -> PhraseTree:
     return PhraseTree([("ab", boost), ("cd", 2.0)], lambda t: _TOY[t])
 
 
+@pytest.mark.unit
 def test_phrase_tree_starts_and_continuations() -> None:
     tree = toy_tree()
     assert tree.next_boosts([]) == {1: 2.0, 5: 2.0, 3: 1.0, 6: 1.0}
@@ -149,6 +161,7 @@ def test_phrase_tree_starts_and_continuations() -> None:
     assert 3 in tree.next_boosts([1, 2])
 
 
+@pytest.mark.unit
 def test_phrase_boost_only_lifts_plausible_tokens() -> None:
     proc = PhraseBoost(toy_tree(), EOT, floor=-8.0)
     x = flat(2)
@@ -160,6 +173,7 @@ def test_phrase_boost_only_lifts_plausible_tokens() -> None:
     assert x[0, 0] == 20.0
 
 
+@pytest.mark.unit
 def test_phrase_boost_skips_timestamps_when_locating_the_phrase() -> None:
     proc = PhraseBoost(toy_tree(), EOT, floor=-100.0)
     x = flat()
@@ -167,6 +181,7 @@ def test_phrase_boost_skips_timestamps_when_locating_the_phrase() -> None:
     assert x[0, 2] == 4.0
 
 
+@pytest.mark.unit
 def test_phrase_start_needs_a_stricter_floor_than_a_continuation() -> None:
     proc = PhraseBoost(toy_tree(), EOT, floor=-8.0, start_floor=-2.0)
     x = flat(2)
@@ -178,6 +193,7 @@ def test_phrase_start_needs_a_stricter_floor_than_a_continuation() -> None:
     assert x[1, 2] == pytest.approx(9.0), "a continuation within the floor is"
 
 
+@pytest.mark.unit
 def test_a_transcript_of_only_hotwords_on_silent_looking_audio_is_recited() -> None:
     from engines.asr._whisper import WhisperEngine, _Attempt
 

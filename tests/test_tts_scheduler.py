@@ -68,6 +68,7 @@ def dispatch(decision: Dispatch | WaitUntil) -> tuple[Work, ...]:
 # -- the policy ----------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_first_audio_goes_ahead_of_every_deadline_that_can_wait_for_it() -> None:
     queue = [window(1, 10.5), window(2, 10.51), SynthItem(3, 9.0, None, "front")]
     (work,) = dispatch(next_work(queue, 10.0, POLICY, COST))
@@ -80,6 +81,7 @@ def test_first_audio_goes_ahead_of_every_deadline_that_can_wait_for_it() -> None
     assert dispatch(next_work(due, 10.0, POLICY, COST, idle_workers=2))[0].key == 3
 
 
+@pytest.mark.unit
 def test_replies_not_started_go_oldest_first_then_earliest_deadline() -> None:
     queue = [
         SynthItem(1, 5.0, None, "window", unit_frames=100),
@@ -90,6 +92,7 @@ def test_replies_not_started_go_oldest_first_then_earliest_deadline() -> None:
     assert dispatch(next_work(started, 6.0, POLICY, COST))[0].key == 2
 
 
+@pytest.mark.unit
 def test_a_first_window_is_small_and_never_past_the_unit() -> None:
     (work,) = dispatch(next_work([window(1, None)], 0.0, POLICY, COST))
     assert work.frames == POLICY.first_window_frames
@@ -97,6 +100,7 @@ def test_a_first_window_is_small_and_never_past_the_unit() -> None:
     assert short.frames == 5
 
 
+@pytest.mark.unit
 def test_replies_far_ahead_wait_until_their_lead_is_spent_when_capped() -> None:
     queue = [window(1, 10.0), window(2, 12.0)]
     capped = _policy(max_lead_s=2.0)
@@ -108,6 +112,7 @@ def test_replies_far_ahead_wait_until_their_lead_is_spent_when_capped() -> None:
     assert dispatch(next_work(queue, 5.0, POLICY, COST))[0].key == 1
 
 
+@pytest.mark.unit
 def test_window_size_grows_with_slack() -> None:
     sizes = [
         dispatch(next_work([window(1, 10.0 + slack)], 10.0, POLICY, COST))[0].frames
@@ -121,6 +126,7 @@ def test_window_size_grows_with_slack() -> None:
         assert COST.window_s(size + 2 * POLICY.context_frames) <= slack
 
 
+@pytest.mark.unit
 def test_a_slow_device_gets_windows_that_keep_up_with_real_time() -> None:
     """On a loaded CPU small windows (mostly context) would fall further behind every time."""
     slow = CostModel(fixed_s=0.005, per_frame_s=0.008, front_s=0.05)
@@ -130,6 +136,7 @@ def test_a_slow_device_gets_windows_that_keep_up_with_real_time() -> None:
     assert work.frames > POLICY.min_window_frames
 
 
+@pytest.mark.unit
 def test_a_window_never_holds_a_waiting_reply_past_its_deadline() -> None:
     far, near = window(1, 11.5), window(2, 11.0)
     queue = [far, near, window(3, 10.12)]
@@ -153,12 +160,14 @@ def test_a_window_never_holds_a_waiting_reply_past_its_deadline() -> None:
     assert free.frames == big.frames
 
 
+@pytest.mark.unit
 def test_the_tail_of_a_unit_is_never_left_as_a_sliver() -> None:
     item = window(1, 12.0, position=100, frames=100 + POLICY.max_window_frames + 5)
     (work,) = dispatch(next_work([item], 10.0, POLICY, COST))
     assert work.frames == POLICY.max_window_frames + 5
 
 
+@pytest.mark.unit
 def test_the_first_audio_lane_takes_only_replies_that_have_not_started() -> None:
     started = [window(1, 10.0 + POLICY.urgent_slack_s), window(2, 10.5)]
     assert next_work(started, 10.0, POLICY, COST, urgent_only=True) == WaitUntil(None)
@@ -167,6 +176,7 @@ def test_the_first_audio_lane_takes_only_replies_that_have_not_started() -> None
     assert (work.key, work.frames) == (3, POLICY.busy_first_window_frames)
 
 
+@pytest.mark.unit
 def test_the_first_audio_lane_also_takes_a_reply_about_to_starve_with_nothing_running() -> None:
     lane = _policy(urgent_slack_s=0.15)
     about_to_starve = window(1, 10.05)
@@ -183,6 +193,7 @@ def test_the_first_audio_lane_also_takes_a_reply_about_to_starve_with_nothing_ru
     assert first.key == 2
 
 
+@pytest.mark.unit
 def test_a_reply_far_ahead_leaves_the_second_worker_free() -> None:
     """A decoder call cannot be interrupted: a reply with lead to spare runs one at a time."""
     policy = _policy(parallel_slack_s=0.5)
@@ -194,6 +205,7 @@ def test_a_reply_far_ahead_leaves_the_second_worker_free() -> None:
     assert dispatch(next_work([window(1, 12.0)], 10.0, policy, COST))[0].key == 1
 
 
+@pytest.mark.unit
 def test_a_reply_starting_while_every_worker_is_busy_gets_a_longer_first_window() -> None:
     policy = _policy(busy_first_window_frames=16)
     fresh = SynthItem(1, 0.0, None, "front")
@@ -212,6 +224,7 @@ def test_a_reply_starting_while_every_worker_is_busy_gets_a_longer_first_window(
     assert dispatch(next_work([later], 10.0, policy, COST))[0].frames == 0
 
 
+@pytest.mark.unit
 def test_a_reply_starting_alone_gets_the_alone_first_window_only_when_alone() -> None:
     policy = _policy(alone_first_window_frames=12)
     fresh = SynthItem(1, 0.0, None, "front")
@@ -224,6 +237,7 @@ def test_a_reply_starting_alone_gets_the_alone_first_window_only_when_alone() ->
     assert off.frames == POLICY.first_window_frames
 
 
+@pytest.mark.unit
 def test_windows_grow_as_replies_pile_up_so_their_sum_fits_the_workers() -> None:
     policy = _policy(share_ratio=0.8)
     starving = window(1, 9.9)
@@ -235,6 +249,7 @@ def test_windows_grow_as_replies_pile_up_so_their_sum_fits_the_workers() -> None
     assert 8 * COST.window_s(crowd + ctx) <= 0.8 * 2 * crowd * policy.frame_s
 
 
+@pytest.mark.unit
 def test_a_reply_building_its_lead_gets_a_window_in_time_below_the_crowd_floor() -> None:
     policy = _policy(share_ratio=0.8)
     ctx = 2 * policy.context_frames
@@ -245,6 +260,7 @@ def test_a_reply_building_its_lead_gets_a_window_in_time_below_the_crowd_floor()
     assert building[0].frames >= policy.min_window_frames
 
 
+@pytest.mark.unit
 def test_a_window_leaves_room_for_a_reply_whose_first_step_is_running() -> None:
     ahead = window(1, 13.0)
     free = dispatch(next_work([ahead], 10.0, POLICY, COST))[0].frames
@@ -255,12 +271,14 @@ def test_a_window_leaves_room_for_a_reply_whose_first_step_is_running() -> None:
     assert COST.window_s(held.frames + ctx) <= max(0.1 - smallest, smallest)
 
 
+@pytest.mark.unit
 def test_front_ends_run_alone_and_unbatched_devices_get_one_window() -> None:
     queue = [SynthItem(1, 0.0, 10.2, "front"), window(2, 10.25), window(3, 10.3)]
     assert dispatch(next_work(queue, 10.0, POLICY, COST)) == (Work(1, "front"),)
     assert len(dispatch(next_work(queue[1:], 10.0, POLICY, COST))) == 1
 
 
+@pytest.mark.unit
 def test_windows_of_one_size_class_are_batched_with_a_common_input_length() -> None:
     policy = _policy(max_batch_size=3)
     queue = [
@@ -278,6 +296,7 @@ def test_windows_of_one_size_class_are_batched_with_a_common_input_length() -> N
     assert len(dispatch(next_work(queue, 10.0, _policy(max_batch_size=1), COST))) == 1
 
 
+@pytest.mark.unit
 def test_cost_model_learns_from_measured_runs() -> None:
     cost = CostModel(fixed_s=0.0, per_frame_s=0.001, front_s=0.01, alpha=0.5)
     for _ in range(20):
@@ -288,6 +307,7 @@ def test_cost_model_learns_from_measured_runs() -> None:
     assert cost.window_s(50, batch=2) == pytest.approx(0.4, rel=1e-3)
 
 
+@pytest.mark.unit
 def test_default_plan_by_device() -> None:
     assert default_synth_plan("cpu", 2) == (2, 1)
     assert default_synth_plan("cpu", 0) == (1, 1)
@@ -303,12 +323,14 @@ def test_default_plan_by_device() -> None:
         ((0, 10, 12, 24, 4), (0, 12, 0, 12)),  # a 2-frame tail folded in; short unit
     ],
 )
+@pytest.mark.unit
 def test_window_bounds(args: tuple[int, ...], expected: tuple[int, int, int, int]) -> None:
     start, frames, total, context, *tail = args
     got = window_bounds(start, frames, total, context, min_tail=tail[0] if tail else 0)
     assert got == expected
 
 
+@pytest.mark.unit
 def test_window_bounds_pads_with_real_context_right_then_left() -> None:
     assert window_bounds(0, 8, 200, 24, pad_to=80) == (0, 8, 0, 80)
     assert window_bounds(180, 20, 200, 24, pad_to=80) == (180, 200, 120, 200)
