@@ -18,6 +18,7 @@ from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
+from engines.asr import MAX_BOOST
 from engines.asr.base import AsrOptions
 from engines.turn import SmartTurn
 from engines.vad import SileroVad
@@ -706,7 +707,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             num_alternatives=dec.max_alternatives,
             word_timestamps=dec.word_timestamps,
             initial_prompt=dec.initial_prompt,
-            hotwords=tuple(dec.hotwords),
+            hotwords=_hotwords(dec),
             silence_aware=not dec.disable_silence_policy,
             context_tokens=context_tokens,
             model=lease.key if lease is not None else "",
@@ -839,23 +840,29 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
     ) -> tuple[int, ...] | None:
         """Bound the call's prompt and hotwords, then tokenise them once for the whole call."""
         limits = self.config.limits
-        if len(dec.hotwords) > limits.max_hotwords:
+        count = len(dec.hotwords) + len(dec.boosted_phrases)
+        if count > limits.max_hotwords:
             raise CallError.invalid(
-                f"config.decoding.hotwords has {len(dec.hotwords)} entries, over "
-                f"max_hotwords={limits.max_hotwords}"
+                f"config.decoding.hotwords and boosted_phrases have {count} entries together, "
+                f"over max_hotwords={limits.max_hotwords}"
             )
-        chars = len(dec.initial_prompt) + sum(len(h) for h in dec.hotwords)
+        chars = (
+            len(dec.initial_prompt)
+            + sum(len(h) for h in dec.hotwords)
+            + sum(len(p.phrase) for p in dec.boosted_phrases)
+        )
         if chars > limits.max_context_chars:
             raise CallError.invalid(
-                f"config.decoding.initial_prompt and hotwords have {chars} characters together, "
-                f"over max_context_chars={limits.max_context_chars}"
+                f"config.decoding.initial_prompt, hotwords and boosted_phrases have {chars} "
+                f"characters together, over max_context_chars={limits.max_context_chars}"
             )
+        hotwords = _hotwords(dec)
         if self.transcriber is None:
             return None
         if lease is not None and lease.key:  # a named model: its own tokenizer
-            tokens = lease.encode_context(dec.initial_prompt, tuple(dec.hotwords))
+            tokens = lease.encode_context(dec.initial_prompt, hotwords)
         else:
-            tokens = self.transcriber.encode_context(dec.initial_prompt, tuple(dec.hotwords))
+            tokens = self.transcriber.encode_context(dec.initial_prompt, hotwords)
         if len(tokens) > limits.max_prompt_tokens:
             raise CallError.invalid(
                 f"config.decoding.initial_prompt and hotwords make {len(tokens)} Whisper tokens, "
@@ -1216,6 +1223,30 @@ def _forget(task: asyncio.Future[None]) -> None:
     _DETACHED.discard(task)
     if not task.cancelled():
         task.exception()  # AbortError, or ExecuteBatchError once the peer is gone
+
+
+def _hotwords(dec: pb.DecodingOptions) -> tuple[str, ...]:
+    """The call's hotwords, its typed ``boosted_phrases`` among them.
+
+    Written the way the engine reads a boost (``phrase^boost``, ``engines/asr/_phrases.py``),
+    so that the server has one form of a boosted phrase.
+
+    Raises:
+        CallError: INVALID_ARGUMENT for an empty phrase, one with '^' (it would be read as
+            a boost), or a boost outside (0, MAX_BOOST].
+    """
+    out = list(dec.hotwords)
+    for i, item in enumerate(dec.boosted_phrases):
+        field = f"config.decoding.boosted_phrases[{i}]"
+        phrase = item.phrase.strip()
+        if not phrase or "^" in phrase:
+            raise CallError.invalid(f"{field}.phrase must be words without '^'; got {echo(phrase)}")
+        if not (0.0 < item.boost <= MAX_BOOST):  # NaN fails too
+            raise CallError.invalid(
+                f"{field}.boost must be in (0, {MAX_BOOST:g}] nats; got {item.boost:g}"
+            )
+        out.append(f"{phrase}^{item.boost:g}")
+    return tuple(out)
 
 
 def _declared_pacing(context: grpc.aio.ServicerContext) -> Literal["realtime", "bulk"]:

@@ -326,7 +326,47 @@ async def _refused(stub: pb_grpc.VoiceGatewayStub, cfg: pb.ConverseRequest) -> s
         ),
         (
             {"decoding": pb.DecodingOptions(hotwords=["acme"] * 101)},
-            "hotwords has 101 entries, over max_hotwords=100",
+            "hotwords and boosted_phrases have 101 entries together, over max_hotwords=100",
+        ),
+        (
+            {
+                "decoding": pb.DecodingOptions(
+                    hotwords=["acme"] * 60,
+                    boosted_phrases=[pb.PhraseBoost(phrase="acme", boost=2)] * 41,
+                )
+            },
+            "hotwords and boosted_phrases have 101 entries together, over max_hotwords=100",
+        ),
+        (
+            {
+                "decoding": pb.DecodingOptions(
+                    boosted_phrases=[pb.PhraseBoost(phrase="a^6", boost=2)]
+                )
+            },
+            "config.decoding.boosted_phrases[0].phrase must be words without '^'; got 'a^6'",
+        ),
+        (
+            {"decoding": pb.DecodingOptions(boosted_phrases=[pb.PhraseBoost(phrase=" ", boost=2)])},
+            "config.decoding.boosted_phrases[0].phrase must be words without '^'; got ''",
+        ),
+        (
+            {
+                "decoding": pb.DecodingOptions(
+                    boosted_phrases=[
+                        pb.PhraseBoost(phrase="acme", boost=2),
+                        pb.PhraseBoost(phrase="acme", boost=0),
+                    ]
+                )
+            },
+            "config.decoding.boosted_phrases[1].boost must be in (0, 10] nats; got 0",
+        ),
+        (
+            {
+                "decoding": pb.DecodingOptions(
+                    boosted_phrases=[pb.PhraseBoost(phrase="a", boost=11)]
+                )
+            },
+            "config.decoding.boosted_phrases[0].boost must be in (0, 10] nats; got 11",
         ),
         (
             {"decoding": pb.DecodingOptions(hotwords=["word"] * 99, initial_prompt="p" * 1_700)},
@@ -337,13 +377,56 @@ async def _refused(stub: pb_grpc.VoiceGatewayStub, cfg: pb.ConverseRequest) -> s
             "over max_prompt_tokens=223",
         ),
     ],
-    ids=["klingon", "huge-language", "path-model", "hotword-count", "context-chars", "tokens"],
+    ids=[
+        "klingon",
+        "huge-language",
+        "path-model",
+        "hotword-count",
+        "hotword-and-phrase-count",
+        "phrase-with-caret",
+        "empty-phrase",
+        "zero-boost",
+        "boost-over-10",
+        "context-chars",
+        "tokens",
+    ],
 )
 async def test_unknown_language_model_and_unbounded_context_are_invalid_argument(
     stub: pb_grpc.VoiceGatewayStub, kw: dict[str, Any], text: str
 ) -> None:
     """v0.1 accepted them: empty finals, an ignored model, 161 MB for a 1 MB prompt."""
     assert text in await _refused(stub, config(**kw))
+
+
+async def test_a_typed_boosted_phrase_steers_the_spelling_like_a_caret_hotword(
+    stub: pb_grpc.VoiceGatewayStub,
+) -> None:
+    """``boosted_phrases`` (the typed field) reaches the decoder's phrase boost: the bundled
+    voice says "voxgate", which Whisper writes otherwise unless the name is boosted."""
+    import soxr
+
+    from engines.tts import SpeakOptions, TtsConfig, VitsStreamer
+
+    tts = VitsStreamer.load(TtsConfig())
+    try:
+        chunk = tts.synthesize_oneshot(
+            "Please call voxgate support after six.", SpeakOptions(noise_scale=0.0, noise_w=0.0)
+        )
+    finally:
+        tts.close()
+    audio = soxr.resample(chunk.samples, chunk.sample_rate_hz, 16000).astype(np.float32)
+    pad = np.zeros(8000, np.float32)
+    data = float_to_pcm16(np.concatenate([pad, audio, pad])).tobytes()
+
+    async def final(decoding: pb.DecodingOptions) -> str:
+        cfg = config(pb.LINEAR16, 16000, decoding=decoding)
+        out = await run_call(stub.Converse, cfg, data, 640)
+        texts = [r.transcript.text for r in out if r.WhichOneof("event") == "transcript"]
+        return " ".join(t for t in texts if t).lower()
+
+    assert "voxgate" not in await final(pb.DecodingOptions())
+    typed = pb.DecodingOptions(boosted_phrases=[pb.PhraseBoost(phrase="voxgate", boost=6)])
+    assert "voxgate" in await final(typed)
 
 
 async def test_known_language_forms_and_the_listed_model_are_accepted(

@@ -145,6 +145,7 @@ def test_call_config_renders_the_session_config() -> None:
         language="en",
         barge_in=False,
         hotwords=("voxgate",),
+        boosted_phrases=(("Oyelaran", 4.5),),
         echo_handling="aec3",
         vad=VadOptions(aggressiveness=0, end_silence_ms=800),
     ).to_proto()
@@ -154,6 +155,8 @@ def test_call_config_renders_the_session_config() -> None:
     assert cfg.output_audio.sample_rate_hertz == 16000
     assert cfg.barge_in.disabled and cfg.interim_results
     assert list(cfg.decoding.hotwords) == ["voxgate"]
+    ((boosted),) = cfg.decoding.boosted_phrases
+    assert boosted.phrase == "Oyelaran" and boosted.boost == pytest.approx(4.5)
     assert cfg.vad.HasField("aggressiveness") and cfg.vad.aggressiveness == 0
     assert cfg.vad.end_silence_ms == 800
     default = CallConfig().to_proto()

@@ -260,6 +260,9 @@ class CallConfig:
             (the echo canceller alone, for lines whose echo a hybrid or speakerphone spreads;
             it holds a caller back on lines with no echo); None = the server's.
         turns: end-of-turn detection (:class:`TurnOptions`); the default keeps the server's.
+        boosted_phrases: ``(phrase, boost)`` pairs the decoder boosts token by token (boost
+            in nats, (0, 10]; 2-6 helps a rare name): the typed form of a ``"phrase^boost"``
+            entry in ``hotwords``.
     """
 
     encoding: EncodingName = "linear16"
@@ -284,6 +287,7 @@ class CallConfig:
     max_alternatives: int = 0
     initial_prompt: str = ""
     hotwords: tuple[str, ...] = ()
+    boosted_phrases: tuple[tuple[str, float], ...] = ()
     vad: VadOptions = field(default_factory=VadOptions)
     turns: TurnOptions = field(default_factory=TurnOptions)
 
@@ -314,6 +318,10 @@ class CallConfig:
                 word_timestamps=self.word_timestamps,
                 initial_prompt=self.initial_prompt,
                 hotwords=list(self.hotwords),
+                boosted_phrases=[
+                    pb.PhraseBoost(phrase=phrase, boost=boost)
+                    for phrase, boost in self.boosted_phrases
+                ],
             ),
         )
         if self.output_encoding is not None:

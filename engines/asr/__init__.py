@@ -14,6 +14,7 @@ from engines.asr._model_files import (
     join_base_model,
     resolve_model_dir,
 )
+from engines.asr._phrases import MAX_BOOST
 from engines.asr._whisper import EngineCounters, WhisperEngine
 from engines.asr.base import (
     AsrAlternative,
@@ -27,6 +28,7 @@ from engines.asr.config import WhisperConfig
 
 __all__ = [
     "BUNDLED_MODELS",
+    "MAX_BOOST",
     "AsrAlternative",
     "AsrEngine",
     "AsrOptions",

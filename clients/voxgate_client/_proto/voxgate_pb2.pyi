@@ -157,7 +157,7 @@ class BargeInConfig(_message.Message):
     def __init__(self, disabled: bool = ..., min_speech_ms: _Optional[int] = ..., policy: _Optional[_Union[BargeIn, str]] = ..., min_words: _Optional[int] = ..., backchannels: _Optional[_Iterable[str]] = ..., echo_guard_disabled: bool = ..., echo_handling: _Optional[_Union[EchoHandling, str]] = ...) -> None: ...
 
 class DecodingOptions(_message.Message):
-    __slots__ = ("beam_size", "mbr_candidates", "max_alternatives", "word_timestamps", "initial_prompt", "hotwords", "translate", "disable_silence_policy")
+    __slots__ = ("beam_size", "mbr_candidates", "max_alternatives", "word_timestamps", "initial_prompt", "hotwords", "translate", "disable_silence_policy", "boosted_phrases")
     BEAM_SIZE_FIELD_NUMBER: _ClassVar[int]
     MBR_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     MAX_ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +166,7 @@ class DecodingOptions(_message.Message):
     HOTWORDS_FIELD_NUMBER: _ClassVar[int]
     TRANSLATE_FIELD_NUMBER: _ClassVar[int]
     DISABLE_SILENCE_POLICY_FIELD_NUMBER: _ClassVar[int]
+    BOOSTED_PHRASES_FIELD_NUMBER: _ClassVar[int]
     beam_size: int
     mbr_candidates: int
     max_alternatives: int
@@ -174,7 +175,16 @@ class DecodingOptions(_message.Message):
     hotwords: _containers.RepeatedScalarFieldContainer[str]
     translate: bool
     disable_silence_policy: bool
-    def __init__(self, beam_size: _Optional[int] = ..., mbr_candidates: _Optional[int] = ..., max_alternatives: _Optional[int] = ..., word_timestamps: bool = ..., initial_prompt: _Optional[str] = ..., hotwords: _Optional[_Iterable[str]] = ..., translate: bool = ..., disable_silence_policy: bool = ...) -> None: ...
+    boosted_phrases: _containers.RepeatedCompositeFieldContainer[PhraseBoost]
+    def __init__(self, beam_size: _Optional[int] = ..., mbr_candidates: _Optional[int] = ..., max_alternatives: _Optional[int] = ..., word_timestamps: bool = ..., initial_prompt: _Optional[str] = ..., hotwords: _Optional[_Iterable[str]] = ..., translate: bool = ..., disable_silence_policy: bool = ..., boosted_phrases: _Optional[_Iterable[_Union[PhraseBoost, _Mapping]]] = ...) -> None: ...
+
+class PhraseBoost(_message.Message):
+    __slots__ = ("phrase", "boost")
+    PHRASE_FIELD_NUMBER: _ClassVar[int]
+    BOOST_FIELD_NUMBER: _ClassVar[int]
+    phrase: str
+    boost: float
+    def __init__(self, phrase: _Optional[str] = ..., boost: _Optional[float] = ...) -> None: ...
 
 class AudioChunk(_message.Message):
     __slots__ = ("data",)
