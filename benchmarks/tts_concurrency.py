@@ -64,12 +64,12 @@ if __package__ in (None, ""):
 
 from benchmarks._stats import median, percentile  # noqa: E402
 from engines.tts import SpeakOptions, TtsConfig, VitsStreamer, WindowPlan  # noqa: E402
-from engines.tts._scheduler import SynthPolicy  # noqa: E402
 from engines.tts._session import make_session  # noqa: E402
 from engines.tts._voice import resolve_voice  # noqa: E402
 from gateway.events import SpeakIn  # noqa: E402
 from gateway.metrics import GatewayMetrics  # noqa: E402
 from gateway.runtime import TtsSynthesizer  # noqa: E402
+from gateway.synthesis_policy import SynthPolicy  # noqa: E402
 
 T = TypeVar("T")
 NS = (1, 2, 4, 8, 12, 16)

@@ -8,7 +8,7 @@ Run::
 
 Why: a real probe of 8 four-sentence replies takes a quarter of a minute and, on a shared
 machine, its figures move with whatever else runs. The scheduler's outcome is decided by the
-policy (:func:`engines.tts._scheduler.next_work`, the real one, called here exactly as
+policy (:func:`gateway.synthesis_policy.next_work`, the real one, called here exactly as
 ``gateway.synthesis`` calls it) and by what each step costs, so this replays the driver's
 bookkeeping (workers, the first-audio lane, two steps in flight per reply, a reply's first front
 end fused with its first window, playout clocks, lateness) against a cost model measured on
@@ -36,14 +36,14 @@ if __package__ in (None, ""):
 
 from benchmarks._stats import median, percentile  # noqa: E402
 from benchmarks.tts_concurrency import Stream, previous_policy  # noqa: E402
-from engines.tts._scheduler import (  # noqa: E402
+from engines.tts import window_bounds  # noqa: E402
+from gateway.scheduling import WaitUntil  # noqa: E402
+from gateway.synthesis_policy import (  # noqa: E402
     CostModel,
     Dispatch,
     SynthItem,
     SynthPolicy,
-    WaitUntil,
     next_work,
-    window_bounds,
 )
 
 HOP = 256
@@ -346,8 +346,8 @@ def simulate(
                 upcoming=upcoming,
             )
             if isinstance(decision, WaitUntil):
-                if not urgent and decision.time is not None:
-                    wake_at = decision.time
+                if not urgent and decision.at is not None:
+                    wake_at = decision.at
                 break
             start(decision, urgent)
         speed = min(1.0, cores / max(1e-9, len(running) + others)) if running else 1.0

@@ -31,6 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar, cast
 
+from gateway.scheduling import WaitUntil
+
 __all__ = [
     "DEFAULT_PLANS",
     "Batch",
@@ -46,7 +48,6 @@ __all__ = [
     "ContinuousEngine",
     "QueueFullError",
     "Schedulable",
-    "WaitUntil",
     "WithdrawnError",
     "choose_plan",
     "default_candidates",
@@ -183,18 +184,6 @@ class Batch(Generic[E]):
 
     key: Hashable
     entries: tuple[E, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class WaitUntil:
-    """Nothing to dispatch yet: a partial batch is being held to let it fill.
-
-    Attributes:
-        at: when to ask again (strictly later than the ``now`` that produced it) unless
-            something changes first (a new item, a finished batch, a cancellation).
-    """
-
-    at: float
 
 
 def _urgency(entry: Schedulable) -> tuple[bool, float, int]:

@@ -40,7 +40,6 @@ from engines.tts import (
     VitsStreamer,
     resolve_voice,
 )
-from engines.tts._scheduler import default_synth_plan
 from gateway.base import (
     EngineInfo,
     ModelDescription,
@@ -73,6 +72,7 @@ from gateway.models import (
 )
 from gateway.priority import call_lowered
 from gateway.synthesis import ReplyStats, SynthesisScheduler, policy_for
+from gateway.synthesis_policy import default_synth_plan
 
 __all__ = [
     "AsrTranscriber",
@@ -530,7 +530,7 @@ class EngineHubImpl:
         scfg = self.config.session
         streamer = VitsStreamer.load(self.config.tts)
         streamer.warmup()
-        # Workers and batch size by device, as measured (engines/tts/_scheduler.py).
+        # Workers and batch size by device, as measured (gateway/synthesis_policy.py).
         workers, batch = default_synth_plan(streamer.device, os.cpu_count() or 1)
         threads = scfg.tts_threads or workers
         self._streamer = streamer

@@ -1,6 +1,6 @@
 """The synthesis scheduler's driver: replies' steps on engine workers, in deadline order.
 
-:mod:`engines.tts._scheduler` decides what runs (a pure policy over a snapshot); this module
+:mod:`gateway.synthesis_policy` decides what runs (a pure policy over a snapshot); this module
 owns the state that the policy reads and the threads that do the work:
 
 * every reply is a :class:`~engines.tts.ReplyJob` with one next step (front end or window)
@@ -35,16 +35,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from engines.tts import ReplyJob, SpeakOptions, TtsChunk, VitsStreamer, WindowPlan
-from engines.tts._scheduler import (
+from gateway.metrics import GatewayMetrics
+from gateway.priority import lower_current_thread
+from gateway.scheduling import WaitUntil
+from gateway.synthesis_policy import (
     CostModel,
     Dispatch,
     SynthItem,
     SynthPolicy,
-    WaitUntil,
     next_work,
 )
-from gateway.metrics import GatewayMetrics
-from gateway.priority import lower_current_thread
 
 __all__ = ["DEFAULT_GUARD_S", "ReplyStats", "SynthesisScheduler", "policy_for"]
 
@@ -406,7 +406,7 @@ class SynthesisScheduler:
             )
             if isinstance(decision, WaitUntil):
                 if not urgent:
-                    wait = decision.time
+                    wait = decision.at
                 break
             self._start(decision, loop, urgent, now)
         self._queue_changed()

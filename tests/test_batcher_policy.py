@@ -16,11 +16,11 @@ from gateway.batcher import (
     BatchPlan,
     BatchPolicy,
     QueueFullError,
-    WaitUntil,
     choose_plan,
     default_candidates,
     default_plan,
 )
+from gateway.scheduling import WaitUntil
 
 pytestmark = pytest.mark.unit
 

@@ -19,23 +19,22 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engines.tts import ReplyJob, SpeakOptions, TtsConfig, VitsStreamer, WindowPlan
-from engines.tts._scheduler import (
-    CostModel,
-    Dispatch,
-    SynthItem,
-    SynthPolicy,
-    WaitUntil,
-    Work,
-    default_synth_plan,
-    next_work,
-    window_bounds,
-)
+from engines.tts import ReplyJob, SpeakOptions, TtsConfig, VitsStreamer, WindowPlan, window_bounds
 from gateway.errors import CallError, ErrorKind
 from gateway.events import SpeakIn
 from gateway.metrics import GatewayMetrics
 from gateway.runtime import TtsSynthesizer
+from gateway.scheduling import WaitUntil
 from gateway.synthesis import ReplyStats, SynthesisScheduler, policy_for
+from gateway.synthesis_policy import (
+    CostModel,
+    Dispatch,
+    SynthItem,
+    SynthPolicy,
+    Work,
+    default_synth_plan,
+    next_work,
+)
 
 # The logic tests' fixed cost model and slacks were laid out for 24 frames of context each side;
 # the rules they check do not depend on that number (the served default is 28, tts.context_frames).

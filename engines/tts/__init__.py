@@ -17,6 +17,7 @@ from engines.tts._session import select_providers
 from engines.tts._streamer import ReplyJob, VitsStreamer, WindowPlan, soft_limit
 from engines.tts._text import cardinal, ordinal, year
 from engines.tts._voice import VoiceFiles, resolve_voice
+from engines.tts._windows import window_bounds
 from engines.tts.base import (
     SpeakOptions,
     TtsChunk,
@@ -51,5 +52,6 @@ __all__ = [
     "select_providers",
     "soft_limit",
     "split_vits_graph",
+    "window_bounds",
     "year",
 ]

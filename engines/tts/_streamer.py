@@ -16,10 +16,10 @@ import onnxruntime as ort
 from engines.base import FloatArray
 from engines.tts._cache import ByteLruCache
 from engines.tts._graph import GraphSplit, split_vits_graph
-from engines.tts._scheduler import window_bounds
 from engines.tts._session import make_session, select_providers
 from engines.tts._text import TextUnit, prepare_text
 from engines.tts._voice import PhonemizedUnit, load_voice_config, phonemize_unit, resolve_voice
+from engines.tts._windows import window_bounds
 from engines.tts.base import (
     MAX_LENGTH_SCALE,
     MAX_NOISE_SCALE,

@@ -1,5 +1,8 @@
 """Deadline scheduling of synthesis work across replies: a pure policy, no clock, no threads.
 
+(It lived in ``engines.tts._scheduler``; it is the gateway's policy, beside the batcher's, and
+the engine keeps only the window geometry both use, :func:`engines.tts.window_bounds`.)
+
 Every reply being synthesised has exactly one next step: a front-end run (its next sentence) or
 a decoder window (the next frames of the current sentence). Once a reply's first audio is out,
 the caller's player consumes its samples in real time, so the next step has a *playout
@@ -21,8 +24,8 @@ answers, from a snapshot of those steps and the time, "what runs next on a free 
 * where a device gains from it (``max_batch_size`` > 1, set by measurement per device),
   windows of several replies with the same input length run as one decoder call.
 
-:func:`next_work` is the whole policy; :func:`window_bounds` is the window geometry that both
-the policy (to know which windows can share a batch) and the engine (to slice the latent) use.
+:func:`next_work` is the whole policy; :func:`engines.tts.window_bounds` is the window geometry
+that both the policy (to know which windows can share a batch) and the engine use.
 """
 
 from __future__ import annotations
@@ -32,7 +35,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gateway.scheduling import WaitUntil
+
 __all__ = [
+    "WINDOW_LADDER",
     "CostModel",
     "Dispatch",
     "SynthItem",
@@ -41,46 +47,12 @@ __all__ = [
     "Work",
     "default_synth_plan",
     "next_work",
-    "window_bounds",
 ]
 
 #: Window sizes (latent frames) the policy picks from. A short list so that windows of
 #: different replies often have the same length (and can share a batch, and an accelerator
 #: sees few shapes).
 WINDOW_LADDER = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-
-
-def window_bounds(
-    start: int,
-    frames: int,
-    total: int,
-    context: int,
-    *,
-    min_tail: int = 0,
-    pad_to: int = 0,
-    length: int = 0,
-) -> tuple[int, int, int, int]:
-    """Where a window of ``frames`` from ``start`` sits in a unit that speaks up to ``total``.
-
-    Returns ``(start, stop, lo, hi)``: the window ``[start, stop)`` and the decoder input
-    ``[lo, hi)`` with ``context`` real frames each side where the latent has them (it has
-    ``length`` frames, ``total`` unless the unit reads words past the ones it speaks). A
-    remainder shorter than ``min_tail`` after the window is folded into it (a sliver costs a
-    full context decode). ``pad_to`` widens the input to that many frames with more real
-    context (right first, then left), so that windows of several replies have one common input
-    length and can be batched; latents shorter than ``pad_to`` keep their whole length.
-    """
-    length = max(length, total)
-    stop = min(total, start + max(1, frames))
-    if total - stop < min_tail:
-        stop = total
-    lo = max(0, start - context)
-    hi = min(length, stop + context)
-    want = min(max(pad_to, hi - lo), length)
-    if hi - lo < want:
-        hi = min(length, lo + want)
-        lo = max(0, hi - want)
-    return start, stop, lo, hi
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +80,7 @@ class SynthItem:
 
     @property
     def started(self) -> bool:
+        """Whether the reply's first audio is out (its steps then have playout deadlines)."""
         return self.deadline is not None
 
 
@@ -126,13 +99,6 @@ class Dispatch:
     """Run these on one free worker now: a front end alone, or windows as one decoder call."""
 
     work: tuple[Work, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class WaitUntil:
-    """Nothing to run now; ask again at ``time`` (``None``: only when something changes)."""
-
-    time: float | None
 
 
 @dataclass
