@@ -905,7 +905,18 @@ class CallSession:
         if self._turn is not None:
             self._turn_of.setdefault(index, self._turn)
             options = self._turn_options(options, utt)
-        req = AsrRequest(
+        req = self._final_request(utt, options, index)
+        task = asyncio.create_task(transcriber.transcribe(req), name=f"speculative-{index}")
+        self._specs[index] = _Speculation(utt.start_ms, utt.speech_end_ms, task)
+
+    def _final_request(self, utt: Utterance, options: AsrOptions, index: int) -> AsrRequest:
+        """A final decode of utterance ``index``, speculative or not.
+
+        One shape for both, so that a speculation's result can stand for the final (bulk
+        calls' finals are due later; the utterance key lets the batcher withdraw its queued
+        interims).
+        """
+        return AsrRequest(
             utt.audio,
             utt.stats,
             options,
@@ -913,8 +924,6 @@ class CallSession:
             bulk=self.bulk,
             utterance=self._utterance(index),
         )
-        task = asyncio.create_task(transcriber.transcribe(req), name=f"speculative-{index}")
-        self._specs[index] = _Speculation(utt.start_ms, utt.speech_end_ms, task)
 
     # -- asr ---------------------------------------------------------------------------------------
 
@@ -945,14 +954,7 @@ class CallSession:
             self._metrics.asr_speculative.labels("discarded").inc()
             spec = None
         options = self._turn_options(self._asr_options(), utt)
-        req = AsrRequest(
-            utt.audio,
-            utt.stats,
-            options,
-            is_final=True,
-            bulk=self.bulk,
-            utterance=self._utterance(utt.index),
-        )
+        req = self._final_request(utt, options, utt.index)
         decoded: AsrResult | None = None
         failure: ErrorOut | None = None
         try:
