@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import statistics
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TextIO
@@ -337,11 +338,17 @@ class _CallState:
     awaiting_reply: set[int] = field(default_factory=set)
     opening: set[str] = field(default_factory=set)  # --say and greeting speak ids
     speech_end_s: dict[int, float] = field(default_factory=dict)
+    # SPEECH_END offsets: the end of each utterance's last word, ms of the call's audio.
+    speech_end_ms: dict[int, int] = field(default_factory=dict)
     final_s_of_speak: dict[str, float] = field(default_factory=dict)
     first_audio_s: dict[str, float] = field(default_factory=dict)
     eos_to_final_ms: list[float] = field(default_factory=list)
     server_latency_ms: list[float] = field(default_factory=list)
     final_to_audio_ms: list[float] = field(default_factory=list)
+    # Per reply: where the speech it answers ended, ms of the call's audio (the final's end,
+    # or the turn's for an EndOfTurn), and then the caller's last word -> first reply audio.
+    answered_end_ms: dict[str, int] = field(default_factory=dict)
+    voice_to_voice_ms: list[float] = field(default_factory=list)
 
     @property
     def idle(self) -> bool:
@@ -499,7 +506,9 @@ async def _converse(
         printer.line(loop.time(), f'bot: "{text}"')
 
     opening_done = asyncio.Event()
-    last_final: list[float] = []  # received_s of the latest final the bot has not answered
+    # (received_s, end of its speech in ms of audio) of the latest final the bot has not
+    # answered.
+    last_final: list[tuple[float, int]] = []
 
     def bot_acted(req: pb.ConverseRequest) -> None:
         """The link's action tee: what the bot does, as this command shows and times it."""
@@ -515,7 +524,9 @@ async def _converse(
             result.replies.append((sid, text))
             printer.line(loop.time(), f'bot: "{text}"')
             if last_final:
-                state.final_s_of_speak[sid] = last_final.pop()
+                received_s, end_ms = last_final.pop()
+                state.final_s_of_speak[sid] = received_s
+                state.answered_end_ms[sid] = end_ms
         update_gate()
 
     def waited_long_enough(index: int) -> None:
@@ -606,7 +617,14 @@ async def _converse(
                     else reply.utterance_index
                 )
                 state.awaiting_reply.add(index)
-                last_final[:] = [reply.received_s]
+                # The end of the caller's last word: the turn's, or the utterance's
+                # SPEECH_END (the final's end_ms also holds the trailing silence kept).
+                end_ms = (
+                    reply.offset_ms
+                    if isinstance(reply, EndOfTurn)
+                    else state.speech_end_ms.get(index, reply.end_ms)
+                )
+                last_final[:] = [(reply.received_s, end_ms)]
                 loop.call_later(REPLY_WAIT_S, waited_long_enough, index)
             update_gate()
     finally:
@@ -633,7 +651,7 @@ async def _converse(
         else:
             printer.line(loop.time(), f"no reply audio to write to {opts.out}")
     result.events = list(log.events)
-    _record_latencies(state, log)
+    _record_latencies(state, log, realtime=opts.realtime)
     _latency_table(state, printer.stream)
 
 
@@ -666,6 +684,7 @@ def _show(ev: ServerEvent, state: _CallState, printer: _Printer) -> Transcript |
             f"{ev.offset_ms / 1000:.2f} s into the audio)",
         )
         state.speech_end_s[ev.utterance_index] = t
+        state.speech_end_ms[ev.utterance_index] = ev.offset_ms
         if state.has_asr:
             state.open_utterances.add(ev.utterance_index)
     elif isinstance(ev, Transcript):
@@ -725,11 +744,30 @@ def _show(ev: ServerEvent, state: _CallState, printer: _Printer) -> Transcript |
     return None
 
 
-def _record_latencies(state: _CallState, log: CallLog) -> None:
+def _record_latencies(state: _CallState, log: CallLog, *, realtime: bool) -> None:
     for sid, final_s in state.final_s_of_speak.items():
         first = state.first_audio_s.get(sid)
         if first is not None:
             state.final_to_audio_ms.append(1000.0 * (first - final_s))
+    if not realtime:
+        return  # audio sent ahead of its time has no moment when the caller stopped talking
+    for sid, end_ms in state.answered_end_ms.items():
+        first = state.first_audio_s.get(sid)
+        spoken = _sent_at(log.sent, end_ms)
+        if first is not None and spoken is not None:
+            state.voice_to_voice_ms.append(1000.0 * (first - spoken))
+
+
+def _sent_at(sent: Sequence[tuple[float, float]], offset_ms: float) -> float | None:
+    """When the caller said the audio at ``offset_ms`` (None if it was never sent).
+
+    The clock time its chunk left, plus its place in the chunk: sent at real time, audio
+    leaves as it is spoken.
+    """
+    for (t, start_ms), (_, next_ms) in itertools.pairwise(sent):
+        if start_ms <= offset_ms < next_ms:
+            return t + (offset_ms - start_ms) / 1000.0
+    return None
 
 
 def _latency_table(state: _CallState, stream: TextIO) -> None:
@@ -737,6 +775,7 @@ def _latency_table(state: _CallState, stream: TextIO) -> None:
         ("end of speech -> final (client)", state.eos_to_final_ms),
         ("end of speech -> final (server)", state.server_latency_ms),
         ("final -> first reply audio", state.final_to_audio_ms),
+        ("last word -> first reply audio", state.voice_to_voice_ms),
     ]
     stream.write(f"\n{'latency':34} {'n':>3} {'p50 ms':>8} {'max ms':>8}\n")
     for name, values in rows:

@@ -290,3 +290,15 @@ def test_bundled_sample_call_is_a_short_16k_mono_wav() -> None:
     pcm, rate = read_wav(sample_call_path())
     assert rate == 16000 and 10 < len(pcm) / rate <= 25
     assert (Path(sample_call_path()).parent / "ATTRIBUTION.md").is_file()
+
+
+def test_the_moment_a_caller_said_an_offset_is_read_from_the_send_log() -> None:
+    """``voxgate call``'s voice-to-voice row: audio sent at real time is spoken as it leaves,
+    so offset X was said when its chunk left plus X's place in the chunk."""
+    from clients.cli import _sent_at
+
+    sent = [(100.0, 0.0), (100.02, 20.0), (100.04, 40.0), (100.05, 50.0)]  # the last: the end
+    assert _sent_at(sent, 0) == pytest.approx(100.0)
+    assert _sent_at(sent, 30) == pytest.approx(100.03)
+    assert _sent_at(sent, 45) == pytest.approx(100.045)
+    assert _sent_at(sent, 50) is None and _sent_at(sent, -1) is None  # never sent
