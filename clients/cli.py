@@ -137,6 +137,49 @@ class CallResult:
         return sorted(out, key=lambda t: t.utterance_index)
 
 
+def host_port(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` as argparse reads an address flag (an IPv6 host keeps its colons)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return host, int(port)
+
+
+def add_door_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    listen: tuple[str, int],
+    listen_help: str,
+    bot_default: str,
+    bot_help: str,
+) -> None:
+    """The flags both doors (``voxgate sip``, ``voxgate media-streams``) open with.
+
+    Where they listen, the gateway they call (with its TLS and token flags, ``--gateway-*``)
+    and who answers: one definition, so that the two daemons spell and check them alike.
+    """
+    parser.add_argument(
+        "--listen",
+        type=host_port,
+        default=listen,
+        metavar="HOST:PORT",
+        help=listen_help,
+    )
+    parser.add_argument(
+        "--gateway",
+        default="127.0.0.1:50051",
+        metavar="HOST:PORT",
+        help="voxgate gateway gRPC target (default 127.0.0.1:50051)",
+    )
+    add_connection_arguments(parser, prefix="gateway-")
+    parser.add_argument(
+        "--bot",
+        default=bot_default,
+        metavar="none|echo|FILE.yaml|grpc://HOST:PORT",
+        help=bot_help,
+    )
+
+
 def add_connection_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> None:
     """Add the flags that reach a secured gateway: TLS roots, a client certificate, a token.
 

@@ -12,7 +12,7 @@ from typing import get_args
 
 from clients.bot import add_bot_policy_arguments, bot_policy_from_args
 from clients.cli import (
-    add_connection_arguments,
+    add_door_arguments,
     add_turn_arguments,
     connection_from_args,
     turn_options_from_args,
@@ -22,13 +22,6 @@ from clients.voxgate_client import EchoHandlingName
 from ._dialect import DIALECTS
 
 __all__ = ["add_media_streams_arguments", "run_media_streams"]
-
-
-def _host_port(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
-    return host, int(port)
 
 
 def _read_stream_token(path: Path | None) -> str | None:
@@ -52,25 +45,14 @@ def _read_stream_token(path: Path | None) -> str | None:
 
 def add_media_streams_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``voxgate media-streams`` flags to ``parser``."""
-    parser.add_argument(
-        "--listen",
-        type=_host_port,
-        default=("127.0.0.1", 8080),
-        metavar="HOST:PORT",
-        help="WebSocket address (default 127.0.0.1:8080; put TLS in front: providers dial wss)",
-    )
-    parser.add_argument(
-        "--gateway",
-        default="127.0.0.1:50051",
-        metavar="HOST:PORT",
-        help="voxgate gateway gRPC target (default 127.0.0.1:50051)",
-    )
-    add_connection_arguments(parser, prefix="gateway-")
-    parser.add_argument(
-        "--bot",
-        default="echo",
-        metavar="none|echo|FILE.yaml|grpc://HOST:PORT",
-        help="who answers each call: a built-in bot, a rules file or a bot service (default echo)",
+    add_door_arguments(
+        parser,
+        listen=("127.0.0.1", 8080),
+        listen_help="WebSocket address (default 127.0.0.1:8080; put TLS in front: providers "
+        "dial wss)",
+        bot_default="echo",
+        bot_help="who answers each call: a built-in bot, a rules file or a bot service "
+        "(default echo)",
     )
     add_bot_policy_arguments(parser, can_transfer=False)  # a WebSocket stream has no REFER
     parser.add_argument(

@@ -30,7 +30,7 @@ from clients.bot import (
     load_bot,
 )
 from clients.cli import (
-    add_connection_arguments,
+    add_door_arguments,
     add_turn_arguments,
     connection_from_args,
     turn_options_from_args,
@@ -39,13 +39,6 @@ from clients.sip._bridge import BridgeConfig, SipBridge
 from clients.voxgate_client import EchoHandlingName
 
 __all__ = ["add_sip_arguments", "main", "run_sip"]
-
-
-def _host_port(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
-    return host, int(port)
 
 
 def _port_range(value: str) -> tuple[int, int]:
@@ -57,25 +50,12 @@ def _port_range(value: str) -> tuple[int, int]:
 
 def add_sip_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``voxgate sip`` flags to ``parser``."""
-    parser.add_argument(
-        "--listen",
-        type=_host_port,
-        default=("0.0.0.0", 5060),
-        metavar="HOST:PORT",
-        help="SIP UDP address (default 0.0.0.0:5060)",
-    )
-    parser.add_argument(
-        "--gateway",
-        default="127.0.0.1:50051",
-        metavar="HOST:PORT",
-        help="voxgate gateway gRPC target (default 127.0.0.1:50051)",
-    )
-    add_connection_arguments(parser, prefix="gateway-")
-    parser.add_argument(
-        "--bot",
-        default="none",
-        metavar="none|echo|FILE.yaml|grpc://HOST:PORT",
-        help=BOT_HELP,
+    add_door_arguments(
+        parser,
+        listen=("0.0.0.0", 5060),
+        listen_help="SIP UDP address (default 0.0.0.0:5060)",
+        bot_default="none",
+        bot_help=BOT_HELP,
     )
     add_bot_policy_arguments(parser, can_transfer=True)
     parser.add_argument(
