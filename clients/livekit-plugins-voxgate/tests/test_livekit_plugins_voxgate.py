@@ -515,8 +515,10 @@ async def test_turn_detection_ends_speech_on_the_end_of_turn_not_each_final(
     assert [e.metadata["turn_index"] for e in ends] == list(range(len(ends)))
     utterances = {f.metadata["utterance_index"] for f in finals}
     assert len(ends) < len(utterances), "turns span pauses that end utterances"
+    # The turns carry the clip's words across its pauses (Whisper may drop the lone "ask" of
+    # "ASK NOT!", a fragment of its own: the words around it are what a turn must hold).
     heard = plain(" ".join(e.text for e in ends))
-    assert "ask not what your country can do for you" in heard, heard
+    assert "fellow americans" in heard and "what your country can do for you" in heard, heard
 
 
 # -- keyterms, options, voices --------------------------------------------------------------------
