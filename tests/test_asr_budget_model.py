@@ -4,8 +4,8 @@ A strict gate (every decode's log-prob "fails": ``logprob_threshold=-0.01``) for
 ladder (the full-window re-encode and five hotter retries) on 15 s of clean speech, the case
 that took 28-29 s on a loaded 2-core machine and then lost the utterance to ``batch_timeout_s``.
 The budget is set from that ladder's measured time on this machine (a third of it), so the test
-reads the same on a fast or a slow one; the budgeted decode must stop its ladder, keep the
-right words and come back in about its budget, not the ladder's time.
+reads the same on a fast or a slow one; the budgeted decode must stop its ladder and keep
+the right words. Its timing is checked on a virtual clock in ``tests/test_asr_budget.py``.
 """
 
 from __future__ import annotations
@@ -77,13 +77,12 @@ def test_a_final_whose_ladder_would_overrun_returns_within_its_budget_with_its_w
     budget_s = ladder_s / 3
     engine = strict_engine(budget_s)
     try:
-        result, took_s = timed(engine, utterance[0])
+        result, _ = timed(engine, utterance[0])
     finally:
         engine.close()
     assert result.fallbacks[-1] == "budget", result.fallbacks
     assert len(result.fallbacks) - 1 < 6  # fewer retries than the whole ladder
     assert _wer.wer(utterance[1], result.text) <= 0.15, result.text
     assert not result.dropped_reason
-    # The first decode always runs and word alignment follows the ladder, so allow half the
-    # budget again: still half the ladder's time.
-    assert took_s <= 1.5 * budget_s, (took_s, budget_s, ladder_s)
+    # How long it took is not asserted here (wall time on a shared machine): that the ladder
+    # stops within its budget is checked exactly on a virtual clock (tests/test_asr_budget.py).

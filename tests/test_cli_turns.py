@@ -8,23 +8,18 @@ EndOfTurn, and the bot answers each final as before.
 
 from __future__ import annotations
 
-import asyncio
 import re
-import sys
 from collections.abc import AsyncIterator
 
 import pytest
+from test_cli_call_hangup import voxgate_call as call_on_sample
 
-from clients.voxgate_client import sample_call_path
 from gateway.config import load_config
 from gateway.runtime import build_hub
 from gateway.server import GatewayServer
 from gateway.testing.server import running_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
-
-#: A guard against a hung command, never a speed check.
-HANG_GUARD_S = 150.0
 
 
 @pytest.fixture
@@ -35,29 +30,9 @@ async def server() -> AsyncIterator[GatewayServer]:
 
 
 async def voxgate_call(target: str, *args: str) -> tuple[int, str]:
-    """``voxgate call`` on the bundled sample with the echo bot; (exit code, output)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "cli",
-        "call",
-        str(sample_call_path()),
-        "--target",
-        target,
-        "--bot",
-        "echo",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), HANG_GUARD_S)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode()
+    """``voxgate call --bot echo`` on the bundled sample; (exit code, stdout and stderr)."""
+    code, out, err = await call_on_sample(target, "--bot", "echo", *args)
+    return code, out + err
 
 
 async def test_a_call_with_turns_gets_end_of_turn_and_its_bot_answers_each_turn(
