@@ -105,26 +105,33 @@ def reply_text(kind: str, index: int, probe: int) -> str:
     return " ".join(picked) + f" Reference {index + 1 + 20 * probe}."
 
 
-def play(arrivals: Sequence[tuple[float, int]], rate: int) -> tuple[int, float, int]:
-    """The player every TTS benchmark counts underruns with: (late chunks, starved s, samples).
+def player_waits(arrivals: Sequence[tuple[float, int]], rate: int) -> list[float]:
+    """How long the player waited for each chunk, s (0 for one on time).
 
     Playback starts when the first chunk arrives; a chunk is late when it arrives after the
-    audio before it has played out, and the player then waits for it (the silence is
-    "starved" time) and resumes from its arrival.
+    audio before it has played out, and the player then waits for it and resumes from its
+    arrival.
     """
     first = arrivals[0][0]
-    late, starve, played, clock = 0, 0.0, 0, first
+    waits, played, clock = [], 0, first
     for t, n in arrivals:
         # The player needs this chunk when the audio before it has played out.
         need = max(first + played / rate, clock)
-        if t > need + 1e-4:
-            late += 1
-            starve += t - need
-            clock = t + n / rate
-        else:
-            clock = need + n / rate
+        late = t > need + 1e-4
+        waits.append(t - need if late else 0.0)
+        clock = (t if late else need) + n / rate
         played += n
-    return late, starve, played
+    return waits
+
+
+def play(arrivals: Sequence[tuple[float, int]], rate: int) -> tuple[int, float, int]:
+    """The player every TTS benchmark counts underruns with: (late chunks, starved s, samples).
+
+    See :func:`player_waits` for the player.
+    """
+    waits = player_waits(arrivals, rate)
+    late = [w for w in waits if w > 0.0]
+    return len(late), sum(late), sum(n for _, n in arrivals)
 
 
 @dataclass

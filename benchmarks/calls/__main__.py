@@ -45,7 +45,7 @@ import tempfile
 import threading
 import time
 import wave
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks._stats import median, percentile
-from benchmarks.tts_concurrency import play
+from benchmarks.tts_concurrency import play, player_waits
 
 REPO = Path(__file__).resolve().parents[2]
 SPEECH = REPO.parent / "shared" / "data" / "speech"
@@ -294,7 +294,7 @@ async def caller(
             late, _, _ = play(frames, RATE_HZ)
             out.late += late
             if late:
-                out.worst_waits_ms.append(_worst_wait_ms(frames))
+                out.worst_waits_ms.append(1000.0 * max(player_waits(frames, RATE_HZ)))
     return out
 
 
@@ -340,17 +340,6 @@ async def fast_client(target: str, path: Path, stop: asyncio.Event) -> dict[str,
                     result["errors"].append(f"{exc.code.name}: {exc.message[:120]}")
                     await asyncio.sleep(1.0)
     return result
-
-
-def _worst_wait_ms(frames: Sequence[tuple[float, int]]) -> float:
-    """The longest a player started at the first frame waited for any frame of a reply, ms."""
-    first, played, clock, worst = frames[0][0], 0, frames[0][0], 0.0
-    for t, n in frames:
-        need = max(first + played / RATE_HZ, clock)
-        worst = max(worst, t - need)
-        clock = max(t, need) + n / RATE_HZ
-        played += n
-    return 1000.0 * worst
 
 
 @dataclass
