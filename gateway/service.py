@@ -698,7 +698,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         language = self._language(cfg.language, lease)
         if lease is None:
             self._model(cfg.model)
-        context_tokens = self._context_tokens(dec, lease)
+        hotwords, context_tokens = self._context_tokens(dec, lease)
         asr_options = AsrOptions(
             language=language,
             task="translate" if dec.translate else "transcribe",
@@ -707,7 +707,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             num_alternatives=dec.max_alternatives,
             word_timestamps=dec.word_timestamps,
             initial_prompt=dec.initial_prompt,
-            hotwords=_hotwords(dec),
+            hotwords=hotwords,
             silence_aware=not dec.disable_silence_policy,
             context_tokens=context_tokens,
             model=lease.key if lease is not None else "",
@@ -837,8 +837,12 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
 
     def _context_tokens(
         self, dec: pb.DecodingOptions, lease: ModelLease | None = None
-    ) -> tuple[int, ...] | None:
-        """Bound the call's prompt and hotwords, then tokenise them once for the whole call."""
+    ) -> tuple[tuple[str, ...], tuple[int, ...] | None]:
+        """Bound the call's prompt and hotwords, then tokenise them once for the whole call.
+
+        Returns the hotwords (its ``boosted_phrases`` among them, see :func:`_hotwords`) and
+        their tokens with the prompt's (None without a recogniser).
+        """
         limits = self.config.limits
         count = len(dec.hotwords) + len(dec.boosted_phrases)
         if count > limits.max_hotwords:
@@ -858,7 +862,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             )
         hotwords = _hotwords(dec)
         if self.transcriber is None:
-            return None
+            return hotwords, None
         if lease is not None and lease.key:  # a named model: its own tokenizer
             tokens = lease.encode_context(dec.initial_prompt, hotwords)
         else:
@@ -868,7 +872,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
                 f"config.decoding.initial_prompt and hotwords make {len(tokens)} Whisper tokens, "
                 f"over max_prompt_tokens={limits.max_prompt_tokens}; shorten them"
             )
-        return tokens
+        return hotwords, tokens
 
     def _id(self, value: str, name: str) -> str:
         if len(value) > self.config.limits.max_id_chars:
