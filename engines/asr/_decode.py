@@ -41,6 +41,7 @@ __all__ = [
     "DecodeLoop",
     "DecodeResult",
     "LogitsProcessor",
+    "StepLoop",
     "WhisperDecoder",
 ]
 
@@ -71,6 +72,30 @@ class LogitsProcessor(Protocol):
 
     def apply(self, step: int, logits: F32, sequences: Sequence[Sequence[int]]) -> None:
         """Modify ``logits`` in place: ``-inf`` forbids a token, a finite add biases it."""
+        ...
+
+
+class StepLoop(Protocol):
+    """What the engine drives: :class:`DecodeLoop` here, ``engines.asr._torch.loop`` on torch."""
+
+    steps: int
+    rows: int
+
+    @property
+    def active(self) -> int:
+        """Items still decoding."""
+        ...
+
+    def add(self, item: DecodeItem) -> None:
+        """Put ``item`` in the batch for the next step."""
+        ...
+
+    def step(self) -> list[DecodeItem]:
+        """One decode step; the items that finished on it."""
+        ...
+
+    def run(self, items: Sequence[DecodeItem]) -> list[DecodeResult]:
+        """Decode ``items`` together to the end."""
         ...
 
 

@@ -52,6 +52,7 @@ from engines.asr._decode import (
     DecodeLoop,
     DecodeResult,
     LogitsProcessor,
+    StepLoop,
     WhisperDecoder,
 )
 from engines.asr._model_files import resolve_model_dir
@@ -557,7 +558,7 @@ class WhisperEngine:
         self, job: _Job, tok: Tokenizer, timestamps: bool
     ) -> tuple[list[LogitsProcessor], Any]:
         """Whisper's rules plus ours for one job; the second item adds no-speech-aware ones."""
-        mcfg = self._loop_shared.model_config()
+        mcfg = self._model_config()
         cfg = self.config.decode_loop
         ids: list[int] = []
         raw = self._suppress_tokens(tok) if job.plan.suppress_hallucination_tokens else [-1]
@@ -600,7 +601,7 @@ class WhisperEngine:
                 return [HallucinationBias(hall_ids, top * s, ts_begin)]
 
         if timestamps:
-            vocab = self._loop_shared.decoder().w.vocab_size
+            vocab = self._vocab_size()
             procs.append(
                 TimestampRules(tok.eot, tok.no_timestamps, ts_begin, vocab - 1, ts_begin + 50)
             )
@@ -616,7 +617,15 @@ class WhisperEngine:
                     ids.add(enc[0])
         return np.asarray(sorted(ids), np.int64)
 
-    def _new_loop(self) -> DecodeLoop:
+    def _model_config(self) -> dict[str, Any]:
+        """The model directory's ``config.json`` (suppress lists, alignment heads)."""
+        return self._loop_shared.model_config()
+
+    def _vocab_size(self) -> int:
+        """The decoder's output vocabulary (the last timestamp token is ``vocab - 1``)."""
+        return self._loop_shared.decoder().w.vocab_size
+
+    def _new_loop(self) -> StepLoop:
         """An empty decode loop (its special tokens are the model's, whatever the language)."""
         tok = self._tokenizer("en", "transcribe")
         return DecodeLoop(

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from engines.asr._decode import MAX_POSITIONS, DecodeItem, DecodeResult, LogitsProcessor
-from engines.asr._torch.model import WhisperTorchModel
+from engines.asr._torch.model import DeviceMemory, WhisperTorchModel
 from engines.asr._torch.processors import BatchedProcessors
 
 __all__ = ["TorchDecodeLoop"]
@@ -48,6 +48,11 @@ class _Live:
     @property
     def live_slots(self) -> list[int]:
         return self.slots[: len(self.seqs)]
+
+
+def _ready(item: DecodeItem) -> bool:
+    memory = item.memory
+    return not isinstance(memory, DeviceMemory) or memory.is_ready()
 
 
 class TorchDecodeLoop:
@@ -81,6 +86,8 @@ class TorchDecodeLoop:
             device=model.device,
         )
         self._live: list[_Live] = []
+        #: Items whose encoder output is still being computed on the encoder stream.
+        self._pending: list[DecodeItem] = []
         self._free: list[int] = []
         self._next_slot = 0
         self._uid = 0
@@ -90,8 +97,8 @@ class TorchDecodeLoop:
 
     @property
     def active(self) -> int:
-        """Items still decoding."""
-        return len(self._live)
+        """Items still decoding (or waiting for their encoder output to join)."""
+        return len(self._live) + len(self._pending)
 
     # ------------------------------------------------------------------ slots
 
@@ -121,7 +128,19 @@ class TorchDecodeLoop:
         return i
 
     def add(self, item: DecodeItem) -> None:
-        """Run ``item``'s prompt into free slots; it joins the next step."""
+        """Run ``item``'s prompt into free slots; it joins the next step.
+
+        An item whose encoder output is still being computed (CUDA: the encoder runs on its
+        own stream) waits beside the batch and joins the first step after its encode is done,
+        so the steps of the rows already decoding do not queue behind that encode.
+        """
+        memory = item.memory
+        if isinstance(memory, DeviceMemory) and self._live and not memory.is_ready():
+            self._pending.append(item)
+            return
+        self._add_now(item)
+
+    def _add_now(self, item: DecodeItem) -> None:
         prompt = list(item.prompt)
         if self.sot not in prompt:
             raise ValueError("the prompt has no <|startoftranscript|>")
@@ -137,7 +156,12 @@ class TorchDecodeLoop:
         slots = self._take(reserve)
         m = self.model
         memory = item.memory
-        mem = memory if isinstance(memory, torch.Tensor) else torch.from_numpy(np.asarray(memory))
+        if isinstance(memory, DeviceMemory):
+            mem = memory.wait()
+        elif isinstance(memory, torch.Tensor):
+            mem = memory
+        else:
+            mem = torch.from_numpy(np.asarray(memory, dtype=np.float32))
         m.ensure(max(slots) + 1, int(mem.shape[0]))
         m.set_memory(slots[:1], mem)
         no_speech = float("nan")
@@ -183,9 +207,12 @@ class TorchDecodeLoop:
 
     def abort(self, item: DecodeItem) -> bool:
         """Take ``item`` out of the batch (its ``result`` stays None); False if not in it."""
+        if any(it is item for it in self._pending):
+            self._pending = [it for it in self._pending if it is not item]
+            return True
         for lv in self._live:
             if lv.item is item:
-                self._live.remove(lv)
+                self._live = [x for x in self._live if x is not lv]
                 self._release(lv)
                 return True
         return False
@@ -194,6 +221,11 @@ class TorchDecodeLoop:
 
     def step(self) -> list[DecodeItem]:
         """One decode step for every live item; returns the items that finished on it."""
+        if self._pending:
+            ready = [it for it in self._pending if not self._live or _ready(it)]
+            self._pending = [it for it in self._pending if not any(it is r for r in ready)]
+            for it in ready:
+                self._add_now(it)
         if not self._live:
             return []
         m = self.model
@@ -268,7 +300,7 @@ class TorchDecodeLoop:
         """Decode ``items`` together to the end (all join at the first step)."""
         for it in items:
             self.add(it)
-        while self._live:
+        while self.active:
             self.step()
         out = []
         for it in items:

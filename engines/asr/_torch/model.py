@@ -27,13 +27,36 @@ import torch.nn.functional as F  # noqa: N812 - the conventional name
 
 from engines.asr._torch.weights import WhisperTensors
 
-__all__ = ["GRAPH_BUCKETS", "MAX_POSITIONS", "WhisperTorchModel"]
+__all__ = ["GRAPH_BUCKETS", "MAX_POSITIONS", "DeviceMemory", "WhisperTorchModel"]
 
 #: Whisper's decoder holds at most 448 positions.
 MAX_POSITIONS = 448
 #: Batch sizes a decode step is captured for (a step runs on the smallest bucket that holds
 #: its highest live slot).
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceMemory:
+    """One utterance's encoder output on the device, and when the encoder stream produced it.
+
+    Attributes:
+        tensor: (frames, d_model) in the model's dtype.
+        ready: an event on the encoder stream (CUDA), None when already computed (CPU).
+    """
+
+    tensor: torch.Tensor
+    ready: torch.cuda.Event | None = None
+
+    def is_ready(self) -> bool:
+        """Whether reading the tensor would not wait for the encoder."""
+        return self.ready is None or bool(self.ready.query())  # type: ignore[no-untyped-call]
+
+    def wait(self) -> torch.Tensor:
+        """The tensor, with the current stream ordered after the encoder's work."""
+        if self.ready is not None:
+            torch.cuda.current_stream(self.tensor.device).wait_event(self.ready)
+        return self.tensor
 
 
 @dataclass(slots=True)
@@ -63,6 +86,37 @@ class WhisperTorchModel:
     cross_len: torch.Tensor
     tokens: torch.Tensor
     positions: torch.Tensor
+    _graph_pool: Any
+
+    def twin(self) -> WhisperTorchModel:
+        """Another model over the same weight tensors with its own cache (another worker)."""
+        twin = object.__new__(WhisperTorchModel)
+        for name in (
+            "device", "dtype", "meta", "w", "heads", "d_model", "d_head", "n_mels",
+            "is_multilingual", "vocab_size", "layers", "max_frames", "max_rows", "on_cuda",
+            "graphs_enabled",
+        ):  # fmt: skip
+            setattr(twin, name, getattr(self, name))
+        twin.encode_stream = (
+            torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+            if self.on_cuda
+            else None
+        )
+        twin._graphs = {}
+        twin._graph_pool = None
+        twin._allocated = False
+        twin._alloc(self.max_rows if self.on_cuda else 1, self.max_frames if self.on_cuda else 1)
+        return twin
+
+    def release(self) -> None:
+        """Drop the cache and captured graphs (the weights go with the last reference)."""
+        self._graphs.clear()
+        self._graph_pool = None
+        self._allocated = False
+        for name in ("self_k", "self_v", "cross_k", "cross_v"):
+            setattr(self, name, torch.empty(0))
+        if self.on_cuda:
+            torch.cuda.empty_cache()
 
     def __init__(
         self,
@@ -94,7 +148,7 @@ class WhisperTorchModel:
             else None
         )
         self._graphs: dict[int, _Graph] = {}
-        self._graph_pool: Any = None
+        self._graph_pool = None
         self._allocated = False
         self._alloc(max_rows if self.on_cuda else 1, self.max_frames if self.on_cuda else 1)
 
@@ -127,15 +181,18 @@ class WhisperTorchModel:
         self._allocated = True
 
     def ensure(self, rows: int, frames: int) -> None:
-        """Make room for ``rows`` row slots and ``frames`` encoder positions (CPU grows)."""
+        """Make room for ``rows`` row slots and ``frames`` encoder positions.
+
+        The CUDA cache starts at ``max_rows`` rows of the full window and grows only when a
+        batch needs more rows than that (beams, samples); the CPU cache grows as used.
+        """
         have_rows, have_frames = self.self_k.shape[1], self.cross_k.shape[3]
         if rows <= have_rows and frames <= have_frames:
             return
         if self.on_cuda:
-            raise ValueError(
-                f"the CUDA cache holds {have_rows} rows of {have_frames} frames; "
-                f"{rows} rows of {frames} were asked for (raise max_batch_size)"
-            )
+            # Captured graphs point at the old buffers: they are captured again when used.
+            self._graphs.clear()
+            self._graph_pool = None
         grown = max(rows, 2 * have_rows) if rows > have_rows else have_rows
         self._alloc(grown, max(frames, have_frames))
 
@@ -164,8 +221,8 @@ class WhisperTorchModel:
     def encode(self, mel: torch.Tensor) -> torch.Tensor:
         """(batch, n_mels, frames) log-mel -> (batch, frames // 2, d_model) encoder output.
 
-        On CUDA the work is queued on the encoder stream; the caller makes its stream wait on
-        :meth:`encode_event` before reading the result.
+        On CUDA the work is queued on the encoder stream; the caller orders its own stream
+        after :meth:`encode_event` (:class:`DeviceMemory`) before reading the result.
         """
         mel = mel.to(self.device, self.dtype)
         if self.encode_stream is not None:
