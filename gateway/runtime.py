@@ -27,6 +27,7 @@ from engines.asr import (
     ModelFilesError,
     WhisperConfig,
     WhisperEngine,
+    load_asr_engine,
     resolve_model_dir,
 )
 from engines.asr.base import AsrEngine, AsrOptions, AsrRequest, AsrResult
@@ -796,8 +797,8 @@ class EngineHubImpl:
 
 
 def _load_whisper(cfg: WhisperConfig) -> WhisperEngine:
-    """Load and warm a Whisper engine (closed again if the warm-up fails)."""
-    engine = WhisperEngine.load(cfg)
+    """Load and warm the Whisper engine ``asr.engine`` names (closed if the warm-up fails)."""
+    engine = load_asr_engine(cfg)
     try:
         engine.warmup()
     except BaseException:

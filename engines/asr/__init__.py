@@ -15,6 +15,7 @@ from engines.asr._model_files import (
     resolve_model_dir,
 )
 from engines.asr._phrases import MAX_BOOST
+from engines.asr._select import load_asr_engine
 from engines.asr._whisper import EngineCounters, WhisperEngine
 from engines.asr.base import (
     AsrAlternative,
@@ -41,5 +42,6 @@ __all__ = [
     "WhisperEngine",
     "default_cache_dir",
     "join_base_model",
+    "load_asr_engine",
     "resolve_model_dir",
 ]

@@ -245,6 +245,15 @@ class WhisperConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    engine: Literal["ctranslate2", "torch"] = Field(
+        default="ctranslate2",
+        description="Recognition engine. 'ctranslate2': the CPU engine, and the CUDA default "
+        "until the PyTorch engine measures better there (benchmarks/gpu_check; deploy/GPU.md). "
+        "'torch': engines.asr._torch (static KV cache, one CUDA graph per batch bucket, joins at "
+        "every decode step, the logits processors as batched tensor ops); needs the 'torch' "
+        "extra; float16/bfloat16 on cuda, float32 on cpu; model may also be a Hugging Face "
+        "checkpoint directory.",
+    )
     model: str = Field(
         default="base",
         min_length=1,
@@ -361,6 +370,27 @@ class WhisperConfig(BaseModel):
             raise ValueError(
                 f"flash_attention=True needs device='cuda' (got device={self.device!r}); "
                 "set flash_attention=False on CPU"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_engine(self) -> WhisperConfig:
+        if self.engine != "torch":
+            return self
+        allowed = (
+            ("auto", "float32")
+            if self.device == "cpu"
+            else ("auto", "float16", "bfloat16", "float32")
+        )
+        if self.compute_type not in allowed:
+            raise ValueError(
+                f"engine='torch' with device={self.device!r} runs compute_type in {allowed}; "
+                f"got compute_type={self.compute_type!r} (int8 types are CTranslate2's)"
+            )
+        if self.policy.no_repeat_ngram_size > 0:
+            raise ValueError(
+                f"engine='torch' does not implement policy.no_repeat_ngram_size="
+                f"{self.policy.no_repeat_ngram_size}; set it to 0 or use engine='ctranslate2'"
             )
         return self
 

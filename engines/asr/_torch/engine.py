@@ -325,8 +325,8 @@ class TorchWhisperEngine(WhisperEngine):
             text_probs = probs[torch.arange(len(hyp.tokens)), torch.tensor(hyp.tokens)]
             w = torch.softmax(qk[:, :, :n_frames], dim=-1)
             std, mean = torch.std_mean(w, dim=-2, keepdim=True, correction=0)
-            w = ((w - mean) / std).cpu().numpy().astype(np.float32)
-            matrix = median_filter(w, width).mean(axis=0)[len(sot) : -1]
+            scaled = ((w - mean) / std).float().cpu().numpy()
+            matrix = median_filter(scaled, width).mean(axis=0)[len(sot) : -1]
             text_idx, time_idx = dtw(-matrix)
             res = _Alignment(
                 list(zip(text_idx.tolist(), time_idx.tolist(), strict=True)),
