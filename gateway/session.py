@@ -180,13 +180,45 @@ class _Shutdown:
 _SHUTDOWN = _Shutdown()
 
 
+#: How much of a word's unvoiced tail a speculative final may lack and still stand for the
+#: final, ms (see :meth:`_Speculation.covers`).
+_SPEC_TAIL_SLACK_MS = 100
+
+
 @dataclass
 class _Speculation:
-    """A final decode started while the hangover still runs (see ``_maybe_speculate``)."""
+    """A final decode started while the hangover still runs (see ``_maybe_speculate``).
+
+    Attributes:
+        start_ms: the utterance's start (call offset of its first sample).
+        speech_end_ms: its end of speech as it stood when the decode started.
+        audio_end_ms: call offset just past the last sample the decode got.
+        task: the decode.
+    """
 
     start_ms: int
     speech_end_ms: int
+    audio_end_ms: int
     task: asyncio.Task[AsrResult]
+
+    def covers(self, utt: Utterance) -> bool:
+        """Whether this decode may stand for the final of ``utt`` (the utterance as it ends).
+
+        It must have started at the same place and hold the speech up to the end ``utt``
+        reports, or all but its last ``_SPEC_TAIL_SLACK_MS``. Any voiced frame after the
+        decode started cancels it (speech resumed), so what it can lack is only unvoiced
+        audio that the segmenter counts as speech because it stands above the call's noise
+        floor: the fading tail of the last word. On clean recordings that tail goes on, one
+        20 ms frame after another, for 60-200 ms after the voice model's last frame; when each
+        such frame restarted the decode, the superseded decodes (already on the engine, where
+        they cannot be stopped) held both workers and the one that counted waited behind them:
+        2-4 decodes per utterance, and the final 200-300 ms later than the first of them, whose
+        audio already ended 120 ms after the last voiced frame.
+        """
+        return (
+            self.start_ms == utt.start_ms
+            and utt.speech_end_ms <= self.audio_end_ms + _SPEC_TAIL_SLACK_MS
+        )
 
 
 @dataclass
@@ -896,7 +928,7 @@ class CallSession:
         if utt is None or utt.dropped:
             return
         if spec is not None:
-            if (spec.start_ms, spec.speech_end_ms) == (utt.start_ms, utt.speech_end_ms):
+            if spec.covers(utt):
                 return
             # A late plosive moved the end of speech: decode the utterance as it now stands.
             spec.task.cancel()
@@ -907,7 +939,7 @@ class CallSession:
             options = self._turn_options(options, utt)
         req = self._final_request(utt, options, index)
         task = asyncio.create_task(transcriber.transcribe(req), name=f"speculative-{index}")
-        self._specs[index] = _Speculation(utt.start_ms, utt.speech_end_ms, task)
+        self._specs[index] = _Speculation(utt.start_ms, utt.speech_end_ms, utt.end_ms, task)
 
     def _final_request(self, utt: Utterance, options: AsrOptions, index: int) -> AsrRequest:
         """A final decode of utterance ``index``, speculative or not.
@@ -946,10 +978,7 @@ class CallSession:
     async def _transcribe_final(self, utt: Utterance) -> None:
         assert self._transcriber is not None
         spec = self._specs.pop(utt.index, None)
-        if spec is not None and (spec.start_ms, spec.speech_end_ms) != (
-            utt.start_ms,
-            utt.speech_end_ms,
-        ):
+        if spec is not None and not spec.covers(utt):
             spec.task.cancel()
             self._metrics.asr_speculative.labels("discarded").inc()
             spec = None

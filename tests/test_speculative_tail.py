@@ -1,0 +1,125 @@
+"""A speculative final is not restarted for every frame of a word's fading tail (issue 38).
+
+The segmenter counts quiet unvoiced frames just after speech that stand above the call's
+noise floor as the end of speech (a released "-t", a fading "-s"). On clean audio that tail
+goes on for 60-200 ms after the voice model's last frame, and each frame of it moved the end
+of speech: the final decode started at ``decode_after_ms`` of silence was restarted once per
+frame, and the superseded decodes (already on the engine, where they cannot be stopped) held
+the workers while the one that counted waited. A decode that holds the speech up to the
+reported end, or all but its last 100 ms of tail, now stands for the final; one that lacks
+more is restarted. The session on the virtual clock with the FAKE recogniser and the energy
+voice model (speech = a loud tone, the tail = a tone under its threshold, silence = zeros).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from gateway.config import LimitsConfig, VadConfig
+from gateway.events import AudioIn, InboundEvent, OutboundEvent, SpeechOut, TranscriptOut
+from gateway.metrics import GatewayMetrics
+from gateway.session import CallConfig, CallSession
+from gateway.testing.fake_engines import EnergyVoiceDetector, FakeTranscriber
+from gateway.testing.virtual_time import run_virtual
+from gateway.turns import TurnOptions
+from pcmcodec import WireEncoding
+
+pytestmark = pytest.mark.component
+
+#: The FAKE recogniser's decode time, virtual seconds.
+DECODE_S = 0.15
+
+
+def tone(ms: int, dbfs: float) -> bytes:
+    t = np.arange(16 * ms) / 16000.0
+    amplitude = 32767 * 10 ** (dbfs / 20)
+    return (amplitude * np.sin(2 * np.pi * 300 * t)).astype("<i2").tobytes()
+
+
+def silence(ms: int) -> bytes:
+    return bytes(32 * ms)
+
+
+def run_call(
+    pcm: bytes, *, hangover_ms: int, decode_after_ms: int
+) -> tuple[FakeTranscriber, list[tuple[float, OutboundEvent]]]:
+    """One smart-turn call of ``pcm`` at real time (virtual); its requests and timed events."""
+    asr = FakeTranscriber(delay_s=DECODE_S)
+    cfg = CallConfig(
+        input_encoding=WireEncoding.LINEAR16,
+        input_rate_hz=16000,
+        output_encoding=WireEncoding.LINEAR16,
+        output_rate_hz=16000,
+        vad=VadConfig(end_silence_ms=hangover_ms),
+        turns=TurnOptions(
+            mode="smart",
+            min_silence_ms=hangover_ms,
+            max_pause_ms=1600,
+            decode_after_ms=decode_after_ms,
+        ),
+    )
+    session = CallSession(
+        cfg, LimitsConfig(), asr, None, metrics=GatewayMetrics(), detector=EnergyVoiceDetector()
+    )
+    out: list[tuple[float, OutboundEvent]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue[InboundEvent | None] = asyncio.Queue()
+
+        async def sink(event: OutboundEvent) -> None:
+            out.append((loop.time(), event))
+
+        runner = asyncio.create_task(session.run(inbox.get, sink))
+        for i in range(0, len(pcm), 640):  # 20 ms chunks; chunk k is sent at k * 20 ms
+            await inbox.put(AudioIn(pcm[i : i + 640]))
+            await asyncio.sleep(0.02)
+        await inbox.put(None)
+        await asyncio.wait_for(runner, 600)  # virtual seconds: a hang guard
+
+    run_virtual(main())
+    return asr, out
+
+
+def test_a_fading_tail_does_not_restart_the_final_decode() -> None:
+    """The final decode starts once, at 120 ms after the last voiced frame, and is the final,
+    although the 180 ms tail after that frame moves the end of speech three more times; the
+    final goes out one decode after that start (it waited for three restarts before)."""
+    speech_end_s = 1.3
+    pcm = silence(300) + tone(1000, -10) + tone(180, -50) + silence(1200)
+    asr, out = run_call(pcm, hangover_ms=200, decode_after_ms=120)
+    ends = [e for _, e in out if isinstance(e, SpeechOut) and not e.begin]
+    # The tail counts as speech: the end is reported after it (the test exercises the tail;
+    # the step back to zeros is one more frame above the all-zero floor).
+    assert len(ends) == 1 and 1480 <= ends[0].offset_ms <= 1500
+    finals = [r for r in asr.requests if r.is_final]
+    assert len(finals) == 1
+    # It was started at 120 ms of silence after the voiced tone: 1.3 s + 120 ms of audio.
+    assert len(finals[0].audio) / 16 <= 1300 + 120 + 20  # pre-roll starts at 0 here
+    sent = [(t, e) for t, e in out if isinstance(e, TranscriptOut) and e.is_final]
+    assert len(sent) == 1
+    at, final = sent[0]
+    assert final.result.text == "utterance 0"
+    # One decode after its start (a chunk's 20 ms of slack), not after the tail's last frame.
+    assert at - speech_end_s <= 0.120 + DECODE_S + 0.02
+
+
+def test_a_tail_longer_than_the_slack_restarts_it_with_the_speech() -> None:
+    """With a longer hangover and an early decode, a decode that lacks more than 100 ms of
+    the tail is restarted, and the decode that stands for the final holds the speech up to
+    the reported end but for at most 100 ms."""
+    pcm = silence(300) + tone(1000, -10) + tone(280, -50) + silence(1500)
+    asr, out = run_call(pcm, hangover_ms=400, decode_after_ms=40)
+    ends = [e for _, e in out if isinstance(e, SpeechOut) and not e.begin]
+    assert len(ends) == 1 and 1580 <= ends[0].offset_ms <= 1600
+    end_ms = ends[0].offset_ms
+    finals = [r for r in asr.requests if r.is_final]
+    assert len(finals) >= 2  # restarted
+    assert len(finals[-1].audio) / 16 >= end_ms - 100
+    # Every earlier one was restarted because it lacked more than that.
+    assert all(len(r.audio) / 16 < end_ms - 100 for r in finals[:-1])
+    sent = [e for _, e in out if isinstance(e, TranscriptOut) and e.is_final]
+    assert [e.result.text for e in sent] == [f"utterance {len(asr.requests) - 1}"]
