@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from engines.asr._ct2_weights import WeightFileError, read_variables
+from voxgate.engines.asr._ct2_weights import WeightFileError, read_variables
 
 __all__ = [
     "BaseModel",
@@ -269,7 +269,7 @@ def write_ct2_dir(state: Mapping[str, npt.NDArray[Any]], base: BaseModel, out_di
     """Write a CTranslate2 model directory: ``model.bin`` from ``state``, small files copied.
 
     ``out_dir`` must not exist yet (the caller writes into a private partial directory and
-    renames it into place; see :mod:`adapt.publish`).
+    renames it into place; see :mod:`voxgate.adapt.publish`).
 
     Returns:
         ``out_dir``.

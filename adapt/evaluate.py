@@ -1,7 +1,7 @@
 """Score a model as a call hears it: WER and domain-term recall through the serving engine.
 
-The transcripts come from :class:`engines.asr.WhisperEngine` with the gateway's defaults (the
-encoder-window buckets, greedy decoding, English, the silence-aware policy, int8 on CPU), one
+The transcripts come from :class:`voxgate.engines.asr.WhisperEngine` with the gateway's defaults
+(the encoder-window buckets, greedy decoding, English, the silence-aware policy, int8 on CPU), one
 utterance per ``infer_batch`` call as the batcher sends a lone caller's. Scoring a fine-tuned
 model in ``transformers`` instead would report the float32 PyTorch model on 30 s windows, not
 the int8 CTranslate2 model on bucketed windows that serves the call.
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from adapt.data import SAMPLE_RATE_HZ, Pair
-from adapt.scoring import term_hits, word_edits
-from engines.asr import WhisperConfig, WhisperEngine
-from engines.asr.base import AsrOptions, AsrRequest
-from engines.base import FloatArray, UtteranceStats
+from voxgate.adapt.data import SAMPLE_RATE_HZ, Pair
+from voxgate.adapt.scoring import term_hits, word_edits
+from voxgate.engines.asr import WhisperConfig, WhisperEngine
+from voxgate.engines.asr.base import AsrOptions, AsrRequest
+from voxgate.engines.base import FloatArray, UtteranceStats
 
 __all__ = [
     "SERVED_OPTIONS",

@@ -1,13 +1,14 @@
 """``voxgate adapt`` end to end: data in, a served model out.
 
 The order is chosen so that everything that can be wrong with the input is found before the
-first training step: the model name, the data (every clip and transcript, :mod:`adapt.data`),
-the held-out split, the tokenised transcripts, the settings. Then: score the base on the
-held-out clips, train (:mod:`adapt.train`), merge the adapters into the base in NumPy, write the
-CTranslate2 directory into a hidden partial directory, verify it with the serving engine, score
-it on the same clips, write the report beside it, and rename it into the models directory
-(:mod:`adapt.publish`). The checkpoints live in a work directory (by default the hidden
-``<models_dir>/.<name>.work``, which the server ignores) so that ``--resume`` finds them.
+first training step: the model name, the data (every clip and transcript,
+:mod:`voxgate.adapt.data`), the held-out split, the tokenised transcripts, the settings. Then: score
+the base on the held-out clips, train (:mod:`voxgate.adapt.train`), merge the adapters into the base
+in NumPy, write the CTranslate2 directory into a hidden partial directory, verify it with the
+serving engine, score it on the same clips, write the report beside it, and rename it into the
+models directory (:mod:`voxgate.adapt.publish`). The checkpoints live in a work directory (by
+default the hidden ``<models_dir>/.<name>.work``, which the server ignores) so that ``--resume``
+finds them.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from adapt.convert import read_base, write_ct2_dir
-from adapt.progress import Progress
-from adapt.publish import check_name, publish, sha256_file, verify_model_dir
-from adapt.train import TrainConfig, check_device, make_examples, merge, train
+from voxgate.adapt.convert import read_base, write_ct2_dir
+from voxgate.adapt.progress import Progress
+from voxgate.adapt.publish import check_name, publish, sha256_file, verify_model_dir
+from voxgate.adapt.train import TrainConfig, check_device, make_examples, merge, train
 
 __all__ = ["AdaptRequest", "AdaptResult", "run"]
 
@@ -68,7 +69,7 @@ class AdaptResult:
 
 
 def _terms(req: AdaptRequest) -> list[str]:
-    from adapt.data import read_phrases
+    from voxgate.adapt.data import read_phrases
 
     return read_phrases(req.terms) if req.terms is not None else []
 
@@ -111,14 +112,14 @@ def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
     """Run the whole pipeline; see the module docstring for the order.
 
     Raises:
-        adapt.data.AdaptDataError: unusable data (before training).
+        voxgate.adapt.data.AdaptDataError: unusable data (before training).
         TrainError: unusable settings, a refused checkpoint.
         ModelNameError: the name is unusable or taken (checked first).
         PublishError: the written model failed to verify (nothing was published).
-        adapt.train.TrainingInterrupted: SIGINT/SIGTERM during training (checkpoint saved).
+        voxgate.adapt.train.TrainingInterrupted: SIGINT/SIGTERM during training (checkpoint saved).
     """
-    from adapt import data as d
-    from engines.asr._model_files import resolve_model_dir
+    from voxgate.adapt import data as d
+    from voxgate.engines.asr._model_files import resolve_model_dir
 
     prog = progress if progress is not None else Progress()
     t_start = time.monotonic()
@@ -168,7 +169,7 @@ def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
         examples += examples_of(replay, replay=True)
     heard: list[d.Pair] = []
     if recordings:
-        from adapt.evaluate import load_engine, transcribe
+        from voxgate.adapt.evaluate import load_engine, transcribe
 
         # The base's own transcript is what these clips are held to: the real line's audio
         # (not the bundled voice's) stays decoded as the base decodes it, with no transcripts
@@ -188,7 +189,7 @@ def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
     before: dict[str, Any] = {}
     sets = {k: v for k, v in (("held_out", held), ("general", general)) if v}
     if req.evaluate:
-        from adapt.evaluate import evaluate
+        from voxgate.adapt.evaluate import evaluate
 
         if sets:
             prog.stage("evaluate-base", clips=len(held) + len(general))
@@ -239,8 +240,8 @@ def run(req: AdaptRequest, progress: Progress | None = None) -> AdaptResult:
             prog.stage("verify")
             verify_model_dir(partial, verify_audio)
             return
-        from adapt.evaluate import evaluate
-        from adapt.report import write_report
+        from voxgate.adapt.evaluate import evaluate
+        from voxgate.adapt.report import write_report
 
         # Scoring loads the written model with the serving engine and decodes every held-out
         # clip: the verification, and the report, before the model becomes visible.

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 # Re-exported: the pipeline writes the digest the gateway's scan checks, with the same helper.
-from engines.asr._model_files import META_FILE, sha256_file
+from voxgate.engines.asr._model_files import META_FILE, sha256_file
 
 __all__ = [
     "META_FILE",
@@ -86,9 +86,9 @@ def verify_model_dir(model_dir: Path, audio: npt.NDArray[np.float32]) -> str:
     Raises:
         PublishError: the model does not load or the decode fails.
     """
-    from engines.asr._whisper import WhisperEngine
-    from engines.asr.base import AsrOptions, AsrRequest
-    from engines.base import UtteranceStats
+    from voxgate.engines.asr._whisper import WhisperEngine
+    from voxgate.engines.asr.base import AsrOptions, AsrRequest
+    from voxgate.engines.base import UtteranceStats
 
     try:
         engine = WhisperEngine.load({"model": str(model_dir), "cpu_threads": 2})

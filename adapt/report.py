@@ -22,7 +22,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from adapt.evaluate import Scores
+from voxgate.adapt.evaluate import Scores
 
 __all__ = ["write_report"]
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from rapidfuzz.distance import Levenshtein
 
-from engines.tts import cardinal, ordinal, year
+from voxgate.engines.tts import cardinal, ordinal, year
 
 __all__ = ["corpus_wer", "normalize", "number_to_words", "term_hits", "wer", "word_edits"]
 
@@ -29,7 +29,7 @@ __all__ = ["corpus_wer", "normalize", "number_to_words", "term_hits", "wer", "wo
 def number_to_words(n: int) -> str:
     """Spell a non-negative integer the way the TTS front end reads it (years as pairs).
 
-    Shared with ``engines.tts`` so that one English number reader serves both synthesis and
+    Shared with ``voxgate.engines.tts`` so that one English number reader serves both synthesis and
     scoring; scoring only needs both sides of a comparison normalised the same way.
     """
     return year(n) if 1100 <= n <= 2099 else cardinal(n)

@@ -1,8 +1,8 @@
 """LoRA fine-tuning of the served Whisper model, on encoder windows as the gateway pads them.
 
 What is trained: low-rank adapters (peft) on the attention ``q_proj`` and ``v_proj`` of the
-Whisper model read back from its CTranslate2 file (:mod:`adapt.convert`): rank 8-16, alpha 32,
-dropout 0.05, the base frozen. ``decoder_only`` puts the adapters on the decoder alone and
+Whisper model read back from its CTranslate2 file (:mod:`voxgate.adapt.convert`): rank 8-16, alpha
+32, dropout 0.05, the base frozen. ``decoder_only`` puts the adapters on the decoder alone and
 computes each clip's encoder output once, up front: the step then costs the decoder only
 (measured 0.24 s/step against 1.77 s with 30 s windows on 2 threads), which is the right trade
 when the domain is vocabulary (names, jargon) rather than acoustics. ``qlora`` holds the frozen
@@ -11,10 +11,10 @@ kernels for the CPU (0.50 measured), so the same path runs, slower, where no GPU
 is how the tests prove it.
 
 Windows as served: the gateway does not encode 30 s for every utterance; it pads each one to the
-smallest bucket of :class:`engines.asr.config.EncoderWindowConfig` that leaves the margin after
-the speech (10/15/20/30 s by default). A model trained only on 30 s windows is then served on
+smallest bucket of :class:`voxgate.engines.asr.config.EncoderWindowConfig` that leaves the margin
+after the speech (10/15/20/30 s by default). A model trained only on 30 s windows is then served on
 inputs it never saw in training, so ``windows="served"`` (the default) pads every clip exactly as
-``engines.asr._policy.choose_encoder_frames`` does, with the same mel features the engine
+``voxgate.engines.asr._policy.choose_encoder_frames`` does, with the same mel features the engine
 computes; ``"full"`` is Whisper's 30 s, and ``"utterance"`` pads to the clip plus 0.5 s rounded
 up to a whole second (the audio-context fine-tuning experiment). transformers' encoder insists
 on 3000 frames, so the encoder forward here is the same computation with the position table cut
@@ -23,8 +23,8 @@ to the window, as CTranslate2 does for a shorter input.
 Replay (keeping the base's general speech): phrases of one domain spoken by one voice teach the
 decoder that domain's words, and with nothing else it also unlearns its prior over ordinary
 English (measured: general WER 3.4 -> 8.5 % on real speech after 150 steps). Examples marked
-``replay`` (general sentences, :func:`adapt.data.general_pairs`) are not fitted to their text;
-each step adds, beside the domain batch's cross-entropy, ``replay_weight`` times the KL
+``replay`` (general sentences, :func:`voxgate.adapt.data.general_pairs`) are not fitted to their
+text; each step adds, beside the domain batch's cross-entropy, ``replay_weight`` times the KL
 divergence from the base model's next-token distribution (the adapters switched off: no second
 model in memory) to the adapted one's on a replay batch, teacher-forced on the sentence. It pins
 the decoder's behaviour on general speech to the base's rather than to a transcript, so what the
@@ -66,11 +66,11 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from adapt._offline import import_bitsandbytes
-from adapt.convert import BaseModel, hf_model
-from adapt.progress import Progress
-from engines.asr._policy import choose_encoder_frames
-from engines.asr.config import UTTERANCE_ENCODER_WINDOWS, EncoderWindowConfig
+from voxgate.adapt._offline import import_bitsandbytes
+from voxgate.adapt.convert import BaseModel, hf_model
+from voxgate.adapt.progress import Progress
+from voxgate.engines.asr._policy import choose_encoder_frames
+from voxgate.engines.asr.config import UTTERANCE_ENCODER_WINDOWS, EncoderWindowConfig
 
 __all__ = [
     "Adapter",
@@ -235,7 +235,7 @@ def window_frames(num_samples: int, windows: Windows, encoder: EncoderWindowConf
 
 
 class _Features:
-    """Mel features exactly as ``engines.asr._whisper.WhisperEngine`` computes them."""
+    """Mel features exactly as ``voxgate.engines.asr._whisper.WhisperEngine`` computes them."""
 
     def __init__(self, n_mels: int) -> None:
         from faster_whisper.feature_extractor import FeatureExtractor
@@ -270,7 +270,7 @@ def make_examples(
     Args:
         base: the model (its tokenizer and mel size are used).
         pairs: objects with ``audio`` (float32 16 kHz), ``text`` and ``origin``
-            (:class:`adapt.data.Pair`).
+            (:class:`voxgate.adapt.data.Pair`).
         windows: encoder window policy (see the module docstring).
         encoder: the serving bucket policy; None = its defaults.
         language: the language token of the prompt.
@@ -802,7 +802,7 @@ def merge(state: dict[str, F32], adapters: Sequence[Adapter]) -> dict[str, F32]:
 
     Done in NumPy rather than with peft's ``merge_and_unload`` so that a QLoRA run merges into
     the full-precision base, not into its 4-bit copy, and so the result feeds
-    :func:`adapt.convert.write_ct2_dir` without torch.
+    :func:`voxgate.adapt.convert.write_ct2_dir` without torch.
     """
     out = dict(state)
     for ad in adapters:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
 from voxgate_client import CallConfig, Pacing, Transcript, VoxgateClient, WireAudio, stream_audio
 
 #: Silence appended to every clip so the server's VAD ends the utterance on its own.

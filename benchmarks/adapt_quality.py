@@ -43,12 +43,12 @@ from pathlib import Path
 import numpy as np
 import soxr
 
-from adapt.data import Pair, load_pairs, read_audio, read_phrases
-from adapt.evaluate import Scores, load_engine, score, transcribe
 from benchmarks._stats import median, percentile
-from engines.asr import WhisperEngine
-from engines.asr._model_files import resolve_model_dir
-from pcmcodec import MULAW_DECODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float
+from voxgate.adapt.data import Pair, load_pairs, read_audio, read_phrases
+from voxgate.adapt.evaluate import Scores, load_engine, score, transcribe
+from voxgate.engines.asr import WhisperEngine
+from voxgate.engines.asr._model_files import resolve_model_dir
+from voxgate.pcmcodec import MULAW_DECODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float
 
 REPO = Path(__file__).resolve().parents[1]
 SPEECH = REPO.parent / "shared" / "data" / "speech"
@@ -188,7 +188,7 @@ def train(args: argparse.Namespace, models_dir: Path) -> tuple[Path, float]:
     cmd = [
         sys.executable,
         "-m",
-        "cli",
+        "voxgate.cli",
         "adapt",
         "--phrases",
         str(EXAMPLE / "phrases.txt"),

@@ -11,7 +11,7 @@ the training never heard: the benchmark's held-out sentences spoken by the Debia
 (as benchmarks/adapt_quality), and a sample of the 40 shared clips for general speech. Each
 merged model is transcribed by the serving engine as the gateway runs it (served buckets), and
 the ``utterance`` model also with utterance-sized buckets (1 s steps, 0.5 s margin), which is
-how it would have to be served to save encoder time (``adapt.train.UTTERANCE_WINDOWS``: a
+how it would have to be served to save encoder time (``voxgate.adapt.train.UTTERANCE_WINDOWS``: a
 bucket every second, 0.5 s margin).
 
 ``--train-on speakers`` is the audio-context fine-tuning (ACFT) experiment on real speech: train
@@ -49,18 +49,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from adapt.convert import read_base, write_ct2_dir
-from adapt.data import (
-    Pair,
-    general_sentences,
-    load_pairs,
-    read_phrases,
-    split,
-    synthesize_phrases,
-)
-from adapt.evaluate import Scores, evaluate, load_engine
-from adapt.progress import Progress
-from adapt.train import UTTERANCE_WINDOWS, TrainConfig, make_examples, merge, train
 from benchmarks.adapt_quality import (
     EXAMPLE,
     HELDOUT,
@@ -69,7 +57,19 @@ from benchmarks.adapt_quality import (
     flite_pairs,
     general_pairs,
 )
-from engines.asr._model_files import resolve_model_dir
+from voxgate.adapt.convert import read_base, write_ct2_dir
+from voxgate.adapt.data import (
+    Pair,
+    general_sentences,
+    load_pairs,
+    read_phrases,
+    split,
+    synthesize_phrases,
+)
+from voxgate.adapt.evaluate import Scores, evaluate, load_engine
+from voxgate.adapt.progress import Progress
+from voxgate.adapt.train import UTTERANCE_WINDOWS, TrainConfig, make_examples, merge, train
+from voxgate.engines.asr._model_files import resolve_model_dir
 
 
 def _fmt(x: float) -> str:

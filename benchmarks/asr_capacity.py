@@ -3,8 +3,8 @@
 K simulated callers on loopback each stream real clips from the shared speech set
 (../shared/data/speech, 40 clips of 2.7-16 s) in real time, as 16 kHz LINEAR16 in 20 ms chunks
 on an absolute clock, with a seeded random pause of 1-3 s (digital silence) between clips. The
-gateway runs in its own process (``python -m cli serve --engines asr``, its default config: on
-2 cores 2 batcher workers over one CTranslate2 model, inter_threads 2 x intra_threads 1); the
+gateway runs in its own process (``python -m voxgate.cli serve --engines asr``, its default config:
+on 2 cores 2 batcher workers over one CTranslate2 model, inter_threads 2 x intra_threads 1); the
 callers run here, one Converse stream each over one loopback channel. Admission and load shedding
 are off on the server (``UNGUARDED``): it must serve every offered call as asked, or the search
 would measure where it starts refusing callers rather than where latency crosses the budget.
@@ -68,8 +68,9 @@ printed as ``alt / gateway``. The table and the JSON (``sides``) name each side'
 buckets.
 
 ``--tune`` first measures the CPU plan in-process on a fixed workload (8 utterances queued at
-once into a :class:`~gateway.batcher.Batcher`, real Whisper engine): workers x max_batch_size x
-CTranslate2 (inter_threads, intra_threads), through :func:`gateway.batcher.choose_plan`.
+once into a :class:`~voxgate.gateway.batcher.Batcher`, real Whisper engine): workers x
+max_batch_size x CTranslate2 (inter_threads, intra_threads), through
+:func:`voxgate.gateway.batcher.choose_plan`.
 
     .venv/bin/python -m benchmarks.asr_capacity --out capacity.json
     .venv/bin/python -m benchmarks.asr_capacity --duration 30 --gateway-start 4 --max-minutes 20
@@ -110,7 +111,7 @@ import yaml
 
 from benchmarks._stats import median, percentile
 from benchmarks._wer import corpus_wer
-from engines.asr.config import UTTERANCE_ENCODER_WINDOWS, EncoderWindowConfig
+from voxgate.engines.asr.config import UTTERANCE_ENCODER_WINDOWS, EncoderWindowConfig
 
 REPO = Path(__file__).resolve().parents[1]
 #: Default speech set: ../shared/data/speech beside the checkout (``--speech-dir`` overrides).
@@ -324,7 +325,7 @@ def server_config(overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 class ServerProcess:
-    """``python -m cli serve --engines asr`` with a YAML config, on a free port."""
+    """``python -m voxgate.cli serve --engines asr`` with a YAML config, on a free port."""
 
     def __init__(
         self, overrides: dict[str, Any], log_path: Path, env: dict[str, str] | None = None
@@ -336,7 +337,7 @@ class ServerProcess:
         self.log_path = log_path
         self._log = log_path.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cli", "serve", "--config", str(cfg_path)]
+            [sys.executable, "-m", "voxgate.cli", "serve", "--config", str(cfg_path)]
             + ["--engines", "asr", "--log-level", "INFO"],
             cwd=REPO,
             stdout=subprocess.PIPE,
@@ -403,7 +404,7 @@ async def _gateway_caller(
     drain_deadline: float,
     beam_size: int,
 ) -> tuple[list[UttResult], int, int, float]:
-    from clients.voxgate_client import CallConfig, ErrorEvent, Transcript, VadOptions
+    from voxgate_client import CallConfig, ErrorEvent, Transcript, VadOptions
 
     loop = asyncio.get_running_loop()
     audio = caller_audio(clips, slots).astype("<i2").tobytes()
@@ -483,7 +484,7 @@ async def _gateway_caller(
 
 async def _warm_gateway(target: str, clip: Clip) -> None:
     """One fast call, so that the first measured utterance pays no first-call costs."""
-    from clients.voxgate_client import (
+    from voxgate_client import (
         AS_FAST_AS_ALLOWED,
         CallConfig,
         VoxgateClient,
@@ -530,7 +531,7 @@ async def _gateway_step(
     drain_s: float,
     beam_size: int,
 ) -> StepResult:
-    from clients.voxgate_client import VoxgateClient
+    from voxgate_client import VoxgateClient
 
     load0 = os.getloadavg()
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -579,7 +580,7 @@ def _baseline_model(num_workers: int, cpu_threads: int) -> Any:
     ``transcribe`` calls from several threads), ``cpu_threads`` threads each."""
     from faster_whisper import WhisperModel
 
-    from engines.asr._model_files import resolve_model_dir
+    from voxgate.engines.asr._model_files import resolve_model_dir
 
     return WhisperModel(
         str(resolve_model_dir("base")),
@@ -750,11 +751,11 @@ def tune(
     of the machine spreads over all configurations; each keeps its best round. The plan per
     thread setting is then :func:`choose_plan` over those measurements.
     """
-    from engines.asr._whisper import WhisperEngine
-    from engines.asr.base import AsrOptions, AsrRequest
-    from engines.asr.config import WhisperConfig
-    from gateway.batcher import Batcher, BatchPlan, BatchPolicy, choose_plan
-    from gateway.testing.signals import stats_for
+    from voxgate.engines.asr._whisper import WhisperEngine
+    from voxgate.engines.asr.base import AsrOptions, AsrRequest
+    from voxgate.engines.asr.config import WhisperConfig
+    from voxgate.gateway.batcher import Batcher, BatchPlan, BatchPolicy, choose_plan
+    from voxgate.gateway.testing.signals import stats_for
 
     step = max(1, len(clips) // n_items)
     picked = [clips[i] for i in range(0, len(clips), step)][:n_items]

@@ -28,10 +28,10 @@ import soxr
 
 from benchmarks._stats import median
 from benchmarks._wer import corpus_wer, wer
-from engines.asr._whisper import WhisperEngine
-from engines.asr.base import AsrOptions, AsrRequest
-from engines.asr.config import EncoderWindowConfig, WhisperConfig
-from gateway.testing.signals import hallucination_set, mulaw_decode, mulaw_encode, stats_for
+from voxgate.engines.asr._whisper import WhisperEngine
+from voxgate.engines.asr.base import AsrOptions, AsrRequest
+from voxgate.engines.asr.config import EncoderWindowConfig, WhisperConfig
+from voxgate.gateway.testing.signals import hallucination_set, mulaw_decode, mulaw_encode, stats_for
 
 REPO = Path(__file__).resolve().parents[1]
 SPEECH = REPO.parent / "shared" / "data" / "speech"

@@ -4,8 +4,8 @@ Run:  .venv/bin/python -m benchmarks.barge_in [--repeats 3] [--tiny]
 
 A real grpc.aio server on a loopback port with the bundled Whisper model and Piper voice and the
 default VAD. Each call is μ-law 8 kHz, paced at real time by the client, which plays the reply as
-a phone does and returns it as line echo (``gateway.testing.echo_line``): each level × delay of
-the issue's grid. "today" is the same server with the call's echo guard off
+a phone does and returns it as line echo (``voxgate.gateway.testing.echo_line``): each level × delay
+of the issue's grid. "today" is the same server with the call's echo guard off
 (``config.barge_in.echo_guard_disabled``), so both columns come from one run, interleaved.
 
 Rows:
@@ -62,13 +62,13 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._stats import median, percentile  # noqa: E402
-from engines.asr.base import AsrRequest, AsrResult  # noqa: E402
-from gateway.config import BargeInConfig, load_config  # noqa: E402
-from gateway.models import BARGE_IN_KEY  # noqa: E402
-from gateway.runtime import AsrTranscriber, build_hub  # noqa: E402
-from gateway.testing.echo_line import EchoLine, dispersive_path  # noqa: E402
-from gateway.testing.server import running_server  # noqa: E402
-from pcmcodec import MULAW_DECODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float  # noqa: E402
+from voxgate.engines.asr.base import AsrRequest, AsrResult  # noqa: E402
+from voxgate.gateway.config import BargeInConfig, load_config  # noqa: E402
+from voxgate.gateway.models import BARGE_IN_KEY  # noqa: E402
+from voxgate.gateway.runtime import AsrTranscriber, build_hub  # noqa: E402
+from voxgate.gateway.testing.echo_line import EchoLine, dispersive_path  # noqa: E402
+from voxgate.gateway.testing.server import running_server  # noqa: E402
+from voxgate.pcmcodec import MULAW_DECODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float  # noqa: E402
 from voxgate.v1 import voxgate_pb2 as pb  # noqa: E402
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc  # noqa: E402
 

@@ -23,7 +23,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from benchmarks._stats import percentile
-from clients.voxgate_client import (
+from voxgate.gateway.testing.server import running_server
+from voxgate_client import (
     BotLink,
     CallConfig,
     CallInfo,
@@ -32,7 +33,6 @@ from clients.voxgate_client import (
     VoxgateClient,
     serve_bot,
 )
-from gateway.testing.server import running_server
 
 DOORS = ("direct", "link (in-process)", "link (gRPC bot)")
 CONFIG = CallConfig(encoding="mulaw", sample_rate_hz=8000)

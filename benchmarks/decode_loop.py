@@ -45,14 +45,14 @@ import soxr  # noqa: E402
 
 from benchmarks._stats import median  # noqa: E402
 from benchmarks._wer import corpus_wer, normalize  # noqa: E402
-from engines.asr._ct2_weights import load_decoder_weights  # noqa: E402
-from engines.asr._decode import DecodeItem, DecodeLoop, WhisperDecoder  # noqa: E402
-from engines.asr._model_files import resolve_model_dir  # noqa: E402
-from engines.asr._processors import SuppressBlank, SuppressTokens  # noqa: E402
-from engines.asr._whisper import WhisperEngine  # noqa: E402
-from engines.asr.base import AsrOptions, AsrRequest, AsrResult  # noqa: E402
-from gateway.batcher import Batcher, BatchPolicy  # noqa: E402
-from gateway.testing.signals import (  # noqa: E402
+from voxgate.engines.asr._ct2_weights import load_decoder_weights  # noqa: E402
+from voxgate.engines.asr._decode import DecodeItem, DecodeLoop, WhisperDecoder  # noqa: E402
+from voxgate.engines.asr._model_files import resolve_model_dir  # noqa: E402
+from voxgate.engines.asr._processors import SuppressBlank, SuppressTokens  # noqa: E402
+from voxgate.engines.asr._whisper import WhisperEngine  # noqa: E402
+from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult  # noqa: E402
+from voxgate.gateway.batcher import Batcher, BatchPolicy  # noqa: E402
+from voxgate.gateway.testing.signals import (  # noqa: E402
     hallucination_set,
     mulaw_decode,
     mulaw_encode,
@@ -381,7 +381,7 @@ def quality(clips: list[tuple[str, str, np.ndarray]], mulaw: bool) -> None:
 
 def phrase_clips() -> list[tuple[str, tuple[str, ...], np.ndarray]]:
     """The phrase set spoken by the bundled Piper voice, at 16 kHz."""
-    from engines.tts import SpeakOptions, TtsConfig, VitsStreamer
+    from voxgate.engines.tts import SpeakOptions, TtsConfig, VitsStreamer
 
     tts = VitsStreamer.load(TtsConfig())
     out = []

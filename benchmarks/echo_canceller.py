@@ -15,8 +15,8 @@ segmenter (the VAD the gateway uses). Each row feeds the segmenter one way:
 * none: the inbound audio as it is (today);
 * AEC3: WebRTC's echo canceller (``pywebrtc-audio``, the audio processing module's Python
   bindings) on the inbound audio, with the played reply as its far-end reference;
-* echo guard: ``gateway.echo.EchoGuard`` with the same reference;
-* gate_aec3: ``gateway.echo.GatedEchoCanceller``, the guard choosing the blocks and AEC3's
+* echo guard: ``voxgate.gateway.echo.EchoGuard`` with the same reference;
+* gate_aec3: ``voxgate.gateway.echo.GatedEchoCanceller``, the guard choosing the blocks and AEC3's
   output (once AEC3 has converged) in the blocks it calls echo, instead of silence.
 
 Columns: SPEECH_BEGIN events on echo alone (each one a false barge-in); at each echo level, how
@@ -56,13 +56,13 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.barge_in import CALLERS, REPLY, load_caller  # noqa: E402
-from engines.tts import TtsConfig, VitsStreamer  # noqa: E402
-from gateway.audio import InputDecoder, OutputEncoder  # noqa: E402
-from gateway.config import VadConfig  # noqa: E402
-from gateway.echo import EchoGuard, GatedEchoCanceller, LineEchoCanceller  # noqa: E402
-from gateway.segmenter import Segmenter, SpeechBegin  # noqa: E402
-from gateway.testing.echo_line import EchoLine, dispersive_path  # noqa: E402
-from pcmcodec import (  # noqa: E402
+from voxgate.engines.tts import TtsConfig, VitsStreamer  # noqa: E402
+from voxgate.gateway.audio import InputDecoder, OutputEncoder  # noqa: E402
+from voxgate.gateway.config import VadConfig  # noqa: E402
+from voxgate.gateway.echo import EchoGuard, GatedEchoCanceller, LineEchoCanceller  # noqa: E402
+from voxgate.gateway.segmenter import Segmenter, SpeechBegin  # noqa: E402
+from voxgate.gateway.testing.echo_line import EchoLine, dispersive_path  # noqa: E402
+from voxgate.pcmcodec import (  # noqa: E402
     MULAW_DECODE,
     MULAW_ENCODE,
     WireEncoding,
@@ -354,7 +354,7 @@ def segment_loaded(
     Timing as in the gateway and in ``benchmarks.barge_in``: reply frame j is due at
     ``S + 20 ms * j`` and leaves ``LEAD_S`` earlier, or when the gateway's loop runs again;
     it is stamped ``max(sent + LEAD_S, end of the frame before)``. The far end
-    (``gateway.testing.echo_line.EchoLine``, 60 ms jitter buffer) hears it when its own loop
+    (``voxgate.gateway.testing.echo_line.EchoLine``, 60 ms jitter buffer) hears it when its own loop
     runs; it sends 20 ms of line audio per frame on its ideal clock, each computed when its
     loop runs (the echo of what it had played by then). The gateway takes each chunk when its
     loop runs, with that arrival time.

@@ -8,8 +8,8 @@ Run (from the repository root)::
 
 What it does:
 
-1. Splits the voice with :func:`engines.tts.split_vits_graph` (the same split
-   :class:`engines.tts.VitsStreamer` makes at load time) and writes
+1. Splits the voice with :func:`voxgate.engines.tts.split_vits_graph` (the same split
+   :class:`voxgate.engines.tts.VitsStreamer` makes at load time) and writes
    ``<stem>.front_end.onnx``, ``<stem>.decoder.onnx`` and ``<stem>.split.json`` (the crossing
    tensors, which of them are frame-indexed, the latent, durations and audio names, the hop
    length and the window schedule). The halves are for inspection, profiling (``trtexec``,
@@ -19,8 +19,8 @@ What it does:
 3. When ONNX Runtime offers ``TensorrtExecutionProvider`` (and ``--no-trt`` is not given),
    pre-builds the TensorRT engines into ``--trt-cache`` (default ``~/.cache/voxgate/trt``, the
    streamer's default): it opens each half exactly as the streamer does (same model bytes, same
-   provider options from :func:`engines.tts.select_providers`, engine cache on) and runs it at
-   the extremes of its input shapes, then at the streamer's window shapes. TensorRT builds one
+   provider options from :func:`voxgate.engines.tts.select_providers`, engine cache on) and runs it
+   at the extremes of its input shapes, then at the streamer's window shapes. TensorRT builds one
    engine per input-shape profile and widens the profile when a shape falls outside it, so
    after the extremes every later shape reuses the cached engine. The decoder sees
    ``first_window_frames`` (8) frames plus ``context_frames`` (24) on each side where the
@@ -72,7 +72,7 @@ if __package__ in (None, ""):
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
-from engines.tts import GraphSplit, TtsConfig, select_providers, split_vits_graph  # noqa: E402
+from voxgate.engines.tts import GraphSplit, TtsConfig, select_providers, split_vits_graph  # noqa: E402
 
 TRT = "TensorrtExecutionProvider"
 CPU = "CPUExecutionProvider"
@@ -103,7 +103,7 @@ def _sha256(data: bytes) -> str:
 
 
 def _voice_files(voice: str) -> tuple[Path, Path]:
-    from engines.tts._voice import resolve_voice
+    from voxgate.engines.tts._voice import resolve_voice
 
     files = resolve_voice(voice)
     return files.model_path, files.config_path
@@ -169,7 +169,7 @@ def export_halves(voice: str, out_dir: Path, config: TtsConfig | None = None) ->
 
 
 def _session(model: bytes, providers: list[Any]) -> ort.InferenceSession:
-    # Same session options as the streamer (engines.tts._session.make_session), without its
+    # Same session options as the streamer (voxgate.engines.tts._session.make_session), without its
     # silent CPU fallback: here a provider failure must be visible.
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
@@ -182,8 +182,8 @@ def _session(model: bytes, providers: list[Any]) -> ort.InferenceSession:
 
 def phoneme_ids(voice: str, text: str) -> tuple[int, ...]:
     """The voice's phoneme ids for ``text`` (first unit), as the streamer computes them."""
-    from engines.tts._text import prepare_text
-    from engines.tts._voice import load_voice_config, phonemize_unit, resolve_voice
+    from voxgate.engines.tts._text import prepare_text
+    from voxgate.engines.tts._voice import load_voice_config, phonemize_unit, resolve_voice
 
     voice_config, _ = load_voice_config(resolve_voice(voice).config_path)
     unit = prepare_text(text, max_chars=10_000, max_unit_chars=10_000, first_unit_max_chars=0)[0]
@@ -285,7 +285,7 @@ def prebuild_trt(
     """Run each half under TensorRT at its extreme and usual shapes so the cache holds them.
 
     Sessions are opened from the same bytes and with the same provider options as
-    :class:`engines.tts.VitsStreamer` (ONNX Runtime keys cached engines on the model and its
+    :class:`voxgate.engines.tts.VitsStreamer` (ONNX Runtime keys cached engines on the model and its
     options), with TensorRT first and CUDA, then CPU for any node TensorRT does not take.
 
     Returns:

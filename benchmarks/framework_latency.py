@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._stats import median, percentile
-from clients.voxgate_client.testing import SERVER_ENV, TARGET_ENV, LocalServer
+from voxgate_client.testing import SERVER_ENV, TARGET_ENV, LocalServer
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEECH = ROOT.parent / "shared" / "data" / "speech"

@@ -24,6 +24,7 @@ from _framework_direct import (
 from livekit import rtc
 from livekit.agents import stt
 from livekit.plugins import voxgate
+
 from voxgate_client import VoxgateClient, read_wav
 
 

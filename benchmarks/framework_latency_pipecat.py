@@ -34,6 +34,7 @@ from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.workers.runner import WorkerRunner
 from pipecat_voxgate import VoxgateSTTService, VoxgateSTTSettings, VoxgateTTSService
+
 from voxgate_client import Transcript, VoxgateClient, read_wav
 
 

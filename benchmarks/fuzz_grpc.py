@@ -53,11 +53,11 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from gateway.base import VoiceDescription
-from gateway.config import GatewayConfig, load_config
-from gateway.runtime import build_hub
-from gateway.server import GatewayServer
-from gateway.testing.fake_engines import FakeToneSynthesizer
+from voxgate.gateway.base import VoiceDescription
+from voxgate.gateway.config import GatewayConfig, load_config
+from voxgate.gateway.runtime import build_hub
+from voxgate.gateway.server import GatewayServer
+from voxgate.gateway.testing.fake_engines import FakeToneSynthesizer
 from voxgate.v1 import voxgate_pb2 as pb
 
 __all__ = [
@@ -596,7 +596,7 @@ class FuzzRig:
 
     Args:
         real_tts: the bundled Piper voice for Speak/Synthesize; otherwise the fake tone voice
-            (gateway.testing). Recognition is always the real bundled Whisper model.
+            (voxgate.gateway.testing). Recognition is always the real bundled Whisper model.
         speech_dir: where the clip is.
     """
 

@@ -3,7 +3,7 @@
 The adapter runs as its own process (``voxgate media-streams``), so its CPU is measured alone
 (``/proc/<pid>/stat``); the gateway runs in this process with the FAKE tone voice and no
 recogniser, so the figures are the adapter's transport work, not speech synthesis. Each of N
-replayed Twilio streams (``clients.media_streams.testing.ReplayClient``: real-time μ-law in,
+replayed Twilio streams (``voxgate.bridges.media_streams.testing.ReplayClient``: real-time μ-law in,
 playout on its own clock) gets a greeting of ``--reply-s`` seconds; rows:
 
 * ``cpu ms/stream-s``: adapter CPU per second of stream (in and out both flowing);
@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._stats import median, percentile
-from clients.media_streams.testing import ReplayClient
-from gateway.testing.fake_engines import FakeToneHub
-from gateway.testing.server import running_server
+from voxgate.bridges.media_streams.testing import ReplayClient
+from voxgate.gateway.testing.fake_engines import FakeToneHub
+from voxgate.gateway.testing.server import running_server
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -100,7 +100,7 @@ async def start_adapter(target: str, rules: Path, lead_ms: int, chunk_ms: int) -
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "cli",
+        "voxgate.cli",
         "media-streams",
         "--listen",
         "127.0.0.1:0",

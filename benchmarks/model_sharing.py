@@ -1,8 +1,8 @@
 """Two recognition models in one process: how the batcher's workers are shared between them.
 
 The gateway serves named models (``asr.models_dir``) beside the default through ONE batcher
-whose workers route each batch to its model (``gateway.runtime.ModelRouter``; the model is part
-of the batch key, so a batch never mixes models). This benchmark compares that arrangement with
+whose workers route each batch to its model (``voxgate.gateway.runtime.ModelRouter``; the model is
+part of the batch key, so a batch never mixes models). This benchmark compares that arrangement with
 the two a user would otherwise pick, on the same two loaded models and the same utterances, in
 interleaved rounds (the machine is shared, so every arrangement sees the same noise):
 
@@ -58,16 +58,16 @@ from typing import Any
 
 from benchmarks._stats import median, percentile
 from benchmarks.asr_capacity import SPEECH, _busy_cpu_s, load_clips
-from engines.asr import resolve_model_dir
-from engines.asr._whisper import WhisperEngine
-from engines.asr.base import AsrOptions, AsrRequest, AsrResult
-from engines.asr.config import WhisperConfig
-from gateway.base import ModelDescription
-from gateway.batcher import Batcher, BatchPolicy, default_plan
-from gateway.config import BatcherConfig
-from gateway.models import LoadedModel, ModelRegistry
-from gateway.runtime import ModelRouter
-from gateway.testing.signals import stats_for
+from voxgate.engines.asr import resolve_model_dir
+from voxgate.engines.asr._whisper import WhisperEngine
+from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult
+from voxgate.engines.asr.config import WhisperConfig
+from voxgate.gateway.base import ModelDescription
+from voxgate.gateway.batcher import Batcher, BatchPolicy, default_plan
+from voxgate.gateway.config import BatcherConfig
+from voxgate.gateway.models import LoadedModel, ModelRegistry
+from voxgate.gateway.runtime import ModelRouter
+from voxgate.gateway.testing.signals import stats_for
 
 ARRANGEMENTS = ("shared", "per-model", "split", "one-model")
 

@@ -1,7 +1,7 @@
 """Overload: ramp real-time callers to 2x capacity, with admission by measured load and without.
 
-One gateway process at a time (``python -m cli serve --engines asr``, its default config, as in
-``benchmarks/asr_capacity.py``); N = ``--overload`` x ``--capacity`` simulated callers on
+One gateway process at a time (``python -m voxgate.cli serve --engines asr``, its default config, as
+in ``benchmarks/asr_capacity.py``); N = ``--overload`` x ``--capacity`` simulated callers on
 loopback each stream real clips from the shared speech set in real time (16 kHz LINEAR16, 20 ms
 chunks on an absolute clock, seeded 1-3 s pauses between clips, the same workload helpers as
 asr_capacity). Caller i starts at ``i x ramp / N``, so the offered load climbs from 1 caller to
@@ -202,7 +202,7 @@ async def _caller(
     starts_abs: Sequence[float],
     drain_deadline: float,
 ) -> CallerResult:
-    from clients.voxgate_client import CallConfig, ErrorEvent, Transcript, VoxgateError
+    from voxgate_client import CallConfig, ErrorEvent, Transcript, VoxgateError
 
     loop = asyncio.get_running_loop()
     if (delay := start_at - loop.time()) > 0:
@@ -277,7 +277,7 @@ async def run_mode(
     seed: int,
     drain_s: float,
 ) -> tuple[list[CallerResult], list[float]]:
-    from clients.voxgate_client import VoxgateClient
+    from voxgate_client import VoxgateClient
 
     loop = asyncio.get_running_loop()
     total_s = ramp_s + hold_s

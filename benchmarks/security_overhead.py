@@ -33,13 +33,13 @@ from typing import Any
 import grpc
 
 from benchmarks._stats import median, percentile
-from clients.voxgate_client import CallConfig, auth_metadata, tls_credentials
-from gateway.server import GatewayServer
-from gateway.testing.fake_engines import FakeToneHub
-from gateway.testing.pki import Pki, make_pki
-from gateway.testing.server import running_server
+from voxgate.gateway.server import GatewayServer
+from voxgate.gateway.testing.fake_engines import FakeToneHub
+from voxgate.gateway.testing.pki import Pki, make_pki
+from voxgate.gateway.testing.server import running_server
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
+from voxgate_client import CallConfig, auth_metadata, tls_credentials
 
 TOKEN = "bench-token-0123456789abcdef"
 SETTINGS = ("plaintext", "token", "tls+token", "mtls+token")

@@ -1,7 +1,7 @@
 """SIP bridge load: N concurrent SIPp calls, direct and through Kamailio → jitter, setup, CPU.
 
-The bridge runs as its own process (``python -m clients.sip``) so its CPU time can be read from
-/proc; the gateway runs in this process with a tone voice (a stand-in for VITS: this measures
+The bridge runs as its own process (``python -m voxgate.bridges.sip``) so its CPU time can be read
+from /proc; the gateway runs in this process with a tone voice (a stand-in for VITS: this measures
 the bridge's pacing, not synthesis) and the bridge greets every caller for ~5 s. SIPp streams
 silence as the caller, so nothing interrupts the greeting.
 
@@ -35,9 +35,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "protos")]
 
-from clients.sip.testing import free_udp_port, run_sipp, running_kamailio  # noqa: E402
-from gateway.testing.fake_engines import FakeToneHub  # noqa: E402
-from gateway.testing.server import running_server  # noqa: E402
+from voxgate.bridges.sip.testing import free_udp_port, run_sipp, running_kamailio  # noqa: E402
+from voxgate.gateway.testing.fake_engines import FakeToneHub  # noqa: E402
+from voxgate.gateway.testing.server import running_server  # noqa: E402
 
 SCENARIO = REPO / "tests" / "sipp" / "uac_stream_routes.xml"
 PATHS = ("direct", "proxy")
@@ -101,7 +101,7 @@ async def one_run(n: int, call_ms: int, work: Path, path: str = "direct") -> dic
     port = free_udp_port()
     async with running_server(hub=FakeToneHub()) as srv:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "clients.sip",
+            sys.executable, "-m", "voxgate.bridges.sip",
             "--listen", f"127.0.0.1:{port}", "--gateway", srv.target,
             "--bot", str(work / "bot.yaml"), "--rtp-ports", "40000-49999",
             cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

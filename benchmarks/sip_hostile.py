@@ -23,13 +23,13 @@ import asyncio
 import contextlib
 from typing import Any
 
-from clients.bot import TurnBot
-from clients.sip import BridgeConfig, SipBridge
-from clients.sip._message import SipMessage, SipParseError
-from clients.sip._rtp import RtpPacketizer
-from clients.sip.testing import RtpPeer
-from gateway.testing.fake_engines import FakeToneHub
-from gateway.testing.server import running_server
+from voxgate.bridges.bots import TurnBot
+from voxgate.bridges.sip import BridgeConfig, SipBridge
+from voxgate.bridges.sip._message import SipMessage, SipParseError
+from voxgate.bridges.sip._rtp import RtpPacketizer
+from voxgate.bridges.sip.testing import RtpPeer
+from voxgate.gateway.testing.fake_engines import FakeToneHub
+from voxgate.gateway.testing.server import running_server
 
 LOCAL = "127.0.0.1"
 SILENCE = b"\xff" * 160

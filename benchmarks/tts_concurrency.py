@@ -19,7 +19,7 @@ at the first chunk and then plays in real time:
 
 Methods, all in this one process and in rotating order per probe (the machine is shared):
 
-- ``deadline``: the gateway's synthesis path (``gateway.runtime.TtsSynthesizer``) with the
+- ``deadline``: the gateway's synthesis path (``voxgate.gateway.runtime.TtsSynthesizer``) with the
   deadline scheduler, its default workers and batch size for this device;
 - ``fifo``: the same class with ``scheduling="fifo"``, the earlier plain thread pool (min(4,
   cores) threads) advancing each reply's fixed-schedule generator, on a voice with the
@@ -63,13 +63,13 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._stats import median, percentile  # noqa: E402
-from engines.tts import SpeakOptions, TtsConfig, VitsStreamer, WindowPlan  # noqa: E402
-from engines.tts._session import make_session  # noqa: E402
-from engines.tts._voice import resolve_voice  # noqa: E402
-from gateway.events import SpeakIn  # noqa: E402
-from gateway.metrics import GatewayMetrics  # noqa: E402
-from gateway.runtime import TtsSynthesizer  # noqa: E402
-from gateway.synthesis_policy import SynthPolicy  # noqa: E402
+from voxgate.engines.tts import SpeakOptions, TtsConfig, VitsStreamer, WindowPlan  # noqa: E402
+from voxgate.engines.tts._session import make_session  # noqa: E402
+from voxgate.engines.tts._voice import resolve_voice  # noqa: E402
+from voxgate.gateway.events import SpeakIn  # noqa: E402
+from voxgate.gateway.metrics import GatewayMetrics  # noqa: E402
+from voxgate.gateway.runtime import TtsSynthesizer  # noqa: E402
+from voxgate.gateway.synthesis_policy import SynthPolicy  # noqa: E402
 
 T = TypeVar("T")
 NS = (1, 2, 4, 8, 12, 16)

@@ -5,8 +5,8 @@ Run:  .venv/bin/python benchmarks/tts_first_audio.py [--repeats 7] [--threads 1]
 
 ``--paths``: one reply at a time, the same voice, interleaved: the streamer called directly
 (what the table below measures) against the gateway's synthesis path
-(``gateway.runtime.TtsSynthesizer``) with the deadline scheduler, with the FIFO pool, and with
-the deadline scheduler on a voice that cuts the first sentence after ``--first-unit-words``
+(``voxgate.gateway.runtime.TtsSynthesizer``) with the deadline scheduler, with the FIFO pool, and
+with the deadline scheduler on a voice that cuts the first sentence after ``--first-unit-words``
 words (``TtsConfig.first_unit_words``); each reply is played to its end before the next starts.
 
 ``--converse``: one reply at a time from outside, through a real gateway's ``Converse`` on
@@ -50,9 +50,9 @@ if __package__ in (None, ""):
 
 from benchmarks._stats import median, percentile  # noqa: E402
 from benchmarks.tts_concurrency import play, rotate  # noqa: E402
-from engines.tts import SpeakOptions, TtsConfig, VitsStreamer  # noqa: E402
-from engines.tts._session import make_session  # noqa: E402
-from engines.tts._voice import resolve_voice  # noqa: E402
+from voxgate.engines.tts import SpeakOptions, TtsConfig, VitsStreamer  # noqa: E402
+from voxgate.engines.tts._session import make_session  # noqa: E402
+from voxgate.engines.tts._voice import resolve_voice  # noqa: E402
 
 TEXTS = {
     "1 sentence": "Sure, I can help you with that right away.",
@@ -131,9 +131,9 @@ async def _paths(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     import asyncio  # noqa: PLC0415
     import os  # noqa: PLC0415
 
-    from gateway.events import SpeakIn  # noqa: PLC0415
-    from gateway.metrics import GatewayMetrics  # noqa: PLC0415
-    from gateway.runtime import TtsSynthesizer  # noqa: PLC0415
+    from voxgate.gateway.events import SpeakIn  # noqa: PLC0415
+    from voxgate.gateway.metrics import GatewayMetrics  # noqa: PLC0415
+    from voxgate.gateway.runtime import TtsSynthesizer  # noqa: PLC0415
 
     streamer = VitsStreamer.load(TtsConfig(onnx_threads=args.threads, cache_bytes=0))
     streamer.warmup()
@@ -205,9 +205,9 @@ async def _converse(args: argparse.Namespace) -> dict[str, dict[str, float]]:
 
     import grpc  # noqa: PLC0415
 
-    from gateway.config import load_config  # noqa: PLC0415
-    from gateway.runtime import build_hub  # noqa: PLC0415
-    from gateway.testing.server import running_server  # noqa: PLC0415
+    from voxgate.gateway.config import load_config  # noqa: PLC0415
+    from voxgate.gateway.runtime import build_hub  # noqa: PLC0415
+    from voxgate.gateway.testing.server import running_server  # noqa: PLC0415
     from voxgate.v1 import voxgate_pb2 as pb  # noqa: PLC0415
     from voxgate.v1 import voxgate_pb2_grpc as pb_grpc  # noqa: PLC0415
 

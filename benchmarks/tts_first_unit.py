@@ -55,10 +55,10 @@ if __package__ in (None, ""):
 
 from benchmarks._stats import median, percentile  # noqa: E402
 from benchmarks.tts_concurrency import SENTENCES  # noqa: E402
-from engines.base import FloatArray  # noqa: E402
-from engines.tts import SpeakOptions, TtsConfig, VitsStreamer  # noqa: E402
-from engines.tts._text import TextUnit, TextWord, prepare_text  # noqa: E402
-from engines.tts._voice import phonemize_unit  # noqa: E402
+from voxgate.engines.base import FloatArray  # noqa: E402
+from voxgate.engines.tts import SpeakOptions, TtsConfig, VitsStreamer  # noqa: E402
+from voxgate.engines.tts._text import TextUnit, TextWord, prepare_text  # noqa: E402
+from voxgate.engines.tts._voice import phonemize_unit  # noqa: E402
 
 QUIET = SpeakOptions(noise_scale=0.0, noise_w=0.0)
 

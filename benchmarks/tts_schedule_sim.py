@@ -8,8 +8,8 @@ Run::
 
 Why: a real probe of 8 four-sentence replies takes a quarter of a minute and, on a shared
 machine, its figures move with whatever else runs. The scheduler's outcome is decided by the
-policy (:func:`gateway.synthesis_policy.next_work`, the real one, called here exactly as
-``gateway.synthesis`` calls it) and by what each step costs, so this replays the driver's
+policy (:func:`voxgate.gateway.synthesis_policy.next_work`, the real one, called here exactly as
+``voxgate.gateway.synthesis`` calls it) and by what each step costs, so this replays the driver's
 bookkeeping (workers, the first-audio lane, two steps in flight per reply, a reply's first front
 end fused with its first window, playout clocks, lateness) against a cost model measured on
 the bundled voice (``--calibrate`` measures it here), on cores shared by processor sharing
@@ -36,9 +36,9 @@ if __package__ in (None, ""):
 
 from benchmarks._stats import median, percentile  # noqa: E402
 from benchmarks.tts_concurrency import Stream, previous_policy  # noqa: E402
-from engines.tts import window_bounds  # noqa: E402
-from gateway.scheduling import WaitUntil  # noqa: E402
-from gateway.synthesis_policy import (  # noqa: E402
+from voxgate.engines.tts import window_bounds  # noqa: E402
+from voxgate.gateway.scheduling import WaitUntil  # noqa: E402
+from voxgate.gateway.synthesis_policy import (  # noqa: E402
     CostModel,
     Dispatch,
     SynthItem,
@@ -321,7 +321,7 @@ def simulate(
         while waiting and waiting[0].arrival <= now + 1e-12:
             r = waiting.pop(0)
             active[r.key] = r
-        # The dispatch loop, as in gateway.synthesis.SynthesisScheduler._dispatch_loop.
+        # The dispatch loop, as in voxgate.gateway.synthesis.SynthesisScheduler._dispatch_loop.
         wake_at = math.inf
         while idle > 0 or urgent_idle:
             alone = policy.alone_first_window_frames > 0 and len(active) == 1
@@ -423,7 +423,7 @@ def calibrate(repeats: int = 7) -> tuple[TrueCost, dict[str, list[tuple[int, ...
     import numpy as np
 
     from benchmarks.tts_concurrency import KINDS, reply_text
-    from engines.tts import SpeakOptions, TtsConfig, VitsStreamer, WindowPlan
+    from voxgate.engines.tts import SpeakOptions, TtsConfig, VitsStreamer, WindowPlan
 
     streamer = VitsStreamer.load(TtsConfig(cache_bytes=0))
     streamer.warmup()

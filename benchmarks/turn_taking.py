@@ -149,7 +149,7 @@ def load_items(speech_dir: Path, n: int) -> tuple[list[Item], list[Item]]:
 
 async def play_call(target: str, item: Item, variant: str, callers: int, set_name: str) -> Outcome:
     """One real-time call of ``item``; the outcome measured from the client's side."""
-    from clients.voxgate_client import (  # noqa: PLC0415
+    from voxgate_client import (  # noqa: PLC0415
         CallConfig,
         EndOfTurn,
         Transcript,
@@ -262,9 +262,9 @@ def summarise(outcomes: list[Outcome]) -> dict[str, Any]:
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     """Every variant x set x callers, one server per variant (the audio model is a server's)."""
-    from gateway.config import load_config  # noqa: PLC0415
-    from gateway.runtime import build_hub  # noqa: PLC0415
-    from gateway.testing.server import running_server  # noqa: PLC0415
+    from voxgate.gateway.config import load_config  # noqa: PLC0415
+    from voxgate.gateway.runtime import build_hub  # noqa: PLC0415
+    from voxgate.gateway.testing.server import running_server  # noqa: PLC0415
 
     real, paused = load_items(args.speech_dir, args.clips)
     if args.tiny:

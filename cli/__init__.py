@@ -7,6 +7,6 @@ client library ship without the server.
 
 from __future__ import annotations
 
-from cli._main import build_parser, main
+from voxgate.cli._main import build_parser, main
 
 __all__ = ["build_parser", "main"]

@@ -1,9 +1,9 @@
-"""``python -m cli``: the same as the ``voxgate`` console script."""
+"""``python -m voxgate.cli``: the same as the ``voxgate`` console script."""
 
 from __future__ import annotations
 
 import sys
 
-from cli._main import main
+from voxgate.cli._main import main
 
 sys.exit(main())

@@ -1,6 +1,6 @@
 """``voxgate adapt``: fine-tune the served Whisper model on a domain and write a named model.
 
-The flags and the error handling live here; the work is :func:`adapt.pipeline.run`, imported
+The flags and the error handling live here; the work is :func:`voxgate.adapt.pipeline.run`, imported
 only when the command runs, so ``voxgate serve`` (and ``voxgate --help``) never load torch.
 Without the ``adapt`` extra the command says so in one line.
 """
@@ -151,7 +151,7 @@ def _focus(choice: str, terms: Path | None) -> Literal["terms", "text"]:
 
 def run_adapt(args: argparse.Namespace) -> int:
     """Run ``voxgate adapt``; the exit status (0 ok, 2 bad input, 130 interrupted)."""
-    from adapt._offline import import_bitsandbytes
+    from voxgate.adapt._offline import import_bitsandbytes
 
     import_bitsandbytes()  # before peft imports it with a hub lookup (adapt/_offline.py)
     try:
@@ -160,12 +160,12 @@ def run_adapt(args: argparse.Namespace) -> int:
     except ImportError:
         print(EXTRA_MISSING, file=sys.stderr)
         return 2
-    from adapt.data import AdaptDataError
-    from adapt.pipeline import AdaptRequest, run
-    from adapt.progress import Progress
-    from adapt.publish import ModelNameError, PublishError
-    from adapt.train import TrainConfig, TrainError, TrainingInterrupted
-    from engines.asr._model_files import ModelFilesError
+    from voxgate.adapt.data import AdaptDataError
+    from voxgate.adapt.pipeline import AdaptRequest, run
+    from voxgate.adapt.progress import Progress
+    from voxgate.adapt.publish import ModelNameError, PublishError
+    from voxgate.adapt.train import TrainConfig, TrainError, TrainingInterrupted
+    from voxgate.engines.asr._model_files import ModelFilesError
 
     tty = {"auto": None, "bar": True, "json": False}[args.progress]
     req = AdaptRequest(

@@ -1,7 +1,7 @@
 """The ``voxgate`` command line: serve, call, demo, sip, media-streams and adapt.
 
 Flags beat ``VOXGATE_*`` environment variables, which beat a ``--config`` YAML file, which beats
-the defaults (see :mod:`gateway.config`).
+the defaults (see :mod:`voxgate.gateway.config`).
 
 ``voxgate --help`` does not print this docstring: it is reST for the reader of the code, and a
 terminal would show its markup. The help text is :data:`DESCRIPTION` and :data:`EPILOG`.
@@ -139,9 +139,9 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from gateway.config import ConfigError, load_config  # noqa: PLC0415
-    from gateway.runtime import EngineLoadError, build_hub  # noqa: PLC0415
-    from gateway.server import serve  # noqa: PLC0415
+    from voxgate.gateway.config import ConfigError, load_config  # noqa: PLC0415
+    from voxgate.gateway.runtime import EngineLoadError, build_hub  # noqa: PLC0415
+    from voxgate.gateway.server import serve  # noqa: PLC0415
 
     try:
         config = load_config(args.config, _serve_overrides(args))
@@ -161,7 +161,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from cli.demo import run_demo  # noqa: PLC0415
+    from voxgate.cli.demo import run_demo  # noqa: PLC0415
 
     setup_logging("WARNING", "text")
     code: int = asyncio.run(run_demo(args))
@@ -169,7 +169,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_call(args: argparse.Namespace) -> int:
-    from clients.cli import run_call  # noqa: PLC0415
+    from voxgate.cli.call import run_call  # noqa: PLC0415
 
     setup_logging("WARNING", "text")
     code: int = asyncio.run(run_call(args))
@@ -177,7 +177,7 @@ def _cmd_call(args: argparse.Namespace) -> int:
 
 
 def _cmd_sip(args: argparse.Namespace) -> int:
-    from clients.sip.cli import run_sip  # noqa: PLC0415
+    from voxgate.bridges.sip.cli import run_sip  # noqa: PLC0415
 
     setup_logging("INFO", "text")
     code: int = asyncio.run(run_sip(args))
@@ -185,7 +185,7 @@ def _cmd_sip(args: argparse.Namespace) -> int:
 
 
 def _cmd_media_streams(args: argparse.Namespace) -> int:
-    from clients.media_streams.cli import run_media_streams  # noqa: PLC0415
+    from voxgate.bridges.media_streams.cli import run_media_streams  # noqa: PLC0415
 
     setup_logging("INFO", "text")
     code: int = asyncio.run(run_media_streams(args))
@@ -193,7 +193,7 @@ def _cmd_media_streams(args: argparse.Namespace) -> int:
 
 
 def _cmd_adapt(args: argparse.Namespace) -> int:
-    from cli._adapt import run_adapt  # noqa: PLC0415
+    from voxgate.cli._adapt import run_adapt  # noqa: PLC0415
 
     setup_logging("WARNING", "text")
     return run_adapt(args)
@@ -246,13 +246,13 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         const="end",
         default="never",
-        choices=("never", "start", "end"),  # clients.cli.WAIT_FOR_BOT_CHOICES
+        choices=("never", "start", "end"),  # voxgate.cli.call.WAIT_FOR_BOT_CHOICES
         help="when the caller's audio pauses for the bot: never (the default: straight "
         "through, over the bot), start (hear the greeting out; after each utterance, wait until "
         "the answer starts, so the next one may interrupt it) or end (wait until each answer "
         "ends; the bare flag)",
     )
-    from clients.cli import add_connection_arguments, add_turn_arguments  # noqa: PLC0415
+    from voxgate.bridges.door_args import add_connection_arguments, add_turn_arguments  # noqa: PLC0415
 
     add_turn_arguments(c)
     add_connection_arguments(c)
@@ -272,19 +272,19 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--realtime", action="store_true", help=argparse.SUPPRESS)
     d.set_defaults(func=_cmd_demo)
 
-    from clients.sip.cli import add_sip_arguments  # noqa: PLC0415
+    from voxgate.bridges.sip.cli import add_sip_arguments  # noqa: PLC0415
 
     s = sub.add_parser("sip", help="answer phone calls (SIP/RTP) and bridge them to a gateway")
     add_sip_arguments(s)
     s.set_defaults(func=_cmd_sip)
 
-    from clients.media_streams.cli import add_media_streams_arguments  # noqa: PLC0415
+    from voxgate.bridges.media_streams.cli import add_media_streams_arguments  # noqa: PLC0415
 
     m = sub.add_parser("media-streams", help="answer Twilio/Telnyx media-stream WebSockets")
     add_media_streams_arguments(m)
     m.set_defaults(func=_cmd_media_streams)
 
-    from cli._adapt import add_adapt_arguments  # noqa: PLC0415
+    from voxgate.cli._adapt import add_adapt_arguments  # noqa: PLC0415
 
     a = sub.add_parser("adapt", help="fine-tune the recogniser on a domain into a named model")
     add_adapt_arguments(a)

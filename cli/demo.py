@@ -23,9 +23,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from clients.bot import sample_bot_path
-from clients.cli import CallOptions, CallResult, play_call
-from clients.voxgate_client import sample_call_path
+from voxgate.bridges.bots import sample_bot_path
+from voxgate.cli.call import CallOptions, CallResult, play_call
+from voxgate_client import sample_call_path
 
 __all__ = ["demo_call", "run_demo"]
 
@@ -38,9 +38,9 @@ async def run_demo(args: argparse.Namespace) -> int:
 async def demo_call(args: argparse.Namespace) -> CallResult:
     """Run the demo call and return what happened (tests look at its events and log)."""
     # Server imports stay inside: a client-only install must import this module cheaply.
-    from gateway.config import ConfigError, load_config  # noqa: PLC0415
-    from gateway.runtime import EngineLoadError, build_hub  # noqa: PLC0415
-    from gateway.server import GatewayServer  # noqa: PLC0415
+    from voxgate.gateway.config import ConfigError, load_config  # noqa: PLC0415
+    from voxgate.gateway.runtime import EngineLoadError, build_hub  # noqa: PLC0415
+    from voxgate.gateway.server import GatewayServer  # noqa: PLC0415
 
     engines = args.engines or "asr,tts"
     try:

@@ -2,11 +2,11 @@
 
 Nothing in this package imports ``grpc`` or ``asyncio``: the gateway owns concurrency and
 transport, an engine owns a model. Import the concrete engines from their subpackages
-(``engines.asr``, ``engines.tts``) so that importing the shared types stays cheap.
+(``voxgate.engines.asr``, ``voxgate.engines.tts``) so that importing the shared types stays cheap.
 """
 
 from __future__ import annotations
 
-from engines.base import UtteranceStats
+from voxgate.engines.base import UtteranceStats
 
 __all__ = ["UtteranceStats"]

@@ -48,8 +48,8 @@ from typing import Literal
 
 from prometheus_client import Counter
 
-from gateway.config import AdmissionConfig, LimitsConfig
-from gateway.metrics import GatewayMetrics
+from voxgate.gateway.config import AdmissionConfig, LimitsConfig
+from voxgate.gateway.metrics import GatewayMetrics
 
 __all__ = [
     "AdmissionPolicy",

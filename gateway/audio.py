@@ -2,7 +2,7 @@
 
 Inside voxgate, caller audio is float32 mono at 16 kHz and synthesized audio is float32 mono at
 the voice's rate. Everything the wire carries (LINEAR16, mu-law, A-law at 8/16/24/48 kHz) is
-converted here, once, at the edge of a call; the codecs themselves live in :mod:`pcmcodec`.
+converted here, once, at the edge of a call; the codecs themselves live in :mod:`voxgate.pcmcodec`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import soxr
 
-from engines.base import ASR_SAMPLE_RATE_HZ, FloatArray
-from pcmcodec import (
+from voxgate.engines.base import ASR_SAMPLE_RATE_HZ, FloatArray
+from voxgate.pcmcodec import (
     ALAW_DECODE,
     ALAW_ENCODE,
     MULAW_DECODE,

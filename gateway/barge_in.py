@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from engines.asr.base import AsrOptions
+from voxgate.engines.asr.base import AsrOptions
 
 __all__ = [
     "DEFAULT_BACKCHANNELS",

@@ -1,8 +1,9 @@
 """The gateway's public seams: the engines as a call sees them, and what a server lists.
 
-Protocols here are what the session, the servicer and the server depend on; ``gateway.runtime``
-implements them over the real engines and ``gateway.testing`` over fakes. Threading: every
-method is called on the event loop; implementations move model work to their own threads.
+Protocols here are what the session, the servicer and the server depend on;
+``voxgate.gateway.runtime`` implements them over the real engines and ``voxgate.gateway.testing``
+over fakes. Threading: every method is called on the event loop; implementations move model work to
+their own threads.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from engines.asr.base import AsrRequest, AsrResult
-from engines.base import FloatArray
-from gateway.events import SpeakIn
-from gateway.metrics import GatewayMetrics
+from voxgate.engines.asr.base import AsrRequest, AsrResult
+from voxgate.engines.base import FloatArray
+from voxgate.gateway.events import SpeakIn
+from voxgate.gateway.metrics import GatewayMetrics
 
 __all__ = [
     "EngineHub",

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar, cast
 
-from gateway.scheduling import WaitUntil
+from voxgate.gateway.scheduling import WaitUntil
 
 __all__ = [
     "DEFAULT_PLANS",

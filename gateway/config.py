@@ -15,9 +15,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from engines.asr.config import WhisperConfig
-from engines.tts.config import TtsConfig
-from gateway.barge_in import DEFAULT_BACKCHANNELS
+from voxgate.engines.asr.config import WhisperConfig
+from voxgate.engines.tts.config import TtsConfig
+from voxgate.gateway.barge_in import DEFAULT_BACKCHANNELS
 
 __all__ = [
     "AdmissionConfig",
@@ -676,16 +676,18 @@ class SessionConfig(_Frozen):
     )
     barge_in: BargeInConfig = Field(
         default_factory=BargeInConfig,  # type: ignore[arg-type]
-        description="Barge-in policy and echo guard defaults (gateway.config.BargeInConfig).",
+        description=(
+            "Barge-in policy and echo guard defaults (voxgate.gateway.config.BargeInConfig)."
+        ),
     )
     language: LanguageConfig = Field(
         default_factory=LanguageConfig,  # type: ignore[arg-type]
         description="How interims of calls that set no language choose one "
-        "(gateway.config.LanguageConfig).",
+        "(voxgate.gateway.config.LanguageConfig).",
     )
     turns: TurnsConfig = Field(
         default_factory=TurnsConfig,  # type: ignore[arg-type]
-        description="End-of-turn detection defaults (gateway.config.TurnsConfig).",
+        description="End-of-turn detection defaults (voxgate.gateway.config.TurnsConfig).",
     )
     tts_threads: int = Field(
         0,
@@ -900,11 +902,11 @@ class GatewayConfig(BaseSettings):
     security: SecurityConfig = Field(default_factory=SecurityConfig)  # type: ignore[arg-type]
     asr: WhisperConfig = Field(
         default_factory=WhisperConfig,
-        description="Whisper engine settings (engines.asr.config.WhisperConfig).",
+        description="Whisper engine settings (voxgate.engines.asr.config.WhisperConfig).",
     )
     tts: TtsConfig = Field(
         default_factory=TtsConfig,
-        description="Voice settings (engines.tts.config.TtsConfig).",
+        description="Voice settings (voxgate.engines.tts.config.TtsConfig).",
     )
     engines: Annotated[frozenset[EngineName], NoDecode] = Field(
         frozenset({"asr", "tts"}),

@@ -43,9 +43,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from engines.asr.base import AsrOptions
-from gateway.config import DegradeConfig
-from gateway.events import SpeakIn
+from voxgate.engines.asr.base import AsrOptions
+from voxgate.gateway.config import DegradeConfig
+from voxgate.gateway.events import SpeakIn
 
 __all__ = ["LADDER", "DegradePolicy", "LadderMove", "QualityLevel", "Step"]
 

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from engines.base import ASR_SAMPLE_RATE_HZ, FloatArray
-from gateway.config import DtmfConfig
+from voxgate.engines.base import ASR_SAMPLE_RATE_HZ, FloatArray
+from voxgate.gateway.config import DtmfConfig
 
 __all__ = ["DTMF_HIGH_HZ", "DTMF_KEYS", "DTMF_LOW_HZ", "DtmfDigit", "DtmfGate", "dbm0_to_rms"]
 

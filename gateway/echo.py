@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from engines.base import ASR_SAMPLE_RATE_HZ, FloatArray
+from voxgate.engines.base import ASR_SAMPLE_RATE_HZ, FloatArray
 
 __all__ = [
     "EchoGuard",

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engines.asr.base import AsrResult
-from gateway.barge_in import BargeInMode
-from gateway.errors import CallError, ErrorKind
+from voxgate.engines.asr.base import AsrResult
+from voxgate.gateway.barge_in import BargeInMode
+from voxgate.gateway.errors import CallError, ErrorKind
 
 __all__ = [
     "AudioIn",
@@ -55,7 +55,7 @@ class SpeakIn:
     rate: float = 1.0
     speaker_id: int = 0
     uninterruptible: bool = False
-    #: This reply's barge-in policy; None = the call's (see gateway.barge_in).
+    #: This reply's barge-in policy; None = the call's (see voxgate.gateway.barge_in).
     barge_in: BargeInMode | None = None
     #: after_words: words needed for this reply; 0 = the call's.
     barge_in_min_words: int = 0

@@ -35,9 +35,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from engines.asr._model_files import META_FILE, REQUIRED_FILES, sha256_file
-from gateway.base import ModelDescription
-from gateway.errors import CallError, ErrorKind, echo
+from voxgate.engines.asr._model_files import META_FILE, REQUIRED_FILES, sha256_file
+from voxgate.gateway.base import ModelDescription
+from voxgate.gateway.errors import CallError, ErrorKind, echo
 
 __all__ = [
     "BARGE_IN_KEY",

@@ -1,9 +1,9 @@
 """The production engine hub: loads the configured engines and adapts them for sessions.
 
 Engines are synchronous classes (``engines/``); this module owns their threads. Recognition goes
-through the cross-call :class:`~gateway.batcher.Batcher` (one or more engine workers), and speech
-synthesis through a small pool of threads that each advance one reply's generator a window at a
-time, so that no model work ever runs on the event loop.
+through the cross-call :class:`~voxgate.gateway.batcher.Batcher` (one or more engine workers), and
+speech synthesis through a small pool of threads that each advance one reply's generator a window at
+a time, so that no model work ever runs on the event loop.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from engines.asr import (
+from voxgate.engines.asr import (
     BUNDLED_MODELS,
     ModelFilesError,
     WhisperConfig,
@@ -30,9 +30,9 @@ from engines.asr import (
     load_asr_engine,
     resolve_model_dir,
 )
-from engines.asr.base import AsrEngine, AsrOptions, AsrRequest, AsrResult
-from engines.base import ASR_SAMPLE_RATE_HZ, UtteranceStats
-from engines.tts import (
+from voxgate.engines.asr.base import AsrEngine, AsrOptions, AsrRequest, AsrResult
+from voxgate.engines.base import ASR_SAMPLE_RATE_HZ, UtteranceStats
+from voxgate.engines.tts import (
     SpeakOptions,
     TtsChunk,
     TtsEngine,
@@ -41,7 +41,7 @@ from engines.tts import (
     VitsStreamer,
     resolve_voice,
 )
-from gateway.base import (
+from voxgate.gateway.base import (
     EngineInfo,
     ModelDescription,
     Synthesizer,
@@ -49,7 +49,7 @@ from gateway.base import (
     TtsPiece,
     VoiceDescription,
 )
-from gateway.batcher import (
+from voxgate.gateway.batcher import (
     BatchEngine,
     Batcher,
     BatchObserver,
@@ -60,20 +60,20 @@ from gateway.batcher import (
     WithdrawnError,
     default_plan,
 )
-from gateway.config import GatewayConfig
-from gateway.errors import CallError, ErrorKind
-from gateway.events import SpeakIn
-from gateway.metrics import GatewayMetrics
-from gateway.models import (
+from voxgate.gateway.config import GatewayConfig
+from voxgate.gateway.errors import CallError, ErrorKind
+from voxgate.gateway.events import SpeakIn
+from voxgate.gateway.metrics import GatewayMetrics
+from voxgate.gateway.models import (
     BARGE_IN_KEY,
     LoadedModel,
     ModelEntry,
     ModelRegistry,
     model_name_of,
 )
-from gateway.priority import call_lowered
-from gateway.synthesis import ReplyStats, SynthesisScheduler, policy_for
-from gateway.synthesis_policy import default_synth_plan
+from voxgate.gateway.priority import call_lowered
+from voxgate.gateway.synthesis import ReplyStats, SynthesisScheduler, policy_for
+from voxgate.gateway.synthesis_policy import default_synth_plan
 
 __all__ = [
     "AsrTranscriber",
@@ -99,7 +99,7 @@ class TtsSynthesizer:
 
     Two ways to run the replies, chosen by ``scheduling``:
 
-    * ``deadline`` (the default): :class:`~gateway.synthesis.SynthesisScheduler` runs every
+    * ``deadline`` (the default): :class:`~voxgate.gateway.synthesis.SynthesisScheduler` runs every
       reply's front-end runs and decoder windows on ``threads`` workers, earliest playout
       deadline first, first audio ahead of everything, window sizes from each reply's slack;
     * ``fifo``: the earlier design, kept for comparison (``benchmarks/tts_concurrency.py``):
@@ -113,7 +113,7 @@ class TtsSynthesizer:
         scheduling: ``deadline`` or ``fifo`` (see above).
         max_batch_size: decoder windows per ONNX Runtime call under ``deadline``.
         nice: under ``deadline``, the workers run this many nice levels below the event loop
-            (``session.tts_nice``; :mod:`gateway.priority`).
+            (``session.tts_nice``; :mod:`voxgate.gateway.priority`).
         max_lead_s: under ``deadline``, a paced reply (``SpeakIn.paced``) is synthesized at
             most this far ahead of its player (``session.tts_max_lead_ms``).
     """
@@ -285,7 +285,7 @@ class AsrTranscriber:
 
     A final never waits behind an interim of its own utterance (``AsrRequest.utterance``):
     submitting it withdraws that utterance's interims still queued (they fail with
-    :class:`~gateway.batcher.WithdrawnError`, which the session takes as "no interim"), so
+    :class:`~voxgate.gateway.batcher.WithdrawnError`, which the session takes as "no interim"), so
     none runs before it or shares its batch. One already running finishes on its worker; with
     more than one worker it cannot hold the final, since interims never take the last one.
     """

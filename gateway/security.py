@@ -42,8 +42,8 @@ import yaml
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
-from gateway.config import ConfigError, SecurityConfig
-from gateway.metrics import GatewayMetrics
+from voxgate.gateway.config import ConfigError, SecurityConfig
+from voxgate.gateway.metrics import GatewayMetrics
 
 __all__ = [
     "METERED_METHODS",

@@ -14,11 +14,11 @@ Silero's first voiced frame, a loud unvoiced frame just after speech (a final pl
 its end, and voiced frames at the end that hold nothing but line noise (Silero's lag) are
 taken off the reported end. While Silero primes on the first 256 ms of a call its frames are
 held, not judged silent, and stepped once it can judge them. In-band DTMF tones never get
-here: :mod:`gateway.dtmf` silences them first.
+here: :mod:`voxgate.gateway.dtmf` silences them first.
 
 Each :class:`Utterance` carries its audio (pre-roll and a little trailing silence included, which
-Whisper transcribes better than a hard cut) and its :class:`~engines.base.UtteranceStats`, which
-feed the silence-aware decoding policy.
+Whisper transcribes better than a hard cut) and its :class:`~voxgate.engines.base.UtteranceStats`,
+which feed the silence-aware decoding policy.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ import numpy as np
 import numpy.typing as npt
 import webrtcvad
 
-from engines.base import ASR_SAMPLE_RATE_HZ, FloatArray, UtteranceStats
-from engines.vad import SileroVad
-from gateway.config import VadConfig
+from voxgate.engines.base import ASR_SAMPLE_RATE_HZ, FloatArray, UtteranceStats
+from voxgate.engines.vad import SileroVad
+from voxgate.gateway.config import VadConfig
 
 __all__ = [
     "Segmenter",

@@ -33,14 +33,14 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from gateway.admission import LoadSampler
-from gateway.base import EngineHub
-from gateway.config import GatewayConfig
-from gateway.degrade import DegradePolicy
-from gateway.metrics import GatewayMetrics
-from gateway.models import ModelRegistry
-from gateway.security import GatewaySecurity
-from gateway.service import SERVICE_NAME, VoiceGatewayServicer, add_to_server
+from voxgate.gateway.admission import LoadSampler
+from voxgate.gateway.base import EngineHub
+from voxgate.gateway.config import GatewayConfig
+from voxgate.gateway.degrade import DegradePolicy
+from voxgate.gateway.metrics import GatewayMetrics
+from voxgate.gateway.models import ModelRegistry
+from voxgate.gateway.security import GatewaySecurity
+from voxgate.gateway.service import SERVICE_NAME, VoiceGatewayServicer, add_to_server
 
 __all__ = ["MODEL_HEALTH_PREFIX", "SERVICE_NAME", "GatewayServer", "serve"]
 

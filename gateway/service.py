@@ -18,18 +18,24 @@ from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
-from engines.asr import MAX_BOOST
-from engines.asr.base import AsrOptions
-from engines.turn import SmartTurn
-from engines.vad import SileroVad
-from gateway.admission import AdmissionPolicy, LoadSnapshot, Refusal, StreamKind
-from gateway.audio import OutputEncoder
-from gateway.barge_in import BargeInMode, BargeInModel, BargeInPolicy
-from gateway.base import EngineInfo, Synthesizer, Transcriber
-from gateway.config import ConfigError, EchoCancellerName, GatewayConfig, TurnsConfig, VadConfig
-from gateway.degrade import QualityLevel
-from gateway.errors import CallError, ErrorKind, echo
-from gateway.events import (
+from voxgate.engines.asr import MAX_BOOST
+from voxgate.engines.asr.base import AsrOptions
+from voxgate.engines.turn import SmartTurn
+from voxgate.engines.vad import SileroVad
+from voxgate.gateway.admission import AdmissionPolicy, LoadSnapshot, Refusal, StreamKind
+from voxgate.gateway.audio import OutputEncoder
+from voxgate.gateway.barge_in import BargeInMode, BargeInModel, BargeInPolicy
+from voxgate.gateway.base import EngineInfo, Synthesizer, Transcriber
+from voxgate.gateway.config import (
+    ConfigError,
+    EchoCancellerName,
+    GatewayConfig,
+    TurnsConfig,
+    VadConfig,
+)
+from voxgate.gateway.degrade import QualityLevel
+from voxgate.gateway.errors import CallError, ErrorKind, echo
+from voxgate.gateway.events import (
     AudioIn,
     AudioOutEvent,
     ClearIn,
@@ -51,11 +57,11 @@ from gateway.events import (
     SpeechOut,
     TranscriptOut,
 )
-from gateway.metrics import GatewayMetrics
-from gateway.models import ModelLease, ModelRegistry
-from gateway.session import CallConfig, CallSession, SynthesisCap, write_stalled
-from gateway.turns import TurnMode, TurnOptions
-from pcmcodec import SUPPORTED_RATES_HZ, WireEncoding
+from voxgate.gateway.metrics import GatewayMetrics
+from voxgate.gateway.models import ModelLease, ModelRegistry
+from voxgate.gateway.session import CallConfig, CallSession, SynthesisCap, write_stalled
+from voxgate.gateway.turns import TurnMode, TurnOptions
+from voxgate.pcmcodec import SUPPORTED_RATES_HZ, WireEncoding
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 
@@ -291,7 +297,7 @@ def add_to_server(servicer: VoiceGatewayServicer, server: grpc.aio.Server) -> No
 
 
 class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
-    """Implements ``voxgate.v1.VoiceGateway`` on top of :class:`~gateway.session.CallSession`.
+    """Implements ``voxgate.v1.VoiceGateway`` on top of :class:`~.session.CallSession`.
 
     Args:
         config: the server configuration (limits and VAD defaults).

@@ -1,6 +1,7 @@
 """One call as an asyncio task graph: ``recv`` → (``asr``, ``tts``) → ``send``.
 
-The servicer turns protobuf messages into the events of :mod:`gateway.events` and back; nothing
+The servicer turns protobuf messages into the events of :mod:`voxgate.gateway.events` and back;
+nothing
 here knows about gRPC or protobuf. One :class:`asyncio.TaskGroup` per call:
 
 * ``recv`` reads client events, validates and decodes audio at the edge, runs the segmenter
@@ -30,24 +31,24 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from engines.asr.base import AsrOptions, AsrRequest, AsrResult
-from engines.base import ASR_SAMPLE_RATE_HZ
-from gateway.audio import AudioFormatError, InputDecoder, OutputEncoder
-from gateway.barge_in import BargeInModel, BargeInPolicy
-from gateway.base import Synthesizer, Transcriber, TtsPiece
-from gateway.batcher import WithdrawnError
-from gateway.config import (
+from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult
+from voxgate.engines.base import ASR_SAMPLE_RATE_HZ
+from voxgate.gateway.audio import AudioFormatError, InputDecoder, OutputEncoder
+from voxgate.gateway.barge_in import BargeInModel, BargeInPolicy
+from voxgate.gateway.base import Synthesizer, Transcriber, TtsPiece
+from voxgate.gateway.batcher import WithdrawnError
+from voxgate.gateway.config import (
     DtmfConfig,
     EchoCancellerName,
     LanguageConfig,
     LimitsConfig,
     VadConfig,
 )
-from gateway.degrade import QualityLevel
-from gateway.dtmf import DtmfDigit, DtmfGate
-from gateway.echo import EchoGuard, GatedEchoCanceller, LineEchoCanceller
-from gateway.errors import CallError, ErrorKind
-from gateway.events import (
+from voxgate.gateway.degrade import QualityLevel
+from voxgate.gateway.dtmf import DtmfDigit, DtmfGate
+from voxgate.gateway.echo import EchoGuard, GatedEchoCanceller, LineEchoCanceller
+from voxgate.gateway.errors import CallError, ErrorKind
+from voxgate.gateway.events import (
     AudioIn,
     AudioOutEvent,
     ClearIn,
@@ -69,8 +70,8 @@ from gateway.events import (
     SpeechOut,
     TranscriptOut,
 )
-from gateway.metrics import GatewayMetrics
-from gateway.segmenter import (
+from voxgate.gateway.metrics import GatewayMetrics
+from voxgate.gateway.segmenter import (
     Segmenter,
     SegmenterState,
     SpeechBegin,
@@ -78,8 +79,8 @@ from gateway.segmenter import (
     Utterance,
     VoiceDetector,
 )
-from gateway.turns import TurnDecision, TurnDetector, TurnInput, TurnOptions
-from pcmcodec import WireEncoding, bytes_per_ms
+from voxgate.gateway.turns import TurnDecision, TurnDetector, TurnInput, TurnOptions
+from voxgate.pcmcodec import WireEncoding, bytes_per_ms
 
 __all__ = ["CallConfig", "CallSession", "SynthesisCap", "cancel_and_wait", "write_stalled"]
 
@@ -278,7 +279,7 @@ class _Playback:
 
 
 class EndOfTurnModel(Protocol):
-    """An audio end-of-turn model (engines.turn.SmartTurn): thread-safe, run on a worker."""
+    """An audio end-of-turn model (voxgate.engines.turn.SmartTurn): thread-safe, run on a worker."""
 
     def probability(self, audio: npt.NDArray[np.float32]) -> float:
         """How likely the speech that ends ``audio`` (16 kHz float) completes a turn."""
@@ -712,7 +713,7 @@ class CallSession:
         """Whether the open turn is over, now that more of the call's audio has been heard.
 
         Decided between utterances only (the caller silent since the turn's last SPEECH_END),
-        on the call's own audio clock, by the call's :class:`~gateway.turns.TurnDetector`:
+        on the call's own audio clock, by the call's :class:`~voxgate.gateway.turns.TurnDetector`:
         the turn's words are known once every final of it has come back.
         """
         turn, detector = self._turn, self._turns

@@ -1,9 +1,10 @@
 """The synthesis scheduler's driver: replies' steps on engine workers, in deadline order.
 
-:mod:`gateway.synthesis_policy` decides what runs (a pure policy over a snapshot); this module
+:mod:`voxgate.gateway.synthesis_policy` decides what runs (a pure policy over a snapshot); this
+module
 owns the state that the policy reads and the threads that do the work:
 
-* every reply is a :class:`~engines.tts.ReplyJob` with one next step (front end or window)
+* every reply is a :class:`~voxgate.engines.tts.ReplyJob` with one next step (front end or window)
   and, once its first chunk is out, a playout clock: the chunk at reply sample ``s`` is due at
   ``first_audio + s / rate`` (plus any starvation so far, since a starved player resumes
   later), exactly as the session paces frames out from the first one;
@@ -12,7 +13,7 @@ owns the state that the policy reads and the threads that do the work:
   when that is free (also while every worker is busy) (``engine.decode_windows`` for
   windows, batched where the policy said so) and delivers the chunks to the reply's queue on
   the event loop; the workers run below the loop's and the first-audio thread's CPU
-  priority (:mod:`gateway.priority`);
+  priority (:mod:`voxgate.gateway.priority`);
 * a reply that is cancelled (barge-in, Clear, hang-up) leaves the queue at once; a step of it
   already running finishes and its result is dropped.
 
@@ -34,11 +35,11 @@ from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from engines.tts import ReplyJob, SpeakOptions, TtsChunk, VitsStreamer, WindowPlan
-from gateway.metrics import GatewayMetrics
-from gateway.priority import lower_current_thread
-from gateway.scheduling import WaitUntil
-from gateway.synthesis_policy import (
+from voxgate.engines.tts import ReplyJob, SpeakOptions, TtsChunk, VitsStreamer, WindowPlan
+from voxgate.gateway.metrics import GatewayMetrics
+from voxgate.gateway.priority import lower_current_thread
+from voxgate.gateway.scheduling import WaitUntil
+from voxgate.gateway.synthesis_policy import (
     CostModel,
     Dispatch,
     SynthItem,
@@ -205,7 +206,7 @@ class SynthesisScheduler:
         inline_open_chars: texts up to this long are validated and normalised on the event
             loop (well under a millisecond); longer ones on a thread.
         nice: the workers run this many nice levels below the event loop and the first-audio
-            lane (Linux; 0 = the same priority, see :mod:`gateway.priority`).
+            lane (Linux; 0 = the same priority, see :mod:`voxgate.gateway.priority`).
         max_lead_s: a paced reply (one a caller hears in real time, ``stream(paced=True)``)
             further than this ahead of its player waits: above the recogniser's CPU priority,
             synthesis of audio due seconds later would otherwise take the cores from finals

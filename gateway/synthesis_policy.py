@@ -1,7 +1,7 @@
 """Deadline scheduling of synthesis work across replies: a pure policy, no clock, no threads.
 
-(It lived in ``engines.tts._scheduler``; it is the gateway's policy, beside the batcher's, and
-the engine keeps only the window geometry both use, :func:`engines.tts.window_bounds`.)
+(It lived in ``voxgate.engines.tts._scheduler``; it is the gateway's policy, beside the batcher's,
+and the engine keeps only the window geometry both use, :func:`voxgate.engines.tts.window_bounds`.)
 
 Every reply being synthesised has exactly one next step: a front-end run (its next sentence) or
 a decoder window (the next frames of the current sentence). Once a reply's first audio is out,
@@ -24,8 +24,8 @@ answers, from a snapshot of those steps and the time, "what runs next on a free 
 * where a device gains from it (``max_batch_size`` > 1, set by measurement per device),
   windows of several replies with the same input length run as one decoder call.
 
-:func:`next_work` is the whole policy; :func:`engines.tts.window_bounds` is the window geometry
-that both the policy (to know which windows can share a batch) and the engine use.
+:func:`next_work` is the whole policy; :func:`voxgate.engines.tts.window_bounds` is the window
+geometry that both the policy (to know which windows can share a batch) and the engine use.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gateway.scheduling import WaitUntil
+from voxgate.gateway.scheduling import WaitUntil
 
 __all__ = [
     "WINDOW_LADDER",

@@ -11,7 +11,8 @@ pauses. So the turn is decided on three signals, each optional but silence:
   as the silence begins (speculative finals); an unfinished clause -- a trailing conjunction,
   preposition or article, a hesitation ("um", "uh"), a number being read out, a trailing
   comma -- holds the turn, a sentence with its full stop lets it end;
-* **an audio end-of-turn model** (Smart Turn v3, :mod:`engines.turn`) where the server has one:
+* **an audio end-of-turn model** (Smart Turn v3, :mod:`voxgate.engines.turn`) where the server has
+one:
   the prosody of the last seconds says whether the voice trails off as at the end of a turn.
 
 They combine into one probability ``p`` that the turn is complete (the audio model can only

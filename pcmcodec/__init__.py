@@ -1,7 +1,7 @@
 """Wire audio formats, with no server or client in them: G.711 codecs and PCM16 packing.
 
-Both the gateway (``gateway.audio``, the per-call streaming edges) and the client library import
-this package, so a client encodes exactly as the server decodes and ships without the server.
+Both the gateway (``voxgate.gateway.audio``, the per-call streaming edges) and the client library
+import this package, so a client encodes exactly as the server decodes and ships without the server.
 
 The G.711 tables are built from a literal transcription of the ITU-T G.191 reference coder
 (``g711.c``: ``ulaw_compress``/``ulaw_expand``/``alaw_compress``/``alaw_expand``), so they are

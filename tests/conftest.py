@@ -44,7 +44,7 @@ def read_wav_int16(path: Path) -> tuple[np.ndarray, int]:
 @pytest.fixture(scope="session")
 def sipp() -> str:
     """The SIPp binary: the real SIP caller. Its absence fails the test (CI installs it)."""
-    from clients.sip.testing import sipp_binary
+    from voxgate.bridges.sip.testing import sipp_binary
 
     path = sipp_binary()
     if path is None:

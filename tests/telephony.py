@@ -28,8 +28,8 @@ import numpy.typing as npt
 import soxr
 from conftest import SPEECH_DIR, read_wav_int16
 
-from gateway.dtmf import DTMF_HIGH_HZ, DTMF_KEYS, DTMF_LOW_HZ, dbm0_to_rms
-from pcmcodec import (
+from voxgate.gateway.dtmf import DTMF_HIGH_HZ, DTMF_KEYS, DTMF_LOW_HZ, dbm0_to_rms
+from voxgate.pcmcodec import (
     ALAW_DECODE,
     ALAW_ENCODE,
     MULAW_DECODE,

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adapt.convert import CARRIED_FILES, hf_model, read_base, state_dict_of, write_ct2_dir
-from engines.asr import resolve_model_dir
-from engines.asr._ct2_weights import WeightFileError, read_variables
+from voxgate.adapt.convert import CARRIED_FILES, hf_model, read_base, state_dict_of, write_ct2_dir
+from voxgate.engines.asr import resolve_model_dir
+from voxgate.engines.asr._ct2_weights import WeightFileError, read_variables
 
 pytestmark = [pytest.mark.model, pytest.mark.component]
 
@@ -48,7 +48,7 @@ def clip(speech_dir: Path) -> np.ndarray:
 
 
 def mel(audio: np.ndarray, frames: int) -> np.ndarray:
-    from adapt.train import _Features
+    from voxgate.adapt.train import _Features
 
     return _Features(80)(audio, frames)
 
@@ -140,7 +140,7 @@ def test_training_encoder_on_a_served_bucket_matches_ctranslate2(
     import ctranslate2
     import torch
 
-    from adapt.train import _encoder_forward
+    from voxgate.adapt.train import _encoder_forward
 
     feats = mel(clip(speech_dir), 1500)  # the 15 s bucket an 11 s clip is served on
     ct2 = ctranslate2.models.Whisper(str(base_dir), compute_type="float32", intra_threads=2)
@@ -155,7 +155,7 @@ def test_an_int8_model_cannot_be_trained(tmp_path: Path, base, base_dir: Path) -
     import ctranslate2
 
     spec_dir = tmp_path / "int8"
-    from adapt.convert import build_spec
+    from voxgate.adapt.convert import build_spec
 
     spec = build_spec(base.state, base)
     spec.validate()

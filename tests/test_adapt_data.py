@@ -1,4 +1,5 @@
-"""adapt.data: every bad input is refused before training, naming its file or line; augmentation.
+"""voxgate.adapt.data: every bad input is refused before training, naming its file or line;
+augmentation.
 
 The recordings here are generated tones (the reader only cares about the WAV container and the
 transcript rules); ``synthesize_phrases`` runs the real bundled Piper voice.
@@ -16,7 +17,7 @@ import numpy as np
 import onnxruntime
 import pytest
 
-from adapt.data import (
+from voxgate.adapt.data import (
     GENERAL_SENTENCES,
     MAX_CLIP_S,
     SAMPLE_RATE_HZ,

@@ -25,11 +25,11 @@ import pytest
 import pytest_asyncio
 from calls import encode_wav, models_server, recognize
 
-from adapt.data import load_pairs, split
-from cli._adapt import EXTRA_MISSING
-from cli._main import main
-from engines.asr import resolve_model_dir
-from gateway.server import GatewayServer
+from voxgate.adapt.data import load_pairs, split
+from voxgate.cli._adapt import EXTRA_MISSING
+from voxgate.cli._main import main
+from voxgate.engines.asr import resolve_model_dir
+from voxgate.gateway.server import GatewayServer
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 
@@ -75,7 +75,7 @@ def adapted(
     calls = root / "calls.csv"
     calls.write_text(f"audio\n{speech_dir / RECORDING}\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "cli", "adapt", "--data", str(data), "--terms", str(terms)]
+        [sys.executable, "-m", "voxgate.cli", "adapt", "--data", str(data), "--terms", str(terms)]
         + ["--name", NAME, "--models-dir", str(models), "--steps", "8", "--decoder-only"]
         + ["--learning-rate", "5e-3", "--held-out", str(HELD_OUT), "--threads", "2"]
         + ["--replay", "2", "--replay-audio", str(calls), "--batch-size", "2"],
@@ -96,7 +96,7 @@ def adapted(
 def test_the_command_writes_a_verified_model_with_its_report_and_nothing_else(
     adapted: tuple[Path, dict[str, Any], list[dict[str, Any]]],
 ) -> None:
-    from adapt.publish import sha256_file
+    from voxgate.adapt.publish import sha256_file
 
     models, summary, progress = adapted
     assert [p.name for p in models.iterdir()] == [NAME]  # no partial or work dir left behind
@@ -177,14 +177,14 @@ def test_qlora_trains_on_a_4bit_base_and_its_merged_model_writes_the_term(
     The serving path is the same for every model directory (the LoRA model above goes through
     a real gateway); what only this run proves is training and merging through a 4-bit base.
     """
-    from adapt.evaluate import load_engine, transcribe
+    from voxgate.adapt.evaluate import load_engine, transcribe
 
     data = write_manifest(tmp_path / "calls.jsonl", speech_dir, manifest)
     terms = tmp_path / "terms.txt"
     terms.write_text(f"{TERM}\n")
     models = tmp_path / "models"
     proc = subprocess.run(
-        [sys.executable, "-m", "cli", "adapt", "--data", str(data), "--terms", str(terms)]
+        [sys.executable, "-m", "voxgate.cli", "adapt", "--data", str(data), "--terms", str(terms)]
         + ["--qlora", "--no-evaluate"]
         + ["--name", "q4", "--models-dir", str(models), "--steps", "8", "--decoder-only"]
         + ["--learning-rate", "5e-3", "--held-out", str(HELD_OUT), "--threads", "2"]

@@ -1,4 +1,5 @@
-"""adapt.scoring, adapt.evaluate and adapt.report: the numbers and the files a run leaves."""
+"""voxgate.adapt.scoring, voxgate.adapt.evaluate and voxgate.adapt.report: the numbers and the files
+a run leaves."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ import jiwer
 import numpy as np
 import pytest
 
-from adapt.data import Pair, read_audio
-from adapt.evaluate import evaluate, load_engine, score, transcribe
-from adapt.report import write_report
-from adapt.scoring import corpus_wer, term_hits, wer
+from voxgate.adapt.data import Pair, read_audio
+from voxgate.adapt.evaluate import evaluate, load_engine, score, transcribe
+from voxgate.adapt.report import write_report
+from voxgate.adapt.scoring import corpus_wer, term_hits, wer
 
 SILENCE = np.zeros(16000, np.float32)
 

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from adapt.data import Pair
-from adapt.progress import Progress
-from adapt.train import (
+from voxgate.adapt.data import Pair
+from voxgate.adapt.progress import Progress
+from voxgate.adapt.train import (
     Adapter,
     Example,
     TrainConfig,
@@ -35,8 +35,8 @@ from adapt.train import (
     train,
     window_frames,
 )
-from engines.asr._policy import choose_encoder_frames
-from engines.asr.config import EncoderWindowConfig
+from voxgate.engines.asr._policy import choose_encoder_frames
+from voxgate.engines.asr.config import EncoderWindowConfig
 
 CLIPS = ("vctk_p238_165.wav", "ljspeech_LJ001-0004.wav")
 
@@ -105,10 +105,12 @@ def test_bad_settings_are_refused_before_anything_loads(
 def test_progress_without_a_terminal_is_json_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     import types
 
-    import adapt.progress
+    import voxgate.adapt.progress
 
     clock = types.SimpleNamespace(now=0.0)  # a fake clock: steps reported 1 s apart
-    monkeypatch.setattr(adapt.progress, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
+    monkeypatch.setattr(
+        voxgate.adapt.progress, "time", types.SimpleNamespace(monotonic=lambda: clock.now)
+    )
     out = io.StringIO()
     p = Progress(out, tty=False, interval_s=0.0)
     p.stage("train", steps=3)
@@ -133,11 +135,11 @@ def test_progress_rate_and_eta_count_the_steps_timed(monkeypatch: pytest.MonkeyP
     the ETA is that rate times the steps left, also for a resumed run starting at step 41."""
     import types
 
-    import adapt.progress
+    import voxgate.adapt.progress
 
     clock = types.SimpleNamespace(now=0.0)
     fake_time = types.SimpleNamespace(monotonic=lambda: clock.now)
-    monkeypatch.setattr(adapt.progress, "time", fake_time)
+    monkeypatch.setattr(voxgate.adapt.progress, "time", fake_time)
     for first in (1, 41):
         out = io.StringIO()
         p = Progress(out, tty=False, interval_s=0.0)
@@ -204,8 +206,8 @@ def read_clip(path: Path) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def base():
-    from adapt.convert import read_base
-    from engines.asr import resolve_model_dir
+    from voxgate.adapt.convert import read_base
+    from voxgate.engines.asr import resolve_model_dir
 
     return read_base(resolve_model_dir("base"))
 
@@ -311,7 +313,7 @@ def test_replay_holds_general_speech_to_the_base_not_to_its_text(
 def test_recorded_replay_takes_turns_with_the_bundled_sentences(
     base, pairs: list[Pair], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from adapt import train as train_mod
+    from voxgate.adapt import train as train_mod
 
     domain = make_examples(base, pairs[:1])
     sentences = make_examples(base, pairs[1:], replay=True)
@@ -398,7 +400,7 @@ def test_bitsandbytes_is_imported_without_the_hub_lookup_and_transformers_still_
 
     code = (
         "import sys\n"
-        "from adapt._offline import import_bitsandbytes\n"
+        "from voxgate.adapt._offline import import_bitsandbytes\n"
         "bnb = import_bitsandbytes()\n"
         "assert bnb is not None and 'kernels' not in sys.modules, sorted(sys.modules)[:5]\n"
         "import peft, transformers\n"

@@ -2,8 +2,8 @@
 
 The policy and the windowed views are checked exactly with readings passed in. The server tests
 run a real grpc.aio server on loopback with a FAKE recogniser behind the REAL batcher
-(``gateway.testing.batched``): its latency is what the test sets, so "the recogniser got slow"
-is a fact of the test, not a hope about the machine. Waits are on events and metrics with
+(``voxgate.gateway.testing.batched``): its latency is what the test sets, so "the recogniser got
+slow" is a fact of the test, not a hope about the machine. Waits are on events and metrics with
 generous hang guards; nothing asserts on how long anything took.
 """
 
@@ -22,21 +22,21 @@ from calls import chunks, config, encode_wav, requests
 from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from engines.asr.base import AsrRequest, AsrResult
-from gateway.admission import (
+from voxgate.engines.asr.base import AsrRequest, AsrResult
+from voxgate.gateway.admission import (
     AdmissionPolicy,
     LoadSampler,
     LoadSnapshot,
     WindowedTotal,
     quantile,
 )
-from gateway.config import AdmissionConfig, LimitsConfig
-from gateway.degrade import LADDER
-from gateway.metrics import GatewayMetrics, RecentValues
-from gateway.server import SERVICE_NAME, GatewayServer
-from gateway.testing.batched import FakeBatchedAsrHub, fake_result
-from gateway.testing.fake_engines import FakeBatchEngine, FakeToneSynthesizer
-from gateway.testing.server import running_server
+from voxgate.gateway.config import AdmissionConfig, LimitsConfig
+from voxgate.gateway.degrade import LADDER
+from voxgate.gateway.metrics import GatewayMetrics, RecentValues
+from voxgate.gateway.server import SERVICE_NAME, GatewayServer
+from voxgate.gateway.testing.batched import FakeBatchedAsrHub, fake_result
+from voxgate.gateway.testing.fake_engines import FakeBatchEngine, FakeToneSynthesizer
+from voxgate.gateway.testing.server import running_server
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 

@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from engines.asr import _policy as policy
-from engines.asr._whisper import WhisperEngine
-from engines.asr.base import AsrOptions, AsrRequest, AsrResult
-from engines.asr.config import DecodingPolicyConfig, EncoderWindowConfig, WhisperConfig
-from engines.base import UtteranceStats
-from gateway.batcher import Batcher, BatchPolicy
-from gateway.metrics import GatewayMetrics
-from gateway.runtime import AsrTranscriber, BatchMetrics
+from voxgate.engines.asr import _policy as policy
+from voxgate.engines.asr._whisper import WhisperEngine
+from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult
+from voxgate.engines.asr.config import DecodingPolicyConfig, EncoderWindowConfig, WhisperConfig
+from voxgate.engines.base import UtteranceStats
+from voxgate.gateway.batcher import Batcher, BatchPolicy
+from voxgate.gateway.metrics import GatewayMetrics
+from voxgate.gateway.runtime import AsrTranscriber, BatchMetrics
 
 pytestmark = pytest.mark.unit
 

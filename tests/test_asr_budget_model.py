@@ -20,10 +20,10 @@ import pytest
 from conftest import read_wav_int16
 
 from benchmarks import _wer
-from engines.asr._whisper import WhisperEngine
-from engines.asr.base import AsrOptions, AsrRequest, AsrResult
-from engines.asr.config import DecodingPolicyConfig, WhisperConfig
-from gateway.testing.signals import stats_for
+from voxgate.engines.asr._whisper import WhisperEngine
+from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult
+from voxgate.engines.asr.config import DecodingPolicyConfig, WhisperConfig
+from voxgate.gateway.testing.signals import stats_for
 
 pytestmark = pytest.mark.model
 

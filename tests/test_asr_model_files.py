@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engines.asr import _model_files as model_files
-from engines.asr._model_files import ModelFilesError, join_base_model, resolve_model_dir
+from voxgate.engines.asr import _model_files as model_files
+from voxgate.engines.asr._model_files import ModelFilesError, join_base_model, resolve_model_dir
 
 pytestmark = [pytest.mark.unit]
 

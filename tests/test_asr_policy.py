@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engines.asr import _policy as policy
-from engines.asr._policy import mbr_select
-from engines.asr.base import AsrOptions
-from engines.asr.config import DecodingPolicyConfig, EncoderWindowConfig
-from engines.base import UtteranceStats
+from voxgate.engines.asr import _policy as policy
+from voxgate.engines.asr._policy import mbr_select
+from voxgate.engines.asr.base import AsrOptions
+from voxgate.engines.asr.config import DecodingPolicyConfig, EncoderWindowConfig
+from voxgate.engines.base import UtteranceStats
 
 pytestmark = [pytest.mark.unit]
 
@@ -269,7 +269,7 @@ def test_config_validation_messages() -> None:
         EncoderWindowConfig(buckets_s=(10.0, 20.0))
     with pytest.raises(ValueError, match="start at 0.0"):
         DecodingPolicyConfig(temperatures=(0.2, 0.4))
-    from engines.asr.config import WhisperConfig
+    from voxgate.engines.asr.config import WhisperConfig
 
     with pytest.raises(ValueError, match="flash_attention"):
         WhisperConfig(flash_attention=True)
@@ -279,7 +279,7 @@ def test_config_validation_messages() -> None:
 
 
 def test_gpu_defaults_to_the_full_window_and_cpu_to_buckets() -> None:
-    from engines.asr.config import WhisperConfig
+    from voxgate.engines.asr.config import WhisperConfig
 
     assert WhisperConfig(device="cuda").encoder.buckets_s == (30.0,)
     assert WhisperConfig().encoder.buckets_s[0] < 30.0

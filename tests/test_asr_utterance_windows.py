@@ -18,16 +18,16 @@ import numpy as np
 import pytest
 from conftest import read_wav_int16
 
-from engines.asr._policy import choose_encoder_frames
-from engines.asr._whisper import WhisperEngine
-from engines.asr.base import AsrOptions, AsrRequest
-from engines.asr.config import (
+from voxgate.engines.asr._policy import choose_encoder_frames
+from voxgate.engines.asr._whisper import WhisperEngine
+from voxgate.engines.asr.base import AsrOptions, AsrRequest
+from voxgate.engines.asr.config import (
     FULL_WINDOW_FRAMES,
     UTTERANCE_ENCODER_WINDOWS,
     DecodingPolicyConfig,
     WhisperConfig,
 )
-from gateway.testing.signals import stats_for
+from voxgate.gateway.testing.signals import stats_for
 
 pytestmark = pytest.mark.model
 

@@ -1,12 +1,12 @@
-"""The per-call audio edges (gateway.audio): decoders, encoders, streaming resamplers."""
+"""The per-call audio edges (voxgate.gateway.audio): decoders, encoders, streaming resamplers."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from gateway.audio import AudioFormatError, InputDecoder, OutputEncoder
-from pcmcodec import MULAW_DECODE, WireEncoding
+from voxgate.gateway.audio import AudioFormatError, InputDecoder, OutputEncoder
+from voxgate.pcmcodec import MULAW_DECODE, WireEncoding
 
 pytestmark = pytest.mark.unit
 

@@ -1,6 +1,6 @@
 """Barge-in policies (immediate, after_words, never, backchannels) and the echo guard.
 
-The policy logic runs on the virtual clock with FAKE engines (gateway.testing): a fake tone
+The policy logic runs on the virtual clock with FAKE engines (voxgate.gateway.testing): a fake tone
 voice, a fake recogniser with scripted texts and an energy "VAD", so every time is exact. The
 echo guard is tested on synthetic signals through G.711, then end to end: a real grpc.aio server
 with the bundled Piper voice and the real VAD, the reply fed back into the caller's μ-law audio.
@@ -17,17 +17,17 @@ import numpy as np
 import pytest
 
 from benchmarks.barge_in import load_caller, run_call
-from engines.asr.base import AsrOptions
-from gateway.barge_in import (
+from voxgate.engines.asr.base import AsrOptions
+from voxgate.gateway.barge_in import (
     DEFAULT_BACKCHANNELS,
     BargeInMode,
     BargeInModel,
     BargeInPolicy,
     content_words,
 )
-from gateway.config import LanguageConfig, LimitsConfig, VadConfig, load_config
-from gateway.echo import EchoGuard, GatedEchoCanceller, LineEchoCanceller, echo_similarity
-from gateway.events import (
+from voxgate.gateway.config import LanguageConfig, LimitsConfig, VadConfig, load_config
+from voxgate.gateway.echo import EchoGuard, GatedEchoCanceller, LineEchoCanceller, echo_similarity
+from voxgate.gateway.events import (
     AudioIn,
     AudioOutEvent,
     InboundEvent,
@@ -38,13 +38,23 @@ from gateway.events import (
     SpeechOut,
     TranscriptOut,
 )
-from gateway.runtime import build_hub
-from gateway.session import CallConfig, CallSession
-from gateway.testing.echo_line import EchoLine, dispersive_path
-from gateway.testing.fake_engines import EnergyVoiceDetector, FakeToneSynthesizer, FakeTranscriber
-from gateway.testing.server import running_server
-from gateway.testing.virtual_time import run_virtual
-from pcmcodec import MULAW_DECODE, MULAW_ENCODE, WireEncoding, float_to_pcm16, pcm16_to_float
+from voxgate.gateway.runtime import build_hub
+from voxgate.gateway.session import CallConfig, CallSession
+from voxgate.gateway.testing.echo_line import EchoLine, dispersive_path
+from voxgate.gateway.testing.fake_engines import (
+    EnergyVoiceDetector,
+    FakeToneSynthesizer,
+    FakeTranscriber,
+)
+from voxgate.gateway.testing.server import running_server
+from voxgate.gateway.testing.virtual_time import run_virtual
+from voxgate.pcmcodec import (
+    MULAW_DECODE,
+    MULAW_ENCODE,
+    WireEncoding,
+    float_to_pcm16,
+    pcm16_to_float,
+)
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 

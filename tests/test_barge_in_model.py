@@ -16,10 +16,10 @@ import grpc
 import pytest
 
 from benchmarks.barge_in import SHORT_REPLY, CallResult, load_caller, run_call
-from gateway.config import load_config
-from gateway.metrics import GatewayMetrics
-from gateway.runtime import EngineLoadError, build_hub
-from gateway.testing.server import running_server
+from voxgate.gateway.config import load_config
+from voxgate.gateway.metrics import GatewayMetrics
+from voxgate.gateway.runtime import EngineLoadError, build_hub
+from voxgate.gateway.testing.server import running_server
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 

@@ -17,9 +17,9 @@ import grpc
 import pytest
 
 from benchmarks.barge_in import CallResult, load_caller, run_call
-from gateway.config import load_config
-from gateway.runtime import build_hub
-from gateway.testing.server import running_server
+from voxgate.gateway.config import load_config
+from voxgate.gateway.runtime import build_hub
+from voxgate.gateway.testing.server import running_server
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 

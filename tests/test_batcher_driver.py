@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.batcher import (
+from voxgate.gateway.batcher import (
     Batcher,
     BatcherClosedError,
     BatchObserver,
@@ -25,7 +25,7 @@ from gateway.batcher import (
     BatchTimeoutError,
     QueueFullError,
 )
-from gateway.testing.fake_engines import FakeBatchEngine, FakeEngineError
+from voxgate.gateway.testing.fake_engines import FakeBatchEngine, FakeEngineError
 
 pytestmark = pytest.mark.unit
 

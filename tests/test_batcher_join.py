@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.batcher import (
+from voxgate.gateway.batcher import (
     Batcher,
     BatcherClosedError,
     BatchObserver,
@@ -28,7 +28,7 @@ from gateway.batcher import (
     BatchResultLengthError,
     BatchTimeoutError,
 )
-from gateway.testing.fake_engines import FakeBatchEngine
+from voxgate.gateway.testing.fake_engines import FakeBatchEngine
 
 pytestmark = pytest.mark.unit
 
@@ -452,7 +452,7 @@ def futures_key(ops: list[tuple[str, int, Hashable, bool]], item: int) -> Hashab
 
 
 def test_the_config_refuses_join_running_without_the_decode_loop() -> None:
-    from gateway.config import ConfigError, load_config
+    from voxgate.gateway.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="join_running needs asr.decode_loop.always"):
         load_config(overrides={"batcher": {"join_running": True}})

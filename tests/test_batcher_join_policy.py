@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.batcher import Batch, BatchPolicy
+from voxgate.gateway.batcher import Batch, BatchPolicy
 
 pytestmark = pytest.mark.unit
 

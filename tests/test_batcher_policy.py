@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.batcher import (
+from voxgate.gateway.batcher import (
     DEFAULT_PLANS,
     Batch,
     BatchPlan,
@@ -20,7 +20,7 @@ from gateway.batcher import (
     default_candidates,
     default_plan,
 )
-from gateway.scheduling import WaitUntil
+from voxgate.gateway.scheduling import WaitUntil
 
 pytestmark = pytest.mark.unit
 

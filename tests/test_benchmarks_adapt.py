@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.adapt_quality import main
-from engines.asr._model_files import resolve_model_dir
+from voxgate.engines.asr._model_files import resolve_model_dir
 
 pytestmark = pytest.mark.model
 
@@ -46,8 +46,8 @@ def test_exactly_one_model_source_is_required() -> None:
 
 
 def test_the_general_halves_share_no_clip_and_no_speaker(tmp_path: Path) -> None:
-    from adapt.data import load_recordings
     from benchmarks.adapt_quality import SPEECH, _speaker, general_halves, general_pairs
+    from voxgate.adapt.data import load_recordings
 
     a, b = general_halves()
     rows = [json.loads(line) for line in (SPEECH / "manifest.jsonl").read_text().splitlines()]

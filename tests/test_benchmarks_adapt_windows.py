@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.adapt_windows import kept_dirs, main
-from engines.asr._model_files import resolve_model_dir
+from voxgate.engines.asr._model_files import resolve_model_dir
 
 pytestmark = pytest.mark.model
 

@@ -27,8 +27,8 @@ from benchmarks.asr_capacity import (
     server_config,
     widen,
 )
-from engines.asr.config import UTTERANCE_ENCODER_WINDOWS, WhisperConfig
-from gateway.config import GatewayConfig
+from voxgate.engines.asr.config import UTTERANCE_ENCODER_WINDOWS, WhisperConfig
+from voxgate.gateway.config import GatewayConfig
 
 pytestmark = pytest.mark.unit
 

@@ -14,8 +14,8 @@ import pytest
 
 import benchmarks.gpu_check as gc
 from benchmarks.asr_capacity import _worker_engines
-from engines.asr._whisper import WhisperEngine
-from engines.asr.base import AsrOptions, AsrRequest
+from voxgate.engines.asr._whisper import WhisperEngine
+from voxgate.engines.asr.base import AsrOptions, AsrRequest
 
 pytestmark = pytest.mark.model
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from clients.bot import BotFileError, EchoBot, ScriptedBot, load_bot, sample_bot_path
+from voxgate.bridges.bots import BotFileError, EchoBot, ScriptedBot, load_bot, sample_bot_path
 
 pytestmark = pytest.mark.unit
 

@@ -24,11 +24,13 @@ from typing import Any
 import grpc
 import pytest
 
-from clients.bot import EchoBot, RuleBot, load_bot
-from clients.cli import CallOptions, play_call
-from clients.sip import BridgeConfig, SipBridge
-from clients.sip.testing import RtpPeer, run_sipp
-from clients.voxgate_client import (
+from voxgate.bridges.bots import EchoBot, RuleBot, load_bot
+from voxgate.bridges.sip import BridgeConfig, SipBridge
+from voxgate.bridges.sip.testing import RtpPeer, run_sipp
+from voxgate.cli.call import CallOptions, play_call
+from voxgate.gateway.testing.fake_engines import FakeToneHub
+from voxgate.gateway.testing.server import running_server
+from voxgate_client import (
     AudioOut,
     BotLink,
     BotPolicy,
@@ -49,9 +51,7 @@ from clients.voxgate_client import (
     sample_call_path,
     serve_bot,
 )
-from clients.voxgate_client._proto import voxgate_pb2 as pb
-from gateway.testing.fake_engines import FakeToneHub
-from gateway.testing.server import running_server
+from voxgate_client._proto import voxgate_pb2 as pb
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

@@ -23,20 +23,18 @@ import os
 import re
 import shutil
 import socket
-import subprocess
 import sys
-import zipfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from gateway.base import TtsPiece, VoiceDescription
-from gateway.events import SpeakIn
-from gateway.server import GatewayServer
-from gateway.testing.batched import FakeBatchedAsrHub, fake_result
-from gateway.testing.fake_engines import FakeBatchEngine, FakeToneSynthesizer
-from gateway.testing.server import running_server
+from voxgate.gateway.base import TtsPiece, VoiceDescription
+from voxgate.gateway.events import SpeakIn
+from voxgate.gateway.server import GatewayServer
+from voxgate.gateway.testing.batched import FakeBatchedAsrHub, fake_result
+from voxgate.gateway.testing.fake_engines import FakeBatchEngine, FakeToneSynthesizer
+from voxgate.gateway.testing.server import running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -222,38 +220,3 @@ async def test_examples_llm_bot_runs_as_its_docstring_says(
     assert users and users[0].startswith("fake transcript of"), history
     assert history[-1]["role"] == "assistant", history
     assert history[-1]["content"].startswith("You asked about fake transcript of"), history
-
-
-def test_the_server_wheel_installs_voxgate_client_beside_clients(tmp_path: Path) -> None:
-    """A non-editable install of the server gives both import names too (one source)."""
-    src = tmp_path / "src"
-    skip = shutil.ignore_patterns(
-        "__pycache__", ".mypy_cache", ".pytest_cache", "*.egg-info", "build", ".venv*"
-    )
-    for name in ("cli", "gateway", "engines", "clients", "pcmcodec", "protos", "adapt"):
-        shutil.copytree(REPO / name, src / name, ignore=skip)
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, src / name)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
-        + ["-w", str(tmp_path / "dist"), str(src)],
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
-    (wheel,) = (tmp_path / "dist").glob("voxgate-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
-    for module in ("__init__.py", "py.typed", "_proto/voxgate_pb2.py", "data/sample_call.wav"):
-        assert f"clients/voxgate_client/{module}" in names, module
-        assert f"voxgate_client/{module}" in names, module
-    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
-    assert tops == {
-        "adapt",
-        "cli",
-        "clients",
-        "engines",
-        "gateway",
-        "pcmcodec",
-        "voxgate",
-        "voxgate_client",
-    }, tops

@@ -33,11 +33,16 @@ import pytest
 from calls import encode_wav
 
 from benchmarks import _wer
-from clients.media_streams import MediaStreamsConfig, MediaStreamServer
-from clients.media_streams.testing import ReplayClient
-from clients.sip import BridgeConfig, SipBridge
-from clients.sip.testing import Baresip, running_kamailio, write_wav_8k
-from clients.voxgate_client import (
+from voxgate.bridges.media_streams import MediaStreamsConfig, MediaStreamServer
+from voxgate.bridges.media_streams.testing import ReplayClient
+from voxgate.bridges.sip import BridgeConfig, SipBridge
+from voxgate.bridges.sip.testing import Baresip, running_kamailio, write_wav_8k
+from voxgate.gateway.config import load_config
+from voxgate.gateway.runtime import build_hub
+from voxgate.gateway.testing.server import running_server
+from voxgate.pcmcodec import MULAW_DECODE
+from voxgate.v1 import voxgate_pb2 as pb
+from voxgate_client import (
     AudioOut,
     BotLink,
     CallConfig,
@@ -50,11 +55,6 @@ from clients.voxgate_client import (
     VoxgateSyncClient,
     load_audio,
 )
-from gateway.config import load_config
-from gateway.runtime import build_hub
-from gateway.testing.server import running_server
-from pcmcodec import MULAW_DECODE
-from voxgate.v1 import voxgate_pb2 as pb
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model, pytest.mark.timeout(600)]
 
@@ -62,9 +62,6 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "llm_bot.py"
 QUESTION = "cmu_goforward.wav"  # 2.8 s, one utterance
 INTERRUPTION = "vctk_p317_166.wav"
-# The example imports the client library by its distribution name; in this repository that is
-# clients.voxgate_client (the same source), so alias it before loading the example here.
-sys.modules.setdefault("voxgate_client", importlib.import_module("clients.voxgate_client"))
 llm_bot = importlib.import_module("examples.llm_bot")
 
 

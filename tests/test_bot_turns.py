@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from clients.bot import EchoBot
-from clients.voxgate_client import EndOfTurn, ServerEvent, SessionStarted, Transcript
-from clients.voxgate_client._proto import voxgate_pb2 as pb
+from voxgate.bridges.bots import EchoBot
+from voxgate_client import EndOfTurn, ServerEvent, SessionStarted, Transcript
+from voxgate_client._proto import voxgate_pb2 as pb
 
 pytestmark = pytest.mark.unit
 

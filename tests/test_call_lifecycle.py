@@ -18,9 +18,9 @@ import grpc
 import pytest
 from calls import config
 
-from gateway.server import GatewayServer
-from gateway.testing.fake_engines import FakeToneHub, FakeToneSynthesizer
-from gateway.testing.server import running_server
+from voxgate.gateway.server import GatewayServer
+from voxgate.gateway.testing.fake_engines import FakeToneHub, FakeToneSynthesizer
+from voxgate.gateway.testing.server import running_server
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 

@@ -27,13 +27,20 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pytest
 
-from clients.voxgate_client import CallConfig, PlaybackFinished, VoxgateClient
-from engines.tts import ReplyJob, SpeakOptions, TtsChunk, TtsConfig, VitsStreamer, WindowPlan
-from gateway.config import load_config
-from gateway.priority import thread_nice
-from gateway.runtime import build_hub
-from gateway.synthesis import SynthesisScheduler, policy_for
-from gateway.testing.server import running_server
+from voxgate.engines.tts import (
+    ReplyJob,
+    SpeakOptions,
+    TtsChunk,
+    TtsConfig,
+    VitsStreamer,
+    WindowPlan,
+)
+from voxgate.gateway.config import load_config
+from voxgate.gateway.priority import thread_nice
+from voxgate.gateway.runtime import build_hub
+from voxgate.gateway.synthesis import SynthesisScheduler, policy_for
+from voxgate.gateway.testing.server import running_server
+from voxgate_client import CallConfig, PlaybackFinished, VoxgateClient
 
 pytestmark = pytest.mark.model
 

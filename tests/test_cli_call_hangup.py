@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from clients.voxgate_client import sample_call_path
-from gateway.base import VoiceDescription
-from gateway.server import GatewayServer
-from gateway.testing.batched import FakeBatchedAsrHub, fake_result
-from gateway.testing.fake_engines import FakeBatchEngine, FakeToneSynthesizer
-from gateway.testing.server import running_server
+from voxgate.gateway.base import VoiceDescription
+from voxgate.gateway.server import GatewayServer
+from voxgate.gateway.testing.batched import FakeBatchedAsrHub, fake_result
+from voxgate.gateway.testing.fake_engines import FakeBatchEngine, FakeToneSynthesizer
+from voxgate.gateway.testing.server import running_server
+from voxgate_client import sample_call_path
 
 pytestmark = pytest.mark.e2e
 
@@ -48,7 +48,7 @@ async def voxgate_call(target: str, *args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "cli",
+        "voxgate.cli",
         "call",
         str(sample_call_path()),
         "--target",

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from cli._main import build_parser
-from clients.cli import WAIT_FOR_BOT_CHOICES
+from voxgate.cli._main import build_parser
+from voxgate.cli.call import WAIT_FOR_BOT_CHOICES
 
 pytestmark = pytest.mark.unit
 
@@ -20,7 +20,7 @@ COMMANDS = {"serve", "call", "demo", "sip", "media-streams", "adapt"}
 def help_text(*args: str) -> str:
     """The real command's help at a common terminal width."""
     proc = subprocess.run(
-        [sys.executable, "-m", "cli", *args, "--help"],
+        [sys.executable, "-m", "voxgate.cli", *args, "--help"],
         capture_output=True,
         text=True,
         env={**os.environ, "COLUMNS": "80"},

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.e2e
 def start(*args: str) -> tuple[subprocess.Popen[str], str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "serve", *args],
+        [sys.executable, "-m", "voxgate.cli", "serve", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -83,7 +83,7 @@ def test_environment_configures_the_server() -> None:
 
 def test_invalid_configuration_is_refused_with_the_field_name() -> None:
     out = subprocess.run(  # noqa: PLW1510 - the return code is the assertion
-        [sys.executable, "-m", "cli", "serve", "--port", "70000", "--engines", "none"],
+        [sys.executable, "-m", "voxgate.cli", "serve", "--port", "70000", "--engines", "none"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -94,7 +94,7 @@ def test_invalid_configuration_is_refused_with_the_field_name() -> None:
 
 def run_serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(  # noqa: PLW1510 - the return code is the assertion
-        [sys.executable, "-m", "cli", "serve", "--host", "127.0.0.1", "--port", "0", *args],
+        [sys.executable, "-m", "voxgate.cli", "serve", "--host", "127.0.0.1", "--port", "0", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -164,7 +164,7 @@ def test_demo_with_a_missing_model_or_voice_is_one_line_and_exit_2_as_serve(
 ) -> None:
     """It printed EngineLoadError's traceback (server.start() was not guarded); serve's line."""
     out = subprocess.run(  # noqa: PLW1510 - the return code is the assertion
-        [sys.executable, "-m", "cli", "demo", "--fast"],
+        [sys.executable, "-m", "voxgate.cli", "demo", "--fast"],
         capture_output=True,
         text=True,
         timeout=120,

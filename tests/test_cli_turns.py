@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator
 import pytest
 from test_cli_call_hangup import voxgate_call as call_on_sample
 
-from gateway.config import load_config
-from gateway.runtime import build_hub
-from gateway.server import GatewayServer
-from gateway.testing.server import running_server
+from voxgate.gateway.config import load_config
+from voxgate.gateway.runtime import build_hub
+from voxgate.gateway.server import GatewayServer
+from voxgate.gateway.testing.server import running_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -62,8 +62,8 @@ async def test_a_call_without_the_flag_keeps_the_gateways_default_off(
 
 
 def test_a_bad_eagerness_is_refused_before_calling() -> None:
-    from cli._main import build_parser
-    from clients.cli import turn_options_from_args
+    from voxgate.bridges.door_args import turn_options_from_args
+    from voxgate.cli._main import build_parser
 
     parse = build_parser().parse_args
     for door in (["call", "x.wav"], ["sip"], ["media-streams"]):

@@ -23,10 +23,11 @@ import grpc
 import pytest
 from calls import truth
 
-from cli.demo import run_demo
-from clients.cli import CallOptions, play_call, run_call
-from clients.timeline import build_timeline
-from clients.voxgate_client import (
+from voxgate.cli.call import CallOptions, play_call, run_call
+from voxgate.cli.demo import run_demo
+from voxgate.cli.timeline import build_timeline
+from voxgate.gateway.testing.server import running_server
+from voxgate_client import (
     AS_FAST_AS_ALLOWED,
     UNPACED,
     CallConfig,
@@ -43,7 +44,6 @@ from clients.voxgate_client import (
     sample_call_path,
     stream_audio,
 )
-from gateway.testing.server import running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -365,7 +365,7 @@ def test_voxgate_call_rejects_bad_audio_in_one_line_with_exit_2(tmp_path: Path, 
     # The real command, as a user runs it; nothing listens on the target: the file is checked
     # before any connection is made.
     proc = subprocess.run(
-        [sys.executable, "-m", "cli", "call", str(arg), "--target", "127.0.0.1:1"],
+        [sys.executable, "-m", "voxgate.cli", "call", str(arg), "--target", "127.0.0.1:1"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -382,7 +382,7 @@ def test_voxgate_call_rejects_a_bad_bot_file_in_one_line_with_exit_2(tmp_path: P
     rules = tmp_path / "rules.yaml"
     rules.write_text("rules: [\n  - if_says: hi\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "cli", "call", str(sample_call_path()), "--bot", str(rules)],
+        [sys.executable, "-m", "voxgate.cli", "call", str(sample_call_path()), "--bot", str(rules)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,6 +1,6 @@
 """Client, CLI and demo against a server with the real engines (Whisper base + the bundled voice).
 
-Marked ``model``: these need ``gateway.runtime.build_hub`` to load the engines (no network).
+Marked ``model``: these need ``voxgate.gateway.runtime.build_hub`` to load the engines (no network).
 They fail, never skip, while the hub is unavailable, so that enabling them is a visible step.
 """
 
@@ -18,10 +18,14 @@ import jiwer
 import numpy as np
 import pytest
 
-from cli.demo import demo_call
-from clients.cli import CallOptions, play_call
-from clients.timeline import build_timeline
-from clients.voxgate_client import (
+from voxgate.cli.call import CallOptions, play_call
+from voxgate.cli.demo import demo_call
+from voxgate.cli.timeline import build_timeline
+from voxgate.gateway.config import load_config
+from voxgate.gateway.runtime import build_hub
+from voxgate.gateway.server import GatewayServer
+from voxgate.gateway.testing.server import running_server
+from voxgate_client import (
     AS_FAST_AS_ALLOWED,
     REALTIME,
     AudioOut,
@@ -38,10 +42,6 @@ from clients.voxgate_client import (
     sample_call_path,
     stream_audio,
 )
-from gateway.config import load_config
-from gateway.runtime import build_hub
-from gateway.server import GatewayServer
-from gateway.testing.server import running_server
 
 pytestmark = pytest.mark.model
 

@@ -11,7 +11,8 @@ import pytest
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
-from clients.voxgate_client import (
+from voxgate.v1 import voxgate_pb2 as pb
+from voxgate_client import (
     AS_FAST_AS_ALLOWED,
     REALTIME,
     UNPACED,
@@ -37,8 +38,7 @@ from clients.voxgate_client import (
     sample_call_path,
     write_wav,
 )
-from clients.voxgate_client._errors import quota_from_trailers
-from voxgate.v1 import voxgate_pb2 as pb
+from voxgate_client._errors import quota_from_trailers
 
 pytestmark = pytest.mark.unit
 
@@ -295,7 +295,7 @@ def test_bundled_sample_call_is_a_short_16k_mono_wav() -> None:
 def test_the_moment_a_caller_said_an_offset_is_read_from_the_send_log() -> None:
     """``voxgate call``'s voice-to-voice row: audio sent at real time is spoken as it leaves,
     so offset X was said when its chunk left plus X's place in the chunk."""
-    from clients.cli import _sent_at
+    from voxgate.cli.call import _sent_at
 
     sent = [(100.0, 0.0), (100.02, 20.0), (100.04, 40.0), (100.05, 50.0)]  # the last: the end
     assert _sent_at(sent, 0) == pytest.approx(100.0)

@@ -5,7 +5,7 @@
   progress, while an explicit short grace does (so the option really is applied);
 - ``keepalive_*`` closes the connection of a peer that stops answering pings, and its call ends.
 
-The voice is the fake tone (gateway.testing): what is under test is the transport.
+The voice is the fake tone (voxgate.gateway.testing): what is under test is the transport.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import grpc
 import pytest
 from h2peer import H2Peer
 
-from gateway.config import load_config
-from gateway.server import connection_options
-from gateway.testing.fake_engines import FakeToneHub
-from gateway.testing.server import running_server
+from voxgate.gateway.config import load_config
+from voxgate.gateway.server import connection_options
+from voxgate.gateway.testing.fake_engines import FakeToneHub
+from voxgate.gateway.testing.server import running_server
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 

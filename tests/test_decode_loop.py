@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 import soxr
 
-from engines.asr._ct2_weights import load_decoder_weights
-from engines.asr._decode import DecodeItem, DecodeLoop, WhisperDecoder
-from engines.asr._model_files import resolve_model_dir
-from engines.asr._processors import SuppressBlank, SuppressTokens
-from engines.asr._whisper import WhisperEngine
-from engines.asr.base import AsrOptions, AsrRequest
-from gateway.testing.signals import stats_for
 from tests.conftest import read_wav_int16
+from voxgate.engines.asr._ct2_weights import load_decoder_weights
+from voxgate.engines.asr._decode import DecodeItem, DecodeLoop, WhisperDecoder
+from voxgate.engines.asr._model_files import resolve_model_dir
+from voxgate.engines.asr._processors import SuppressBlank, SuppressTokens
+from voxgate.engines.asr._whisper import WhisperEngine
+from voxgate.engines.asr.base import AsrOptions, AsrRequest
+from voxgate.gateway.testing.signals import stats_for
 
 pytestmark = pytest.mark.model
 
@@ -144,7 +144,7 @@ def test_loop_refuses_a_forced_prefix(setup: Setup, encoded: list[tuple[Any, np.
 @pytest.fixture(scope="module")
 def greeting() -> np.ndarray:
     """A sentence with the product name, spoken by the bundled Piper voice (deterministic)."""
-    from engines.tts import SpeakOptions, TtsConfig, VitsStreamer
+    from voxgate.engines.tts import SpeakOptions, TtsConfig, VitsStreamer
 
     tts = VitsStreamer.load(TtsConfig())
     chunk = tts.synthesize_oneshot(

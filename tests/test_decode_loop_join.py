@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 from benchmarks import _wer
-from engines.asr._whisper import WhisperEngine
-from engines.asr.base import AsrOptions, AsrRequest, AsrResult
-from gateway.batcher import Batcher, BatchPolicy
-from gateway.testing.signals import stats_for
 from tests.conftest import read_wav_int16
+from voxgate.engines.asr._whisper import WhisperEngine
+from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult
+from voxgate.gateway.batcher import Batcher, BatchPolicy
+from voxgate.gateway.testing.signals import stats_for
 
 pytestmark = pytest.mark.model
 

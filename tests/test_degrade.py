@@ -11,13 +11,13 @@ import math
 import numpy as np
 import pytest
 
-from engines.asr._policy import plan_decoding
-from engines.asr.base import AsrOptions
-from engines.asr.config import DecodingPolicyConfig, EncoderWindowConfig
-from engines.base import UtteranceStats
-from gateway.config import DegradeConfig
-from gateway.degrade import LADDER, DegradePolicy, QualityLevel
-from gateway.events import SpeakIn
+from voxgate.engines.asr._policy import plan_decoding
+from voxgate.engines.asr.base import AsrOptions
+from voxgate.engines.asr.config import DecodingPolicyConfig, EncoderWindowConfig
+from voxgate.engines.base import UtteranceStats
+from voxgate.gateway.config import DegradeConfig
+from voxgate.gateway.degrade import LADDER, DegradePolicy, QualityLevel
+from voxgate.gateway.events import SpeakIn
 
 pytestmark = pytest.mark.unit
 

@@ -28,9 +28,9 @@ from typing import Any
 import pytest
 import yaml
 
-from cli import build_parser
-from gateway.config import load_config
-from gateway.server import SERVICE_NAME
+from voxgate.cli import build_parser
+from voxgate.gateway.config import load_config
+from voxgate.gateway.server import SERVICE_NAME
 
 pytestmark = pytest.mark.unit
 
@@ -496,13 +496,19 @@ def test_dockerfile_rules(flavour: str) -> None:
 
 @pytest.mark.parametrize("flavour", list(DOCKERFILES))
 def test_dockerfile_model_join_calls_a_real_function(flavour: str) -> None:
-    import engines.asr._model_files as model_files
+    """The build-time join imports a module path and function that exist, as written.
+
+    The module is imported from the Dockerfile's own text: an earlier check imported the right
+    module itself, so the image's ``engines.asr.model_files`` (never a module) went unseen.
+    """
+    from voxgate.engines.asr import BUNDLED_MODELS
 
     text = DOCKERFILES[flavour].read_text()
-    match = re.search(r"from engines\.asr\.model_files import (\w+); print\(\1\('(\w+)'\)\)", text)
+    match = re.search(r"from ([\w.]+) import (\w+); print\(\2\('(\w+)'\)\)", text)
     assert match, "the image joins the bundled Whisper model at build time"
-    assert callable(getattr(model_files, match.group(1)))
-    assert match.group(2) in model_files.BUNDLED_MODELS
+    module = importlib.import_module(match.group(1))
+    assert callable(getattr(module, match.group(2)))
+    assert match.group(3) in BUNDLED_MODELS
 
 
 def test_cuda_image_defaults_to_gpu_and_a_model_volume() -> None:
@@ -631,7 +637,7 @@ def test_container_cmd_serves_passes_healthcheck_and_drains_on_sigterm(tmp_path:
     metrics_port = _free_port()
     # The image's CMD, with argv[0] as this interpreter's CLI; later flags win in argparse, so the
     # CMD's own flags are parsed too, then pointed at loopback and a free port, engines off.
-    cmd = [sys.executable, "-m", "cli", *argv[1:]]
+    cmd = [sys.executable, "-m", "voxgate.cli", *argv[1:]]
     cmd += ["--host", "127.0.0.1", "--port", "0", "--metrics-port", str(metrics_port)]
     cmd += ["--engines", "none"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_")}

@@ -10,13 +10,13 @@ import pytest
 import telephony as tel
 from calls import chunks, config, requests
 
-from engines.vad import SILERO_WINDOW, SileroVad
-from gateway.audio import InputDecoder
-from gateway.config import DtmfConfig, VadConfig
-from gateway.dtmf import DTMF_KEYS, DtmfDigit, DtmfGate
-from gateway.segmenter import Segmenter, SpeechBegin, Utterance, WebRtcVoiceDetector
-from gateway.testing.server import running_server
-from pcmcodec import WireEncoding
+from voxgate.engines.vad import SILERO_WINDOW, SileroVad
+from voxgate.gateway.audio import InputDecoder
+from voxgate.gateway.config import DtmfConfig, VadConfig
+from voxgate.gateway.dtmf import DTMF_KEYS, DtmfDigit, DtmfGate
+from voxgate.gateway.segmenter import Segmenter, SpeechBegin, Utterance, WebRtcVoiceDetector
+from voxgate.gateway.testing.server import running_server
+from voxgate.pcmcodec import WireEncoding
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 
@@ -96,8 +96,8 @@ def test_calls_share_the_model_but_not_the_state(speech_dir: Path) -> None:
 def test_a_missing_silero_model_stops_start_up_with_a_config_error(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from gateway import service
-    from gateway.config import ConfigError, GatewayConfig
+    from voxgate.gateway import service
+    from voxgate.gateway.config import ConfigError, GatewayConfig
 
     with pytest.raises(FileNotFoundError, match="missing.onnx"):
         SileroVad.load(tmp_path / "missing.onnx")

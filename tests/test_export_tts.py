@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 
-from engines.tts import SpeakOptions, TtsConfig, VitsStreamer, soft_limit
+from voxgate.engines.tts import SpeakOptions, TtsConfig, VitsStreamer, soft_limit
 
 pytestmark = pytest.mark.model
 

@@ -1,7 +1,7 @@
 """No utterance with text is lost: a final with no text of its own carries its last interim's.
 
-Component tests of ``CallSession`` with FAKE recognisers (gateway.testing): on the virtual clock
-for the decode outcomes, and on a real loop behind the REAL batcher for a hung final decode
+Component tests of ``CallSession`` with FAKE recognisers (voxgate.gateway.testing): on the virtual
+clock for the decode outcomes, and on a real loop behind the REAL batcher for a hung final decode
 (``batch_timeout_s``), whose worker threads take real time.
 """
 
@@ -14,13 +14,13 @@ from collections.abc import Sequence
 import pytest
 from test_session import Call, drive, silence, tone
 
-from engines.asr.base import AsrRequest, AsrResult
-from gateway.batcher import Batcher, BatchPolicy
-from gateway.errors import CallError, ErrorKind
-from gateway.events import ErrorOut, TranscriptOut
-from gateway.metrics import GatewayMetrics
-from gateway.runtime import AsrTranscriber, BatchMetrics
-from gateway.testing.fake_engines import FakeTranscriber
+from voxgate.engines.asr.base import AsrRequest, AsrResult
+from voxgate.gateway.batcher import Batcher, BatchPolicy
+from voxgate.gateway.errors import CallError, ErrorKind
+from voxgate.gateway.events import ErrorOut, TranscriptOut
+from voxgate.gateway.metrics import GatewayMetrics
+from voxgate.gateway.runtime import AsrTranscriber, BatchMetrics
+from voxgate.gateway.testing.fake_engines import FakeTranscriber
 
 pytestmark = pytest.mark.component
 

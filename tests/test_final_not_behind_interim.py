@@ -18,19 +18,23 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from engines.asr.base import AsrOptions, AsrRequest, AsrResult
-from gateway.batcher import Batcher, BatchPolicy, WithdrawnError
-from gateway.config import LimitsConfig, VadConfig
-from gateway.events import AudioIn, InboundEvent, OutboundEvent, TranscriptOut
-from gateway.metrics import GatewayMetrics
-from gateway.runtime import AsrTranscriber, BatchMetrics
-from gateway.session import CallConfig, CallSession
-from gateway.testing.batched import fake_result
-from gateway.testing.fake_engines import EnergyVoiceDetector, FakeBatchEngine, FakeTranscriber
-from gateway.testing.signals import stats_for
-from gateway.testing.virtual_time import run_virtual
-from gateway.turns import TurnOptions
-from pcmcodec import WireEncoding
+from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult
+from voxgate.gateway.batcher import Batcher, BatchPolicy, WithdrawnError
+from voxgate.gateway.config import LimitsConfig, VadConfig
+from voxgate.gateway.events import AudioIn, InboundEvent, OutboundEvent, TranscriptOut
+from voxgate.gateway.metrics import GatewayMetrics
+from voxgate.gateway.runtime import AsrTranscriber, BatchMetrics
+from voxgate.gateway.session import CallConfig, CallSession
+from voxgate.gateway.testing.batched import fake_result
+from voxgate.gateway.testing.fake_engines import (
+    EnergyVoiceDetector,
+    FakeBatchEngine,
+    FakeTranscriber,
+)
+from voxgate.gateway.testing.signals import stats_for
+from voxgate.gateway.testing.virtual_time import run_virtual
+from voxgate.gateway.turns import TurnOptions
+from voxgate.pcmcodec import WireEncoding
 
 pytestmark = pytest.mark.unit
 

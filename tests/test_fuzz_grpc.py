@@ -3,8 +3,8 @@
 Hypothesis draws whole calls (valid messages with random field values, in random order and
 timing, plus raw bytes) for Converse, StreamingRecognize, Synthesize and the discovery RPCs, many
 at once, against a real grpc.aio server with the real Whisper model; Speak is voiced by the fake
-tone (gateway.testing) to keep CPU for recognition. Meanwhile one well-behaved caller streams a
-real clip at real time, over and over. Derandomized: the same cases every run.
+tone (voxgate.gateway.testing) to keep CPU for recognition. Meanwhile one well-behaved caller
+streams a real clip at real time, over and over. Derandomized: the same cases every run.
 
 Properties: no INTERNAL or UNKNOWN status, every stream ends with its status within the bound,
 no server ERROR log line, no call left open, and the well-behaved transcript never changes.

@@ -21,9 +21,9 @@ import pytest
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.metrics import GatewayMetrics
-from gateway.testing.fake_engines import FakeToneHub
-from gateway.testing.server import running_server
+from voxgate.gateway.metrics import GatewayMetrics
+from voxgate.gateway.testing.fake_engines import FakeToneHub
+from voxgate.gateway.testing.server import running_server
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 

@@ -1,8 +1,8 @@
 """A hung recogniser: its batch fails with DEADLINE_EXCEEDED as error events, the server goes on.
 
 A real grpc.aio server on loopback; the recogniser is a FAKE engine behind the REAL batcher
-(``gateway.testing.batched``) whose first batch never returns until the test releases it, with
-one worker, so that anything transcribed afterwards proves the worker was replaced.
+(``voxgate.gateway.testing.batched``) whose first batch never returns until the test releases it,
+with one worker, so that anything transcribed afterwards proves the worker was replaced.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import grpc
 import pytest
 from calls import chunks, config, encode_wav, requests
 
-from engines.asr.base import AsrRequest, AsrResult
-from gateway.testing.batched import FakeBatchedAsrHub, fake_result
-from gateway.testing.fake_engines import FakeBatchEngine
-from gateway.testing.server import running_server
+from voxgate.engines.asr.base import AsrRequest, AsrResult
+from voxgate.gateway.testing.batched import FakeBatchedAsrHub, fake_result
+from voxgate.gateway.testing.fake_engines import FakeBatchEngine
+from voxgate.gateway.testing.server import running_server
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 

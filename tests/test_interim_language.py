@@ -1,7 +1,8 @@
 """Interims of a call that sets no language: the language learned from its finals.
 
-Component tests on the virtual clock with the FAKE recogniser (gateway.testing), which records
-every request and answers a scripted detection; plus the real engine's detection probability.
+Component tests on the virtual clock with the FAKE recogniser (voxgate.gateway.testing), which
+records every request and answers a scripted detection; plus the real engine's detection
+probability.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ import pytest
 from conftest import read_wav_int16
 from test_session import Call, drive, silence, tone
 
-from engines.asr.base import AsrOptions, AsrRequest, AsrResult
-from gateway.config import LanguageConfig, load_config
-from gateway.events import TranscriptOut
-from gateway.testing.fake_engines import FakeTranscriber
-from gateway.testing.signals import stats_for
+from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult
+from voxgate.gateway.config import LanguageConfig, load_config
+from voxgate.gateway.events import TranscriptOut
+from voxgate.gateway.testing.fake_engines import FakeTranscriber
+from voxgate.gateway.testing.signals import stats_for
 
 DETECT = AsrOptions(language=None)
 
@@ -160,8 +161,8 @@ def test_the_server_config_reaches_the_call() -> None:
 
 @pytest.mark.model
 def test_the_engine_reports_how_sure_its_detection_is(speech_dir: Path) -> None:
-    from engines.asr._whisper import WhisperEngine  # noqa: PLC0415
-    from engines.asr.config import WhisperConfig  # noqa: PLC0415
+    from voxgate.engines.asr._whisper import WhisperEngine  # noqa: PLC0415
+    from voxgate.engines.asr.config import WhisperConfig  # noqa: PLC0415
 
     pcm, rate = read_wav_int16(speech_dir / "jfk_inaugural_1961.wav")
     assert rate == 16000

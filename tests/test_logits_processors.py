@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engines.asr._phrases import MAX_BOOST, PhraseBoost, PhraseTree, parse_hotwords
-from engines.asr._processors import (
+from voxgate.engines.asr._phrases import MAX_BOOST, PhraseBoost, PhraseTree, parse_hotwords
+from voxgate.engines.asr._processors import (
     HallucinationBias,
     RepetitionPenalty,
     SilenceAwareEnd,
@@ -195,7 +195,7 @@ def test_phrase_start_needs_a_stricter_floor_than_a_continuation() -> None:
 
 @pytest.mark.unit
 def test_a_transcript_of_only_hotwords_on_silent_looking_audio_is_recited() -> None:
-    from engines.asr._whisper import WhisperEngine, _Attempt
+    from voxgate.engines.asr._whisper import WhisperEngine, _Attempt
 
     silent = _Attempt(1000, "en", 0.0, [], no_speech_prob=0.6, degenerate=False)
     clear = _Attempt(1000, "en", 0.0, [], no_speech_prob=0.05, degenerate=False)

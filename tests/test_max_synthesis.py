@@ -14,12 +14,12 @@ import grpc
 import numpy as np
 import pytest
 
-from gateway.base import TtsPiece
-from gateway.config import load_config
-from gateway.runtime import build_hub
-from gateway.server import GatewayServer
-from gateway.session import SynthesisCap
-from gateway.testing.server import running_server
+from voxgate.gateway.base import TtsPiece
+from voxgate.gateway.config import load_config
+from voxgate.gateway.runtime import build_hub
+from voxgate.gateway.server import GatewayServer
+from voxgate.gateway.session import SynthesisCap
+from voxgate.gateway.testing.server import running_server
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 

@@ -19,17 +19,17 @@ from typing import Any
 
 import pytest
 
-from clients.media_streams import DialectName, MediaStreamsConfig, MediaStreamServer
-from clients.media_streams.testing import ReplayClient
-from clients.voxgate_client import (
+from voxgate.bridges.media_streams import DialectName, MediaStreamsConfig, MediaStreamServer
+from voxgate.bridges.media_streams.testing import ReplayClient
+from voxgate.gateway.testing.fake_engines import FakeToneHub
+from voxgate.gateway.testing.server import running_server
+from voxgate_client import (
     Dtmf,
     MarkReached,
     PlaybackFinished,
     TransferError,
     VoiceCall,
 )
-from gateway.testing.fake_engines import FakeToneHub
-from gateway.testing.server import running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -393,7 +393,7 @@ async def test_a_full_gateway_closes_with_1013() -> None:
 
 
 def test_the_cli_lists_the_command() -> None:
-    from cli import build_parser
+    from voxgate.cli import build_parser
 
     args = build_parser().parse_args(
         ["media-streams", "--listen", "127.0.0.1:0", "--bot", "echo", "--dialect", "telnyx"]
@@ -408,7 +408,7 @@ async def test_the_command_serves_a_stream_and_stops_on_sigterm(tmp_path: Path) 
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "cli",
+            "voxgate.cli",
             "media-streams",
             "--listen",
             "127.0.0.1:0",
@@ -479,7 +479,7 @@ async def test_with_a_stream_token_only_streams_that_carry_it_get_in(
 
 
 async def test_a_bot_served_over_grpc_answers_a_stream() -> None:
-    from clients.voxgate_client import serve_bot
+    from voxgate_client import serve_bot
 
     bot = Recorder()
     async with await serve_bot(bot) as served, stack(served.address) as adapter:
@@ -540,8 +540,8 @@ async def test_the_adapters_turn_detection_reaches_the_gateway(asked: Any) -> No
     """An adapter set for turn detection (``voxgate media-streams --turns smart
     --turn-eagerness 0.8``) asks the gateway for it on each stream's call, so its bot answers
     turns; unset, the call has the gateway's default (off: nothing in the effective config)."""
-    from clients.voxgate_client import TurnOptions
     from voxgate.v1 import voxgate_pb2 as pb
+    from voxgate_client import TurnOptions
 
     turns = TurnOptions(mode=asked, eagerness=0.8) if asked else TurnOptions()
     bot = SessionSpy()

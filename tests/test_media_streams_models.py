@@ -23,9 +23,13 @@ from typing import Any
 import jiwer
 import pytest
 
-from clients.media_streams import MediaStreamsConfig, MediaStreamServer
-from clients.media_streams.testing import ReplayClient
-from clients.voxgate_client import (
+from voxgate.bridges.media_streams import MediaStreamsConfig, MediaStreamServer
+from voxgate.bridges.media_streams.testing import ReplayClient
+from voxgate.gateway.config import load_config
+from voxgate.gateway.runtime import build_hub
+from voxgate.gateway.server import GatewayServer
+from voxgate.gateway.testing.server import running_server
+from voxgate_client import (
     AS_FAST_AS_ALLOWED,
     CallConfig,
     PlaybackInterrupted,
@@ -35,10 +39,6 @@ from clients.voxgate_client import (
     WireAudio,
     stream_audio,
 )
-from gateway.config import load_config
-from gateway.runtime import build_hub
-from gateway.server import GatewayServer
-from gateway.testing.server import running_server
 
 pytestmark = pytest.mark.model
 

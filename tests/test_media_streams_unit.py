@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from clients.media_streams._dialect import (
+from voxgate.bridges.media_streams._dialect import (
     CLOSE_INVALID,
     CLOSE_POLICY,
     CLOSE_UNSUPPORTED,
@@ -28,7 +28,7 @@ from clients.media_streams._dialect import (
     build_media,
     parse,
 )
-from clients.media_streams._timing import ChunkOrderer, OutboundPacer, Rechunker
+from voxgate.bridges.media_streams._timing import ChunkOrderer, OutboundPacer, Rechunker
 
 pytestmark = pytest.mark.unit
 
@@ -267,7 +267,7 @@ def test_pacer_restarts_after_a_clear_and_after_running_dry() -> None:
 
 
 def test_the_stream_token_file_must_hold_one_url_safe_token(tmp_path: Path) -> None:
-    from clients.media_streams.cli import _read_stream_token
+    from voxgate.bridges.media_streams.cli import _read_stream_token
 
     good = tmp_path / "good"
     good.write_text("abcdefgh-1234567_89\n")
@@ -289,7 +289,7 @@ def test_the_stream_token_file_must_hold_one_url_safe_token(tmp_path: Path) -> N
 def _media_args(*argv: str) -> object:
     import argparse
 
-    from clients.media_streams.cli import add_media_streams_arguments
+    from voxgate.bridges.media_streams.cli import add_media_streams_arguments
 
     parser = argparse.ArgumentParser()
     add_media_streams_arguments(parser)
@@ -297,7 +297,7 @@ def _media_args(*argv: str) -> object:
 
 
 def test_media_streams_takes_the_same_bad_bot_flags_as_the_sip_bridge() -> None:
-    from clients.bot import bot_policy_from_args
+    from voxgate.bridges.bots import bot_policy_from_args
 
     args = _media_args("--bot-answer-timeout", "2.5", "--bot-fallback", "One moment please.")
     policy = bot_policy_from_args(args)  # type: ignore[arg-type]
@@ -314,7 +314,7 @@ def test_media_streams_does_not_offer_a_fallback_transfer_but_the_sip_bridge_doe
 
     def run(*argv: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "cli", *argv],
+            [sys.executable, "-m", "voxgate.cli", *argv],
             capture_output=True,
             text=True,
             timeout=120,
@@ -335,8 +335,8 @@ def test_media_streams_does_not_offer_a_fallback_transfer_but_the_sip_bridge_doe
 def test_the_sip_bridge_turns_a_fallback_transfer_into_its_policy() -> None:
     import argparse
 
-    from clients.bot import bot_policy_from_args
-    from clients.sip.cli import add_sip_arguments
+    from voxgate.bridges.bots import bot_policy_from_args
+    from voxgate.bridges.sip.cli import add_sip_arguments
 
     parser = argparse.ArgumentParser()
     add_sip_arguments(parser)

@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engines.asr.base import AsrOptions, AsrRequest, AsrResult
-from engines.base import UtteranceStats
-from gateway.base import ModelDescription
-from gateway.errors import CallError, ErrorKind
-from gateway.models import (
+from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult
+from voxgate.engines.base import UtteranceStats
+from voxgate.gateway.base import ModelDescription
+from voxgate.gateway.errors import CallError, ErrorKind
+from voxgate.gateway.models import (
     META_FILE,
     LoadedModel,
     ModelEntry,
@@ -32,7 +32,7 @@ from gateway.models import (
     model_name_of,
     scan_models_dir,
 )
-from gateway.runtime import ModelRouter
+from voxgate.gateway.runtime import ModelRouter
 
 pytestmark = pytest.mark.unit
 
@@ -356,7 +356,7 @@ async def test_files_changed_after_the_scan_are_not_loaded(tmp_path: Path) -> No
 def test_load_on_start_needs_a_models_dir() -> None:
     from pydantic import ValidationError
 
-    from engines.asr.config import WhisperConfig
+    from voxgate.engines.asr.config import WhisperConfig
 
     with pytest.raises(ValidationError, match="needs models_dir"):
         WhisperConfig(load_on_start=("support",))

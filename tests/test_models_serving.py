@@ -33,11 +33,11 @@ from calls import chunks, config, encode_wav, models_server, recognize, requests
 from conftest import REPO_ROOT
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from engines.asr import resolve_model_dir
-from gateway.config import load_config
-from gateway.metrics import GatewayMetrics
-from gateway.runtime import EngineLoadError, build_hub
-from gateway.server import MODEL_HEALTH_PREFIX, GatewayServer
+from voxgate.engines.asr import resolve_model_dir
+from voxgate.gateway.config import load_config
+from voxgate.gateway.metrics import GatewayMetrics
+from voxgate.gateway.runtime import EngineLoadError, build_hub
+from voxgate.gateway.server import MODEL_HEALTH_PREFIX, GatewayServer
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 
@@ -287,7 +287,7 @@ def _serve(models_dir: Path, log: Path) -> tuple[subprocess.Popen[str], str]:
             [
                 sys.executable,
                 "-m",
-                "cli",
+                "voxgate.cli",
                 "serve",
                 "--engines",
                 "asr",

@@ -1,4 +1,4 @@
-"""gateway.priority: engine threads below the event loop's CPU priority (Linux nice values).
+"""voxgate.gateway.priority: engine threads below the event loop's CPU priority (Linux nice values).
 
 The call path's stall under load (issue 35) came from the loop and the synthesis workers
 sharing oversubscribed cores evenly with the recogniser's threads; these check the mechanism
@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from gateway.priority import MAX_NICE, call_lowered, lower_current_thread, thread_nice
+from voxgate.gateway.priority import MAX_NICE, call_lowered, lower_current_thread, thread_nice
 
 pytestmark = pytest.mark.unit
 

@@ -42,11 +42,11 @@ from pathlib import Path
 import pytest
 from conftest import REPO_ROOT, SPEECH_DIR
 
-from clients.voxgate_client import read_wav, write_wav
-from gateway.base import EngineHub
-from gateway.config import load_config
-from gateway.runtime import build_hub
-from gateway.testing.server import running_server
+from voxgate.gateway.base import EngineHub
+from voxgate.gateway.config import load_config
+from voxgate.gateway.runtime import build_hub
+from voxgate.gateway.testing.server import running_server
+from voxgate_client import read_wav, write_wav
 
 pytestmark = pytest.mark.model
 

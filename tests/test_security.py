@@ -31,9 +31,17 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from clients.cli import add_connection_arguments, connection_from_args
-from clients.sip import BridgeConfig, SilentBot, SipBridge
-from clients.voxgate_client import (
+from voxgate.bridges.door_args import add_connection_arguments, connection_from_args
+from voxgate.bridges.sip import BridgeConfig, SilentBot, SipBridge
+from voxgate.gateway.config import ConfigError, SecurityConfig, load_config
+from voxgate.gateway.security import GatewaySecurity, TokenStore, parse_tokens
+from voxgate.gateway.server import GatewayServer
+from voxgate.gateway.testing.fake_engines import FakeToneHub
+from voxgate.gateway.testing.pki import Pki, make_pki
+from voxgate.gateway.testing.server import running_server
+from voxgate.v1 import voxgate_pb2 as pb
+from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
+from voxgate_client import (
     CallConfig,
     VoxgateClient,
     VoxgateError,
@@ -42,14 +50,6 @@ from clients.voxgate_client import (
     read_wav,
     tls_credentials,
 )
-from gateway.config import ConfigError, SecurityConfig, load_config
-from gateway.security import GatewaySecurity, TokenStore, parse_tokens
-from gateway.server import GatewayServer
-from gateway.testing.fake_engines import FakeToneHub
-from gateway.testing.pki import Pki, make_pki
-from gateway.testing.server import running_server
-from voxgate.v1 import voxgate_pb2 as pb
-from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.e2e
 
@@ -444,7 +444,7 @@ async def test_reload_adds_and_removes_tokens_and_keeps_them_on_a_broken_file(
 
 def _serve(*args: str) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "serve", "--engines", "none", "--port", "0", *args],
+        [sys.executable, "-m", "voxgate.cli", "serve", "--engines", "none", "--port", "0", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -566,7 +566,7 @@ def test_configuration_errors_name_the_field(pki: Pki, tmp_path: Path) -> None:
 
 
 def _metrics() -> Any:
-    from gateway.metrics import GatewayMetrics
+    from voxgate.gateway.metrics import GatewayMetrics
 
     return GatewayMetrics()
 
@@ -580,7 +580,7 @@ def _metrics() -> Any:
 )
 def test_voxgate_serve_exits_2_on_a_bad_security_file(flags: list[str], needle: str) -> None:
     out = subprocess.run(  # noqa: PLW1510 - the return code is the assertion
-        [sys.executable, "-m", "cli", "serve", "--engines", "none", "--port", "0", *flags],
+        [sys.executable, "-m", "voxgate.cli", "serve", "--engines", "none", "--port", "0", *flags],
         capture_output=True,
         text=True,
         timeout=120,
@@ -593,7 +593,7 @@ def test_voxgate_serve_exits_2_on_a_bad_security_file(flags: list[str], needle: 
 def test_voxgate_serve_exits_2_on_a_key_that_does_not_match(pki: Pki) -> None:
     out = subprocess.run(  # noqa: PLW1510
         [
-            *(sys.executable, "-m", "cli", "serve", "--engines", "none", "--port", "0"),
+            *(sys.executable, "-m", "voxgate.cli", "serve", "--engines", "none", "--port", "0"),
             *("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.client_key)),
         ],
         capture_output=True,
@@ -665,7 +665,7 @@ def test_client_flags(pki: Pki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 def test_voxgate_call_refuses_an_unreadable_ca_in_one_line(tmp_path: Path) -> None:
     out = subprocess.run(  # noqa: PLW1510
         [
-            *(sys.executable, "-m", "cli", "call", str(tmp_path / "a.wav")),
+            *(sys.executable, "-m", "voxgate.cli", "call", str(tmp_path / "a.wav")),
             *("--tls-ca", str(tmp_path / "ca.pem")),
         ],
         capture_output=True,
@@ -730,7 +730,7 @@ async def test_the_sip_bridge_reaches_a_gateway_over_mutual_tls_with_a_token(
 
 @pytest.fixture
 def real_hub() -> Iterator[Any]:
-    from gateway.runtime import build_hub
+    from voxgate.gateway.runtime import build_hub
 
     yield build_hub(load_config(None, {"engines": "asr,tts"}))
 
@@ -750,7 +750,7 @@ async def test_voxgate_call_over_tls_with_a_token_against_the_real_models(
         hub=real_hub, security=security, limits={"max_realtime_factor": 1000.0}
     ) as srv:
         proc = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "cli", "call", str(speech_dir / "cmu_goforward.wav")),
+            *(sys.executable, "-m", "voxgate.cli", "call", str(speech_dir / "cmu_goforward.wav")),
             *("--target", srv.target, "--tls-ca", str(pki.ca), "--token-file", str(token_file)),
             *("--say", "Hello, how can I help?", "--wait-for-bot", "start"),
             *("--out", str(tmp_path / "reply.wav")),

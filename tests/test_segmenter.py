@@ -13,16 +13,16 @@ from conftest import read_wav_int16
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.audio import InputDecoder
-from gateway.config import VadConfig
-from gateway.segmenter import (
+from voxgate.gateway.audio import InputDecoder
+from voxgate.gateway.config import VadConfig
+from voxgate.gateway.segmenter import (
     Segmenter,
     SegmenterState,
     SpeechBegin,
     SpeechEnd,
     Utterance,
 )
-from pcmcodec import MULAW_ENCODE, WireEncoding, float_to_pcm16, pcm16_to_float
+from voxgate.pcmcodec import MULAW_ENCODE, WireEncoding, float_to_pcm16, pcm16_to_float
 
 pytestmark = pytest.mark.unit
 

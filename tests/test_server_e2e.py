@@ -13,7 +13,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from gateway.testing.server import running_server
+from voxgate.gateway.testing.server import running_server
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 
@@ -335,7 +335,7 @@ async def test_graceful_stop_refuses_new_calls_and_cancels_the_rest() -> None:
 
 def test_every_metric_is_documented_and_every_documented_metric_exists() -> None:
     """v0.1: deploy/README.md omitted two metrics and described utterances wrongly."""
-    from gateway.metrics import GatewayMetrics
+    from voxgate.gateway.metrics import GatewayMetrics
 
     doc = (Path(__file__).resolve().parents[1] / "deploy" / "README.md").read_text()
     documented = {

@@ -1,4 +1,5 @@
-"""CallSession's logic on a virtual clock, with FAKE engines (gateway.testing): no model, no server.
+"""CallSession's logic on a virtual clock, with FAKE engines (voxgate.gateway.testing): no model, no
+server.
 
 Pacing, barge-in, marks, clear, interims, speculative finals, playback accounting, faults and
 shutdown. Every timestamp is exact (virtual time), so these assertions cannot be flaky; the same
@@ -14,9 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway.config import LimitsConfig, VadConfig
-from gateway.errors import CallError, ErrorKind
-from gateway.events import (
+from voxgate.gateway.config import LimitsConfig, VadConfig
+from voxgate.gateway.errors import CallError, ErrorKind
+from voxgate.gateway.events import (
     AudioIn,
     AudioOutEvent,
     ClearIn,
@@ -32,11 +33,15 @@ from gateway.events import (
     SpeechOut,
     TranscriptOut,
 )
-from gateway.metrics import GatewayMetrics
-from gateway.session import CallConfig, CallSession
-from gateway.testing.fake_engines import EnergyVoiceDetector, FakeToneSynthesizer, FakeTranscriber
-from gateway.testing.virtual_time import run_virtual
-from pcmcodec import WireEncoding
+from voxgate.gateway.metrics import GatewayMetrics
+from voxgate.gateway.session import CallConfig, CallSession
+from voxgate.gateway.testing.fake_engines import (
+    EnergyVoiceDetector,
+    FakeToneSynthesizer,
+    FakeTranscriber,
+)
+from voxgate.gateway.testing.virtual_time import run_virtual
+from voxgate.pcmcodec import WireEncoding
 
 pytestmark = pytest.mark.component
 

@@ -16,9 +16,9 @@ import pytest
 from calls import config, encode_wav
 from test_cli_serve import start
 
-from gateway.config import load_config
-from gateway.runtime import build_hub
-from gateway.testing.server import running_server
+from voxgate.gateway.config import load_config
+from voxgate.gateway.runtime import build_hub
+from voxgate.gateway.testing.server import running_server
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 

@@ -18,10 +18,13 @@ from typing import Any
 import pytest
 from calls import encode_wav
 
-from clients.bot import TurnBot
-from clients.sip import BridgeConfig, SilentBot, SipBridge
-from clients.sip.testing import RtpPeer, SippResult, run_sipp
-from clients.voxgate_client import (
+from voxgate.bridges.bots import TurnBot
+from voxgate.bridges.sip import BridgeConfig, SilentBot, SipBridge
+from voxgate.bridges.sip.testing import RtpPeer, SippResult, run_sipp
+from voxgate.gateway.testing.fake_engines import FakeToneHub
+from voxgate.gateway.testing.server import running_server
+from voxgate.v1 import voxgate_pb2 as pb
+from voxgate_client import (
     PlaybackInterrupted,
     ServerEvent,
     SessionStarted,
@@ -29,9 +32,6 @@ from clients.voxgate_client import (
     SpeechEnd,
     VoiceCall,
 )
-from gateway.testing.fake_engines import FakeToneHub
-from gateway.testing.server import running_server
-from voxgate.v1 import voxgate_pb2 as pb
 
 pytestmark = [
     pytest.mark.e2e,

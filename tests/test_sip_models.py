@@ -20,14 +20,14 @@ import pytest
 from calls import encode_wav
 
 from benchmarks import _wer
-from clients.bot import TurnBot
-from clients.sip import BridgeConfig, SipBridge
-from clients.sip.testing import RtpPeer, SippResult, run_sipp
-from clients.voxgate_client import PlaybackInterrupted, ServerEvent
-from gateway.config import load_config
-from gateway.testing.server import running_server
-from pcmcodec import MULAW_DECODE
+from voxgate.bridges.bots import TurnBot
+from voxgate.bridges.sip import BridgeConfig, SipBridge
+from voxgate.bridges.sip.testing import RtpPeer, SippResult, run_sipp
+from voxgate.gateway.config import load_config
+from voxgate.gateway.testing.server import running_server
+from voxgate.pcmcodec import MULAW_DECODE
 from voxgate.v1 import voxgate_pb2 as pb
+from voxgate_client import PlaybackInterrupted, ServerEvent
 
 pytestmark = [
     pytest.mark.model,
@@ -67,7 +67,7 @@ class Events:
 
 @asynccontextmanager
 async def stack(bot: Any, overrides: dict[str, Any]) -> AsyncIterator[tuple[SipBridge, Events]]:
-    from gateway.runtime import build_hub
+    from voxgate.gateway.runtime import build_hub
 
     hub = build_hub(load_config(None, overrides))
     events = Events()

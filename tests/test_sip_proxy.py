@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from clients.bot import SilentBot
-from clients.sip import BridgeConfig, SipBridge
-from clients.sip.testing import Kamailio, SippResult, run_sipp, running_kamailio
-from clients.voxgate_client import Dtmf, ServerEvent, VoiceCall
-from gateway.testing.server import running_server
+from voxgate.bridges.bots import SilentBot
+from voxgate.bridges.sip import BridgeConfig, SipBridge
+from voxgate.bridges.sip.testing import Kamailio, SippResult, run_sipp, running_kamailio
+from voxgate.gateway.testing.server import running_server
+from voxgate_client import Dtmf, ServerEvent, VoiceCall
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("sipp")]
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from clients.bot import SilentBot
-from clients.sip import BridgeConfig, SipBridge
-from clients.sip._message import (
+from voxgate.bridges.bots import SilentBot
+from voxgate.bridges.sip import BridgeConfig, SipBridge
+from voxgate.bridges.sip._message import (
     DEFAULT_INFO_DTMF_MS,
     DtmfInfoError,
     SipMessage,
@@ -30,9 +30,9 @@ from clients.sip._message import (
     record_route,
     uri_param,
 )
-from clients.sip.testing import SipPeer
-from clients.voxgate_client import Dtmf, ServerEvent, VoiceCall
-from gateway.testing.server import running_server
+from voxgate.bridges.sip.testing import SipPeer
+from voxgate.gateway.testing.server import running_server
+from voxgate_client import Dtmf, ServerEvent, VoiceCall
 
 SDP = (
     "v=0\r\no=peer 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"

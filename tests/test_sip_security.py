@@ -25,8 +25,8 @@ from calls import encode_wav
 from test_sip_e2e import SIPP_DIR, RecordingBot, bridge_and_gateway, ok, wait_for
 from test_sip_unit import offer, request
 
-from clients.sip import BridgeConfig, SilentBot, SipBridge
-from clients.sip._message import (
+from voxgate.bridges.sip import BridgeConfig, SilentBot, SipBridge
+from voxgate.bridges.sip._message import (
     MAX_URI_CHARS,
     SipMessage,
     SipParseError,
@@ -35,17 +35,17 @@ from clients.sip._message import (
     make_response,
     parse_sip_uri,
 )
-from clients.sip._rtp import RtpLatch, RtpPacketizer
-from clients.sip._session_timer import (
+from voxgate.bridges.sip._rtp import RtpLatch, RtpPacketizer
+from voxgate.bridges.sip._session_timer import (
     SessionIntervalTooSmall,
     SessionTimerError,
     negotiate_session_timer,
 )
-from clients.sip.testing import RtpPeer, run_sipp
-from clients.voxgate_client import VoxgateClient
-from gateway.testing.fake_engines import FakeToneHub
-from gateway.testing.virtual_time import run_virtual
+from voxgate.bridges.sip.testing import RtpPeer, run_sipp
+from voxgate.gateway.testing.fake_engines import FakeToneHub
+from voxgate.gateway.testing.virtual_time import run_virtual
 from voxgate.v1 import voxgate_pb2 as pb
+from voxgate_client import VoxgateClient
 
 CLIP = "cmu_goforward.wav"
 SILENCE = b"\xff" * 160  # one 20 ms PCMU frame of digital silence

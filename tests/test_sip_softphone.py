@@ -24,9 +24,13 @@ import pytest
 from calls import encode_wav
 
 from benchmarks import _wer
-from clients.sip import BridgeConfig, SipBridge
-from clients.sip.testing import Baresip, running_kamailio, write_wav_8k
-from clients.voxgate_client import (
+from voxgate.bridges.sip import BridgeConfig, SipBridge
+from voxgate.bridges.sip.testing import Baresip, running_kamailio, write_wav_8k
+from voxgate.gateway.config import load_config
+from voxgate.gateway.testing.server import running_server
+from voxgate.pcmcodec import MULAW_DECODE
+from voxgate.v1 import voxgate_pb2 as pb
+from voxgate_client import (
     CallConfig,
     Dtmf,
     PlaybackFinished,
@@ -35,10 +39,6 @@ from clients.voxgate_client import (
     VoiceCall,
     VoxgateSyncClient,
 )
-from gateway.config import load_config
-from gateway.testing.server import running_server
-from pcmcodec import MULAW_DECODE
-from voxgate.v1 import voxgate_pb2 as pb
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -92,7 +92,7 @@ def transcribe(target: str, wav: Path) -> list[Transcript]:
 
 
 async def test_softphone_through_kamailio(speech_dir: Path, tmp_path: Path) -> None:
-    from gateway.runtime import build_hub
+    from voxgate.gateway.runtime import build_hub
 
     rows = [json.loads(x) for x in (speech_dir / "manifest.jsonl").read_text().splitlines()]
     reference = next(r["text"] for r in rows if r["file"] == CLIP)

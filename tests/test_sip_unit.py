@@ -11,10 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from clients.bot import BotFileError
-from clients.sip import BridgeConfig, EchoBot, RuleBot, SilentBot, SipBridge, load_bot
-from clients.sip._message import SipMessage, SipParseError, Via, make_response, reply_address
-from clients.sip._rtp import (
+from voxgate.bridges.bots import BotFileError
+from voxgate.bridges.sip import BridgeConfig, EchoBot, RuleBot, SilentBot, SipBridge, load_bot
+from voxgate.bridges.sip._message import (
+    SipMessage,
+    SipParseError,
+    Via,
+    make_response,
+    reply_address,
+)
+from voxgate.bridges.sip._rtp import (
     DtmfDecoder,
     JitterBuffer,
     RtpError,
@@ -22,9 +28,9 @@ from clients.sip._rtp import (
     RtpPacketizer,
     dtmf_payload,
 )
-from clients.sip._sdp import build_answer, event_list, negotiate, parse_events, parse_sdp
-from clients.sip.cli import add_sip_arguments, run_sip
-from clients.sip.testing import sipp_ports
+from voxgate.bridges.sip._sdp import build_answer, event_list, negotiate, parse_events, parse_sdp
+from voxgate.bridges.sip.cli import add_sip_arguments, run_sip
+from voxgate.bridges.sip.testing import sipp_ports
 
 pytestmark = pytest.mark.unit
 
@@ -419,9 +425,9 @@ def test_rule_bot_file(tmp_path: Path) -> None:
 
 
 def test_the_call_bot_file_answers_phone_calls_too() -> None:
-    """v0.1: the README's `voxgate sip --bot clients/sample_bot.yaml` exited with
+    """v0.1: the README's `voxgate sip --bot bridges/sample_bot.yaml` exited with
     "rules[0] needs `if` and `say`": the two bot YAML schemas differed."""
-    bot = load_bot("clients/sample_bot.yaml")
+    bot = load_bot("bridges/sample_bot.yaml")
     assert isinstance(bot, RuleBot)
     assert bot.greeting == "Hello! You are through to the voxgate demo line. Go ahead."
     assert bot.reply("Ask what you can do for your country.") == (
@@ -442,14 +448,14 @@ def test_the_readme_sip_command_starts_with_the_sample_bot() -> None:
         [
             sys.executable,
             "-m",
-            "cli",
+            "voxgate.cli",
             "sip",
             "--listen",
             "127.0.0.1:0",
             "--gateway",
             "127.0.0.1:50051",
             "--bot",
-            "clients/sample_bot.yaml",
+            "bridges/sample_bot.yaml",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

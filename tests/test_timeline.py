@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clients.timeline import CallClock, CallLog, build_timeline, draw_timeline, render_timeline
-from clients.voxgate_client import (
+from voxgate.cli.timeline import CallClock, CallLog, build_timeline, draw_timeline, render_timeline
+from voxgate_client import (
     AudioOut,
     PlaybackInterrupted,
     SpeechBegin,

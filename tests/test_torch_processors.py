@@ -1,6 +1,6 @@
-"""The batched logits processors (engines.asr._torch.processors) against the NumPy ones.
+"""The batched logits processors (voxgate.engines.asr._torch.processors) against the NumPy ones.
 
-Each rule of engines.asr._processors / _phrases is the specification: on the same logits and
+Each rule of voxgate.engines.asr._processors / _phrases is the specification: on the same logits and
 the same token histories, :class:`BatchedProcessors` (all items' rows in one pass, per-row
 parameters) must leave exactly the logits the NumPy rules leave, item by item. A toy
 vocabulary as in test_logits_processors.py: ids 0-9 text, 10 <|endoftext|>, 11
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from engines.asr._phrases import PhraseBoost, PhraseTree
-from engines.asr._processors import (
+from voxgate.engines.asr._phrases import PhraseBoost, PhraseTree
+from voxgate.engines.asr._processors import (
     HallucinationBias,
     RepetitionPenalty,
     SilenceAwareEnd,
@@ -24,7 +24,7 @@ from engines.asr._processors import (
     SuppressTokens,
     TimestampRules,
 )
-from engines.asr._torch.processors import BatchedProcessors
+from voxgate.engines.asr._torch.processors import BatchedProcessors
 
 pytestmark = pytest.mark.unit
 

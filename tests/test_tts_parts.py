@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from engines.tts import TtsConfig, select_providers, soft_limit
-from engines.tts._cache import ByteLruCache
+from voxgate.engines.tts import TtsConfig, select_providers, soft_limit
+from voxgate.engines.tts._cache import ByteLruCache
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,7 @@
 """The synthesis scheduler: the pure policy, the window geometry, batched decoding, the driver.
 
-The policy tests drive :func:`engines.tts._scheduler.next_work` with hand-made snapshots and a
-fixed cost model (no clock, no threads). The engine and driver tests use the bundled Piper
+The policy tests drive :func:`voxgate.engines.tts._scheduler.next_work` with hand-made snapshots and
+a fixed cost model (no clock, no threads). The engine and driver tests use the bundled Piper
 voice and real worker threads: batched windows must equal each window decoded alone, the
 scheduler's slack-sized windows must keep the one-shot waveform, a cancelled reply must leave
 the queue at once, and a new reply's first audio must go ahead of replies already playing.
@@ -19,14 +19,21 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engines.tts import ReplyJob, SpeakOptions, TtsConfig, VitsStreamer, WindowPlan, window_bounds
-from gateway.errors import CallError, ErrorKind
-from gateway.events import SpeakIn
-from gateway.metrics import GatewayMetrics
-from gateway.runtime import TtsSynthesizer
-from gateway.scheduling import WaitUntil
-from gateway.synthesis import ReplyStats, SynthesisScheduler, policy_for
-from gateway.synthesis_policy import (
+from voxgate.engines.tts import (
+    ReplyJob,
+    SpeakOptions,
+    TtsConfig,
+    VitsStreamer,
+    WindowPlan,
+    window_bounds,
+)
+from voxgate.gateway.errors import CallError, ErrorKind
+from voxgate.gateway.events import SpeakIn
+from voxgate.gateway.metrics import GatewayMetrics
+from voxgate.gateway.runtime import TtsSynthesizer
+from voxgate.gateway.scheduling import WaitUntil
+from voxgate.gateway.synthesis import ReplyStats, SynthesisScheduler, policy_for
+from voxgate.gateway.synthesis_policy import (
     CostModel,
     Dispatch,
     SynthItem,

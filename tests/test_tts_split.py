@@ -16,7 +16,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from engines.tts import (
+from voxgate.engines.tts import (
     SpeakOptions,
     TtsConfig,
     TtsInputError,
@@ -24,8 +24,8 @@ from engines.tts import (
     VoiceGraphError,
     split_vits_graph,
 )
-from engines.tts._text import prepare_text
-from engines.tts._voice import phonemize_unit, resolve_voice
+from voxgate.engines.tts._text import prepare_text
+from voxgate.engines.tts._voice import phonemize_unit, resolve_voice
 
 pytestmark = pytest.mark.model
 

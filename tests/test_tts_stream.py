@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from engines.tts import (
+from voxgate.engines.tts import (
     SpeakOptions,
     TtsChunk,
     TtsConfig,

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engines.tts import TtsInputError
-from engines.tts._text import (
+from voxgate.engines.tts import TtsInputError
+from voxgate.engines.tts._text import (
     cardinal,
     clean_markup,
     normalize_words,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.turns import TurnDetector, TurnInput, TurnOptions, text_completion
+from voxgate.gateway.turns import TurnDetector, TurnInput, TurnOptions, text_completion
 
 pytestmark = pytest.mark.unit
 

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from benchmarks._wer import normalize
-from clients.voxgate_client import CallConfig, EndOfTurn, Transcript, TurnOptions, VoxgateClient
-from gateway.config import load_config
-from gateway.runtime import build_hub
-from gateway.testing.server import running_server
+from voxgate.gateway.config import load_config
+from voxgate.gateway.runtime import build_hub
+from voxgate.gateway.testing.server import running_server
+from voxgate_client import CallConfig, EndOfTurn, Transcript, TurnOptions, VoxgateClient
 
 pytestmark = pytest.mark.e2e
 

@@ -16,11 +16,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from clients.voxgate_client import CallConfig, TurnOptions, VoxgateClient
-from clients.voxgate_client._proto import voxgate_pb2 as pb
-from gateway.config import load_config
-from gateway.runtime import build_hub
-from gateway.testing.server import running_server
+from voxgate.gateway.config import load_config
+from voxgate.gateway.runtime import build_hub
+from voxgate.gateway.testing.server import running_server
+from voxgate_client import CallConfig, TurnOptions, VoxgateClient
+from voxgate_client._proto import voxgate_pb2 as pb
 
 pytestmark = pytest.mark.e2e
 

@@ -1,4 +1,4 @@
-"""End of turn in CallSession, on a virtual clock with FAKE engines (gateway.testing).
+"""End of turn in CallSession, on a virtual clock with FAKE engines (voxgate.gateway.testing).
 
 A turn spans utterances: a pause inside an unfinished sentence ends an utterance (its final
 comes) but not the turn, the next part is decoded with the turn's earlier words as its prompt,
@@ -14,14 +14,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway.config import LimitsConfig, VadConfig
-from gateway.events import AudioIn, EndOfTurnOut, InboundEvent, OutboundEvent, TranscriptOut
-from gateway.metrics import GatewayMetrics
-from gateway.session import CallConfig, CallSession
-from gateway.testing.fake_engines import EnergyVoiceDetector, FakeTranscriber
-from gateway.testing.virtual_time import run_virtual
-from gateway.turns import TurnOptions
-from pcmcodec import WireEncoding
+from voxgate.gateway.config import LimitsConfig, VadConfig
+from voxgate.gateway.events import AudioIn, EndOfTurnOut, InboundEvent, OutboundEvent, TranscriptOut
+from voxgate.gateway.metrics import GatewayMetrics
+from voxgate.gateway.session import CallConfig, CallSession
+from voxgate.gateway.testing.fake_engines import EnergyVoiceDetector, FakeTranscriber
+from voxgate.gateway.testing.virtual_time import run_virtual
+from voxgate.gateway.turns import TurnOptions
+from voxgate.pcmcodec import WireEncoding
 
 pytestmark = pytest.mark.component
 

@@ -17,14 +17,14 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from engines.asr.base import AsrOptions, AsrRequest, AsrResult
-from gateway.batcher import Batcher, BatchPolicy
-from gateway.errors import CallError, ErrorKind
-from gateway.metrics import GatewayMetrics
-from gateway.runtime import AsrTranscriber, BatchMetrics
-from gateway.testing.batched import fake_result
-from gateway.testing.fake_engines import FakeBatchEngine
-from gateway.testing.signals import stats_for
+from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult
+from voxgate.gateway.batcher import Batcher, BatchPolicy
+from voxgate.gateway.errors import CallError, ErrorKind
+from voxgate.gateway.metrics import GatewayMetrics
+from voxgate.gateway.runtime import AsrTranscriber, BatchMetrics
+from voxgate.gateway.testing.batched import fake_result
+from voxgate.gateway.testing.fake_engines import FakeBatchEngine
+from voxgate.gateway.testing.signals import stats_for
 
 pytestmark = pytest.mark.unit
 

@@ -16,10 +16,10 @@ import grpc
 import pytest
 from h2peer import H2Peer
 
-from gateway.config import load_config
-from gateway.runtime import build_hub
-from gateway.server import GatewayServer
-from gateway.testing.server import running_server
+from voxgate.gateway.config import load_config
+from voxgate.gateway.runtime import build_hub
+from voxgate.gateway.server import GatewayServer
+from voxgate.gateway.testing.server import running_server
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 

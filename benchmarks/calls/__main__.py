@@ -176,7 +176,7 @@ async def caller(
     """One real-time call: clips with gaps, a reply per final, until ``duration_s``."""
     import grpc
 
-    from clients.voxgate_client import (
+    from voxgate_client import (
         AudioOut,
         CallConfig,
         PlaybackFinished,
@@ -300,7 +300,7 @@ async def caller(
 
 async def fast_client(target: str, path: Path, stop: asyncio.Event) -> dict[str, Any]:
     """Transcribe ``path`` at AS_FAST_AS_ALLOWED pacing, again and again until ``stop``."""
-    from clients.voxgate_client import (
+    from voxgate_client import (
         AS_FAST_AS_ALLOWED,
         CallConfig,
         Transcript,

@@ -1,7 +1,7 @@
 """Concurrent paced replies through ``Converse``: late chunks, gaps and first audio per N.
 
-A real gateway with the default configuration (``gateway.config`` defaults: admission and the
-degradation ladder on, the bundled Piper voice and Whisper base, the default echo canceller)
+A real gateway with the default configuration (``voxgate.gateway.config`` defaults: admission and
+the degradation ladder on, the bundled Piper voice and Whisper base, the default echo canceller)
 serves on a loopback port, in this process. N callers run in a child process (so that they
 share neither the gateway's event loop nor its GIL, as remote callers would not), each a
 ``Converse`` call through the client library (``voxgate_client``, 16 kHz LINEAR16 both ways,
@@ -149,7 +149,7 @@ def _clips(
     silence)."""
     import numpy as np  # noqa: PLC0415
 
-    from clients.voxgate_client import read_wav  # noqa: PLC0415
+    from voxgate_client import read_wav  # noqa: PLC0415
 
     out = []
     frame = RATE_HZ * CHUNK_MS // 1000
@@ -224,7 +224,7 @@ def plan_callers(
 async def _one_call(
     target: str, call: int, text: str, plan: Plan, go: asyncio.Barrier
 ) -> CallResult:
-    from clients.voxgate_client import (  # noqa: PLC0415
+    from voxgate_client import (  # noqa: PLC0415
         AudioOut,
         CallConfig,
         CallEndedError,
@@ -391,7 +391,7 @@ def _children_cpu_s() -> float:
 
 def server_config(overrides: dict[str, Any] | None = None) -> Any:
     """The default configuration on a free loopback port (plus ``overrides``)."""
-    from gateway.config import load_config  # noqa: PLC0415
+    from voxgate.gateway.config import load_config  # noqa: PLC0415
 
     return load_config(None, _on_loopback(overrides))
 
@@ -405,8 +405,8 @@ def _on_loopback(overrides: dict[str, Any] | None) -> dict[str, Any]:
 @contextlib.asynccontextmanager
 async def in_process(overrides: dict[str, Any] | None = None) -> AsyncIterator[tuple[str, int]]:
     """A gateway of this checkout in this process; yields its target and process id."""
-    from gateway.runtime import build_hub  # noqa: PLC0415
-    from gateway.testing.server import running_server  # noqa: PLC0415
+    from voxgate.gateway.runtime import build_hub  # noqa: PLC0415
+    from voxgate.gateway.testing.server import running_server  # noqa: PLC0415
 
     cfg = server_config(overrides)
     async with running_server(hub=build_hub(cfg), config=cfg) as srv:
@@ -418,9 +418,9 @@ async def in_process(overrides: dict[str, Any] | None = None) -> AsyncIterator[t
 #: GatewayServer.
 _SERVE = """
 import asyncio, json, sys
-from gateway.config import load_config
-from gateway.runtime import build_hub
-from gateway.server import GatewayServer
+from voxgate.gateway.config import load_config
+from voxgate.gateway.runtime import build_hub
+from voxgate.gateway.server import GatewayServer
 
 async def main():
     cfg = load_config(None, json.loads(sys.argv[1]))

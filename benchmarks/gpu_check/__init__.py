@@ -37,26 +37,27 @@ What it measures, in this order, within ``--budget-s`` (default 450 s, so the wh
    1/4/16/32, greedy, exactly ``--max-new-tokens`` (64) tokens per item (end-of-text
    suppressed, so real and random weights cost the same); float16 on CUDA, int8 on CPU.
    Utterances per second and p50/p95 batch latency. The ``max_length`` giving that many tokens
-   is the engine's own: :class:`engines.asr._whisper.WhisperEngine` measures in ``warmup()``
+   is the engine's own: :class:`voxgate.engines.asr._whisper.WhisperEngine` measures in ``warmup()``
    how CTranslate2 reads ``max_length`` (4.8.5 decodes ``max_length // 2`` new tokens, not
    ``max_length - prompt``); the tokens it really yields are reported under
    ``asr_model.ct2_max_length`` (a mismatch is an error of the run).
 4. **Capacity**: K simulated callers, each submitting an utterance about every ``--period-s``
-   (3 s, jittered) through :class:`gateway.batcher.Batcher` with the real
-   :class:`engines.asr._whisper.WhisperEngine` laid out as ``gateway.runtime`` does it: one
-   model with one CTranslate2 replica per worker (on CPU ``inter_threads`` = workers,
+   (3 s, jittered) through :class:`voxgate.gateway.batcher.Batcher` with the real
+   :class:`voxgate.engines.asr._whisper.WhisperEngine` laid out as ``voxgate.gateway.runtime`` does
+   it: one model with one CTranslate2 replica per worker (on CPU ``inter_threads`` = workers,
    ``intra_threads`` = cores // workers) and one engine object per worker from
    ``WhisperEngine.sibling()`` (a thin CTranslate2 adapter per worker if the engine cannot
    load). Utterances are 1.5-4 s of speech synthesised by the bundled voice, encoded on the full
    30 s window, word timestamps on. Latency runs from submission to transcript; the search
    starts near half of what the batch throughput suggests, doubles K while the p95 stays
    within ``--target-p95-ms`` (500) and then bisects. The batch plan is
-   :func:`gateway.batcher.default_plan` for the device unless ``--sim-batch`` /
+   :func:`voxgate.gateway.batcher.default_plan` for the device unless ``--sim-batch`` /
    ``--sim-workers`` override it. With random weights the engine runs one decode at
    temperature 0 and no silence gates (a random decoder always "loops", which would otherwise
    trigger five sampled retries per item and drop every text before alignment); real weights
    run the default policy.
-5. **TTS first audio**: :class:`engines.tts.VitsStreamer` with ``TtsConfig(providers=...)`` for
+5. **TTS first audio**: :class:`voxgate.engines.tts.VitsStreamer` with ``TtsConfig(providers=...)``
+for
    CUDA, TensorRT and CPU (each that ONNX Runtime offers; accelerators run in a subprocess with
    a timeout because a TensorRT engine build can take minutes). "cold" is the slowest first
    reply (new input shapes), p50/p95 are over repeated replies. Pass ``--trt-cache DIR`` to

@@ -16,7 +16,7 @@ __all__ = ["active_providers", "load_streamer", "speech_utterances", "utterance_
 
 def load_streamer(providers: Sequence[str], trt_cache: str | None) -> Any:
     """A warmed-up VitsStreamer on ``providers`` with the phrase cache off."""
-    from engines.tts import TtsConfig, VitsStreamer
+    from voxgate.engines.tts import TtsConfig, VitsStreamer
 
     config = TtsConfig(providers=tuple(providers), cache_bytes=0, trt_cache_dir=trt_cache)
     return VitsStreamer.load(config)
@@ -41,7 +41,7 @@ def speech_utterances(streamer: Any | None) -> list[npt.NDArray[np.float32]]:
     if streamer is not None:
         import soxr
 
-        from engines.tts import SpeakOptions
+        from voxgate.engines.tts import SpeakOptions
 
         for text in UTTERANCE_TEXTS:
             chunk = streamer.synthesize_oneshot(text, SpeakOptions())
@@ -61,7 +61,7 @@ def speech_utterances(streamer: Any | None) -> list[npt.NDArray[np.float32]]:
 
 def utterance_stats(audio: npt.NDArray[np.float32]) -> Any:
     """VAD-like statistics for a clip (the decoding policy reads them)."""
-    from engines.base import UtteranceStats
+    from voxgate.engines.base import UtteranceStats
 
     duration = round(1000 * len(audio) / ASR_RATE)
     rms = float(np.sqrt(np.mean(np.square(audio, dtype=np.float64)) + 1e-12))

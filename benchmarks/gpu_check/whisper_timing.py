@@ -83,7 +83,7 @@ def engine_config(
     its cap; Whisper's temperature fallback would then re-decode each item five more times with
     best_of sampling. One pass at temperature 0 is the cost of a real decode.
     """
-    from engines.asr.config import DecodingPolicyConfig, EncoderWindowConfig, WhisperConfig
+    from voxgate.engines.asr.config import DecodingPolicyConfig, EncoderWindowConfig, WhisperConfig
 
     policy: dict[str, Any] = {"temperatures": (0.0,)} if random_model else {}
     return WhisperConfig(
@@ -117,7 +117,7 @@ def engine_max_length(
     """
     import tokenizers
 
-    from engines.asr._whisper import WhisperEngine
+    from voxgate.engines.asr._whisper import WhisperEngine
 
     def tokens(max_length: int) -> int:
         feats = ctranslate2.StorageView.from_array(np.ascontiguousarray(features[None]))

@@ -1,7 +1,7 @@
 """Audio helpers for clients: read/write WAV, G.711 conversion, paced streaming, reply capture.
 
-G.711 goes through :mod:`pcmcodec`'s bit-exact ITU-T tables and resampling through soxr, so
-a client encodes exactly as the server decodes.
+G.711 goes through :mod:`voxgate_client._pcmcodec`'s bit-exact ITU-T tables and resampling through
+soxr, so a client encodes exactly as the server decodes.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
-from pcmcodec import (
+from voxgate_client._pcmcodec import (
     ALAW_DECODE,
     ALAW_ENCODE,
     MULAW_DECODE,
@@ -199,7 +199,7 @@ UNPACED = Pacing(None)
 
 
 class AudioSink(Protocol):
-    """Anything with ``send_audio`` (a :class:`~clients.voxgate_client.Call`)."""
+    """Anything with ``send_audio`` (a :class:`~voxgate_client.Call`)."""
 
     async def send_audio(self, data: bytes) -> None:
         """Send one chunk of wire audio."""

@@ -1,23 +1,23 @@
 """Whisper speech recognition (CTranslate2 called directly on batches).
 
-Public surface: the contract (:mod:`engines.asr.base`), the configuration
-(:mod:`engines.asr.config`), the engine and the model-file helpers re-exported here. The
+Public surface: the contract (:mod:`voxgate.engines.asr.base`), the configuration
+(:mod:`voxgate.engines.asr.config`), the engine and the model-file helpers re-exported here. The
 ``_private`` modules (engine, decoding policy, word alignment, model files) may change.
 """
 
 from __future__ import annotations
 
-from engines.asr._model_files import (
+from voxgate.engines.asr._model_files import (
     BUNDLED_MODELS,
     ModelFilesError,
     default_cache_dir,
     join_base_model,
     resolve_model_dir,
 )
-from engines.asr._phrases import MAX_BOOST
-from engines.asr._select import load_asr_engine
-from engines.asr._whisper import EngineCounters, WhisperEngine
-from engines.asr.base import (
+from voxgate.engines.asr._phrases import MAX_BOOST
+from voxgate.engines.asr._select import load_asr_engine
+from voxgate.engines.asr._whisper import EngineCounters, WhisperEngine
+from voxgate.engines.asr.base import (
     AsrAlternative,
     AsrEngine,
     AsrOptions,
@@ -25,7 +25,7 @@ from engines.asr.base import (
     AsrResult,
     AsrWord,
 )
-from engines.asr.config import WhisperConfig
+from voxgate.engines.asr.config import WhisperConfig
 
 __all__ = [
     "BUNDLED_MODELS",

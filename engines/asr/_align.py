@@ -15,8 +15,8 @@ import numpy as np
 from faster_whisper.tokenizer import Tokenizer
 from faster_whisper.transcribe import merge_punctuations
 
-from engines.asr.base import AsrWord
-from engines.asr.config import MEL_FRAMES_PER_S
+from voxgate.engines.asr.base import AsrWord
+from voxgate.engines.asr.config import MEL_FRAMES_PER_S
 
 __all__ = ["word_times"]
 

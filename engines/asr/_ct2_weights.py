@@ -1,9 +1,9 @@
 """Read Whisper's decoder weights out of a CTranslate2 ``model.bin`` into NumPy arrays.
 
-Our own decode loop (``engines.asr._decode``) runs Whisper's decoder step by step so that logits
-processors can act between steps, which CTranslate2's ``generate`` does not allow. It reuses the
-very weights CTranslate2 loaded, read straight from ``model.bin``, so no second model file has to
-ship. The layout (CTranslate2 binary spec, version 6) is plain: a version, the spec name and
+Our own decode loop (``voxgate.engines.asr._decode``) runs Whisper's decoder step by step so that
+logits processors can act between steps, which CTranslate2's ``generate`` does not allow. It reuses
+the very weights CTranslate2 loaded, read straight from ``model.bin``, so no second model file has
+to ship. The layout (CTranslate2 binary spec, version 6) is plain: a version, the spec name and
 revision, then for each variable its name, rank, dims, dtype and bytes, then aliases. q/k/v are
 fused in the file (``linear_0`` of self-attention is [q; k; v], of cross-attention ``linear_1`` is
 [k; v]) with a zero k bias, so splitting them back is exact.
@@ -117,7 +117,7 @@ def read_variables(path: Path) -> dict[str, npt.NDArray[np.generic]]:
 
     Arrays keep the stored dtype (float16 for the bundled base) and are read-only views of the
     file's bytes; an alias (``decoder/projection/weight``) is the very array it names. The
-    adaptation pipeline (``adapt.convert``) reads the whole model through this one parser so
+    adaptation pipeline (``voxgate.adapt.convert``) reads the whole model through this one parser so
     there is no second reader of the format to drift.
 
     Raises:

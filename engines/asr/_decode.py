@@ -2,10 +2,12 @@
 
 CTranslate2's ``Whisper.generate`` decodes a whole batch in C++ with no per-step hook, one
 suppress list for the batch and no way to add an utterance once it started. This loop runs the
-same decoder (weights read from ``model.bin`` by :mod:`engines.asr._ct2_weights`) in NumPy so
+same decoder (weights read from ``model.bin`` by :mod:`voxgate.engines.asr._ct2_weights`) in NumPy
+so
 that:
 
-* a chain of logits processors (:mod:`engines.asr._processors`) runs between steps, per item;
+* a chain of logits processors (:mod:`voxgate.engines.asr._processors`) runs between steps, per
+item;
 * each item carries its own processors, beam size and length cap inside one batch;
 * an item can join the running batch before any step (:meth:`DecodeLoop.add`) and leaves it the
   step it finishes (iteration-level batching).
@@ -34,7 +36,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from engines.asr._ct2_weights import DecoderWeights, Linear
+from voxgate.engines.asr._ct2_weights import DecoderWeights, Linear
 
 __all__ = [
     "DecodeItem",
@@ -76,7 +78,7 @@ class LogitsProcessor(Protocol):
 
 
 class StepLoop(Protocol):
-    """What the engine drives: :class:`DecodeLoop` here, ``engines.asr._torch.loop`` on torch."""
+    """What the engine drives: :class:`DecodeLoop` here, ``._torch.loop`` on torch."""
 
     steps: int
     rows: int

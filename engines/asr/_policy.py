@@ -24,14 +24,14 @@ from dataclasses import dataclass
 import numpy as np
 from rapidfuzz.distance import Levenshtein
 
-from engines.asr.base import AsrOptions
-from engines.asr.config import (
+from voxgate.engines.asr.base import AsrOptions
+from voxgate.engines.asr.config import (
     FULL_WINDOW_FRAMES,
     MEL_FRAMES_PER_S,
     DecodingPolicyConfig,
     EncoderWindowConfig,
 )
-from engines.base import UtteranceStats
+from voxgate.engines.base import UtteranceStats
 
 __all__ = [
     "EXTRA_SUPPRESS_SYMBOLS",

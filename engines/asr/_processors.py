@@ -1,4 +1,4 @@
-"""Logits processors for :mod:`engines.asr._decode`: small pure classes with one method.
+"""Logits processors for :mod:`voxgate.engines.asr._decode`: small pure classes with one method.
 
 Each ``apply(step, logits, sequences)`` edits one item's (rows, vocab) logits in place from the
 step index and the tokens each row produced so far, and keeps no state between calls: the same
@@ -15,7 +15,7 @@ loop returns ``generate``'s tokens. Ours sit between the suppress rules and the 
   land inside a long silence are forbidden.
 * :class:`HallucinationBias` - a negative bias on Whisper's favourite non-speech phrases,
   scaled by how little speech the VAD saw (speech ratio, level, no-speech probability).
-* :class:`PhraseBoost` (in :mod:`engines.asr._phrases`) - prefix-tree bias toward a call's
+* :class:`PhraseBoost` (in :mod:`voxgate.engines.asr._phrases`) - prefix-tree bias toward a call's
   phrases.
 """
 

@@ -3,7 +3,7 @@
 ``WhisperConfig.engine`` names it. The PyTorch engine is imported here and nowhere else on the
 server's path, inside the function, so a CPU install without the ``torch`` extra never imports
 torch (the import-linter contract "the server never imports adapt" allows exactly this module
-and ``engines.asr._torch`` to reach it).
+and ``voxgate.engines.asr._torch`` to reach it).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from engines.asr._whisper import WhisperEngine
-from engines.asr.config import WhisperConfig
+from voxgate.engines.asr._whisper import WhisperEngine
+from voxgate.engines.asr.config import WhisperConfig
 
 __all__ = ["load_asr_engine"]
 
@@ -23,13 +23,13 @@ def load_asr_engine(
     """Load (not warm) the engine ``config.engine`` names.
 
     Raises:
-        engines.asr._model_files.ModelFilesError: model files missing or corrupt.
+        voxgate.engines.asr._model_files.ModelFilesError: model files missing or corrupt.
         ModuleNotFoundError: ``engine='torch'`` without torch installed (the ``torch`` extra).
     """
     if config.engine == "torch":
         try:
             # Lazy on purpose: torch is an optional extra and a multi-second import.
-            from engines.asr._torch.engine import TorchWhisperEngine  # noqa: PLC0415
+            from voxgate.engines.asr._torch.engine import TorchWhisperEngine  # noqa: PLC0415
         except ModuleNotFoundError as error:
             raise ModuleNotFoundError(
                 f"asr.engine='torch' needs PyTorch ({error}); install the extra: "

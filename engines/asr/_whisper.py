@@ -13,8 +13,8 @@ sampling) and issues one ``encode`` / ``generate`` per group:
 4. gate, pick the output (best or MBR), align words with cross-attention, build the results.
 
 When a logits processor applies to an item (a boosted phrase, the silence-aware end of text,
-the hallucination bias; see ``engines.asr._decode`` and docs/decode_loop.md), step 3 runs our
-own decode loop for it instead of ``generate``; the other items keep ``generate``, the fast
+the hallucination bias; see ``voxgate.engines.asr._decode`` and docs/decode_loop.md), step 3 runs
+our own decode loop for it instead of ``generate``; the other items keep ``generate``, the fast
 path. The loop's results have ``generate``'s shape, so gates and fallbacks are unchanged.
 
 Word timestamps come from CTranslate2's ``align`` (cross-attention + DTW, as faster-whisper's
@@ -44,10 +44,10 @@ import tokenizers
 from faster_whisper.feature_extractor import FeatureExtractor
 from faster_whisper.tokenizer import _LANGUAGE_CODES, Tokenizer
 
-from engines.asr import _policy as policy
-from engines.asr._align import word_times
-from engines.asr._ct2_weights import load_decoder_weights
-from engines.asr._decode import (
+from voxgate.engines.asr import _policy as policy
+from voxgate.engines.asr._align import word_times
+from voxgate.engines.asr._ct2_weights import load_decoder_weights
+from voxgate.engines.asr._decode import (
     DecodeItem,
     DecodeLoop,
     DecodeResult,
@@ -55,9 +55,9 @@ from engines.asr._decode import (
     StepLoop,
     WhisperDecoder,
 )
-from engines.asr._model_files import resolve_model_dir
-from engines.asr._phrases import PhraseBoost, PhraseTree, parse_hotwords
-from engines.asr._processors import (
+from voxgate.engines.asr._model_files import resolve_model_dir
+from voxgate.engines.asr._phrases import PhraseBoost, PhraseTree, parse_hotwords
+from voxgate.engines.asr._processors import (
     HallucinationBias,
     RepetitionPenalty,
     SilenceAwareEnd,
@@ -66,9 +66,9 @@ from engines.asr._processors import (
     TimestampRules,
     hallucination_strength,
 )
-from engines.asr.base import AsrAlternative, AsrOptions, AsrRequest, AsrResult, AsrWord
-from engines.asr.config import FULL_WINDOW_FRAMES, MEL_FRAMES_PER_S, WhisperConfig
-from engines.base import ASR_SAMPLE_RATE_HZ, FloatArray, UtteranceStats
+from voxgate.engines.asr.base import AsrAlternative, AsrOptions, AsrRequest, AsrResult, AsrWord
+from voxgate.engines.asr.config import FULL_WINDOW_FRAMES, MEL_FRAMES_PER_S, WhisperConfig
+from voxgate.engines.base import ASR_SAMPLE_RATE_HZ, FloatArray, UtteranceStats
 
 __all__ = ["EngineCounters", "WhisperEngine"]
 
@@ -275,7 +275,7 @@ class WhisperEngine:
             clock: the clock the latency budgets are kept on (see the class).
 
         Raises:
-            engines.asr._model_files.ModelFilesError: model files missing or corrupt.
+            voxgate.engines.asr._model_files.ModelFilesError: model files missing or corrupt.
             TypeError: ``config`` is of another type.
         """
         if config is None:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, Self
 
-from engines.base import FloatArray, UtteranceStats
+from voxgate.engines.base import FloatArray, UtteranceStats
 
 __all__ = [
     "AsrAlternative",
@@ -39,7 +39,7 @@ class AsrOptions:
         initial_prompt: text that conditions the decoder (vocabulary, style).
         hotwords: words to bias toward; folded into the prompt. A hotword written
             ``phrase^boost`` (e.g. ``voxgate^6``) is also boosted token by token in the decoder
-            (``engines.asr._phrases``; boost in nats, at most 10).
+            (``voxgate.engines.asr._phrases``; boost in nats, at most 10).
         silence_aware: apply the silence-aware policy (skip, suppress, gate); on by default.
         context_tokens: ``initial_prompt`` and ``hotwords`` already tokenised (once per call,
             by the gateway); ``None`` makes the engine tokenise them itself.
@@ -47,8 +47,8 @@ class AsrOptions:
             ``None`` = the engine's ``encoder.margin_ms``. The gateway lowers it under load
             (a smaller bucket is a cheaper encode).
         model: which loaded model decodes the request: ``""`` = the server's default, else
-            the gateway's routing key of a named model (``gateway.models``). Part of the batch
-            key, so one batch never mixes models. An engine ignores it (it is one model).
+            the gateway's routing key of a named model (``voxgate.gateway.models``). Part of the
+            batch key, so one batch never mixes models. An engine ignores it (it is one model).
     """
 
     language: str | None = "en"
@@ -213,7 +213,7 @@ class ContinuousAsrEngine(AsrEngine, Protocol):
     """An engine that can also keep one decode batch open while utterances join and leave.
 
     The gateway's batcher drives it with ``batcher.join_running`` (it matches
-    ``gateway.batcher.ContinuousEngine`` structurally; engines do not import the gateway).
+    ``voxgate.gateway.batcher.ContinuousEngine`` structurally; engines do not import the gateway).
     """
 
     @property
@@ -230,7 +230,7 @@ class ContinuousAsrEngine(AsrEngine, Protocol):
         """Decode ``first`` and what ``pull`` hands over, emitting each result when it is done.
 
         Between steps take up to n more from ``pull(n)``; ``emit`` each utterance's one result
-        the moment it is done; return when nothing is left (gateway.batcher.ContinuousEngine
+        the moment it is done; return when nothing is left (voxgate.gateway.batcher.ContinuousEngine
         has the whole contract).
         """
         ...

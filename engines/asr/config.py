@@ -1,7 +1,8 @@
 """Static configuration of the Whisper engine: model, device, threads, encoder window, policy.
 
-Per-request choices (language, beam, MBR, prompt) live in :class:`engines.asr.base.AsrOptions`;
-everything here is fixed for the life of an engine and validated once at start-up.
+Per-request choices (language, beam, MBR, prompt) live in
+:class:`voxgate.engines.asr.base.AsrOptions`; everything here is fixed for the life of an engine and
+validated once at start-up.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ UTTERANCE_ENCODER_WINDOWS = EncoderWindowConfig(
 
 
 class DecodingPolicyConfig(BaseModel):
-    """Thresholds of the silence-aware decoding policy (``engines.asr._policy``).
+    """Thresholds of the silence-aware decoding policy (``voxgate.engines.asr._policy``).
 
     Whisper's own values are the defaults where one exists (no-speech 0.6, log-prob -1.0,
     compression ratio 2.4, temperatures 0.2 steps), so behaviour is familiar to its users.
@@ -193,7 +194,7 @@ class DecodingPolicyConfig(BaseModel):
 
 
 class DecodeLoopConfig(BaseModel):
-    """Our own decode loop (``engines.asr._decode``) and the logits processors it runs.
+    """Our own decode loop (``voxgate.engines.asr._decode``) and the logits processors it runs.
 
     CTranslate2's ``generate`` stays the fast path: an item goes through the loop only when a
     processor applies to it (a boosted phrase in its hotwords, or one of the switches below),
@@ -236,7 +237,7 @@ class DecodeLoopConfig(BaseModel):
 
 
 class WhisperConfig(BaseModel):
-    """Static configuration of one :class:`engines.asr._whisper.WhisperEngine`.
+    """Static configuration of one :class:`voxgate.engines.asr._whisper.WhisperEngine`.
 
     Thread settings follow CTranslate2: ``inter_threads`` workers each with ``intra_threads``
     OpenMP threads. On a 2-core CPU, two workers of one thread each running concurrent calls
@@ -249,10 +250,10 @@ class WhisperConfig(BaseModel):
         default="ctranslate2",
         description="Recognition engine. 'ctranslate2': the CPU engine, and the CUDA default "
         "until the PyTorch engine measures better there (benchmarks/gpu_check; deploy/GPU.md). "
-        "'torch': engines.asr._torch (static KV cache, one CUDA graph per batch bucket, joins at "
-        "every decode step, the logits processors as batched tensor ops); needs the 'torch' "
-        "extra; float16/bfloat16 on cuda, float32 on cpu; model may also be a Hugging Face "
-        "checkpoint directory.",
+        "'torch': voxgate.engines.asr._torch (static KV cache, one CUDA graph per batch "
+        "bucket, joins at every decode step, the logits processors as batched tensor ops); "
+        "needs the 'torch' extra; float16/bfloat16 on cuda, float32 on cpu; model may also be "
+        "a Hugging Face checkpoint directory.",
     )
     model: str = Field(
         default="base",

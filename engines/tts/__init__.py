@@ -12,13 +12,13 @@ abbreviations are spoken as words; empty text, text with nothing speakable, and 
 
 from __future__ import annotations
 
-from engines.tts._graph import CrossingTensor, GraphSplit, split_vits_graph
-from engines.tts._session import select_providers
-from engines.tts._streamer import ReplyJob, VitsStreamer, WindowPlan, soft_limit
-from engines.tts._text import cardinal, ordinal, year
-from engines.tts._voice import VoiceFiles, resolve_voice
-from engines.tts._windows import window_bounds
-from engines.tts.base import (
+from voxgate.engines.tts._graph import CrossingTensor, GraphSplit, split_vits_graph
+from voxgate.engines.tts._session import select_providers
+from voxgate.engines.tts._streamer import ReplyJob, VitsStreamer, WindowPlan, soft_limit
+from voxgate.engines.tts._text import cardinal, ordinal, year
+from voxgate.engines.tts._voice import VoiceFiles, resolve_voice
+from voxgate.engines.tts._windows import window_bounds
+from voxgate.engines.tts.base import (
     SpeakOptions,
     TtsChunk,
     TtsEngine,
@@ -28,7 +28,7 @@ from engines.tts.base import (
     VoiceInfo,
     WordSpan,
 )
-from engines.tts.config import TtsConfig
+from voxgate.engines.tts.config import TtsConfig
 
 __all__ = [
     "CrossingTensor",

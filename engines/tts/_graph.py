@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import onnx
 from onnx.utils import Extractor
 
-from engines.tts.base import VoiceGraphError
+from voxgate.engines.tts.base import VoiceGraphError
 
 __all__ = ["CrossingTensor", "GraphSplit", "split_vits_graph"]
 

@@ -13,14 +13,19 @@ import numpy.typing as npt
 import onnx
 import onnxruntime as ort
 
-from engines.base import FloatArray
-from engines.tts._cache import ByteLruCache
-from engines.tts._graph import GraphSplit, split_vits_graph
-from engines.tts._session import make_session, select_providers
-from engines.tts._text import TextUnit, prepare_text
-from engines.tts._voice import PhonemizedUnit, load_voice_config, phonemize_unit, resolve_voice
-from engines.tts._windows import window_bounds
-from engines.tts.base import (
+from voxgate.engines.base import FloatArray
+from voxgate.engines.tts._cache import ByteLruCache
+from voxgate.engines.tts._graph import GraphSplit, split_vits_graph
+from voxgate.engines.tts._session import make_session, select_providers
+from voxgate.engines.tts._text import TextUnit, prepare_text
+from voxgate.engines.tts._voice import (
+    PhonemizedUnit,
+    load_voice_config,
+    phonemize_unit,
+    resolve_voice,
+)
+from voxgate.engines.tts._windows import window_bounds
+from voxgate.engines.tts.base import (
     MAX_LENGTH_SCALE,
     MAX_NOISE_SCALE,
     MIN_LENGTH_SCALE,
@@ -32,7 +37,7 @@ from engines.tts.base import (
     VoiceInfo,
     WordSpan,
 )
-from engines.tts.config import TtsConfig
+from voxgate.engines.tts.config import TtsConfig
 
 __all__ = ["ReplyJob", "VitsStreamer", "WindowPlan", "soft_limit"]
 

@@ -1,7 +1,7 @@
 """Text front of the TTS engine: markup cleaning, normalisation to speakable words, unit splitting.
 
-Policy on markup (decided here, documented in ``engines.tts``): SSML and HTML-like tags are not
-interpreted. Tags are stripped and the text between them is spoken; entities (``&amp;``) are
+Policy on markup (decided here, documented in ``voxgate.engines.tts``): SSML and HTML-like tags are
+not interpreted. Tags are stripped and the text between them is spoken; entities (``&amp;``) are
 decoded; stray angle brackets and Piper's ``[[ raw phonemes ]]`` brackets are removed so that no
 request can inject phonemes. Only text with nothing speakable left is refused.
 
@@ -17,7 +17,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-from engines.tts.base import TtsInputError
+from voxgate.engines.tts.base import TtsInputError
 
 __all__ = [
     "TextUnit",

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from engines.tts._text import TextUnit
-from engines.tts.base import TtsError
-from engines.tts.config import DEFAULT_VOICE
+from voxgate.engines.tts._text import TextUnit
+from voxgate.engines.tts.base import TtsError
+from voxgate.engines.tts.config import DEFAULT_VOICE
 
 if TYPE_CHECKING:
     from piper.config import PiperConfig

@@ -1,8 +1,8 @@
 """Window geometry of the streaming decoder: where a window and its context sit in a unit.
 
-Both the engine (to slice the latent, :mod:`engines.tts._streamer`) and the gateway's synthesis
-policy (to know which windows of several replies share an input length and can be batched,
-:mod:`gateway.synthesis_policy`) use it, so it lives with the engine.
+Both the engine (to slice the latent, :mod:`voxgate.engines.tts._streamer`) and the gateway's
+synthesis policy (to know which windows of several replies share an input length and can be batched,
+:mod:`voxgate.gateway.synthesis_policy`) use it, so it lives with the engine.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from engines.base import FloatArray
+from voxgate.engines.base import FloatArray
 
 __all__ = [
     "MAX_LENGTH_SCALE",
@@ -151,7 +151,7 @@ class VoiceInfo:
 
 
 class TtsEngine(Protocol):
-    """A streaming speech synthesiser (implemented by :class:`engines.tts.VitsStreamer`)."""
+    """A streaming speech synthesiser (implemented by :class:`voxgate.engines.tts.VitsStreamer`)."""
 
     @property
     def sample_rate_hz(self) -> int:

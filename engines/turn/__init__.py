@@ -1,6 +1,6 @@
 """Audio end-of-turn models: whether the last seconds of a caller's speech end their turn."""
 
-from engines.turn._smart_turn import (
+from voxgate.engines.turn._smart_turn import (
     SMART_TURN_FILE,
     SMART_TURN_SECONDS,
     SmartTurn,

@@ -8,7 +8,7 @@ per-call :class:`SileroStream` that holds the LSTM state and buffers frames into
 
 from __future__ import annotations
 
-from engines.vad._silero import (
+from voxgate.engines.vad._silero import (
     SILERO_CONTEXT,
     SILERO_RATE_HZ,
     SILERO_WINDOW,

@@ -1,8 +1,8 @@
 """A FAKE recogniser behind the REAL batcher: for admission, overload and hung-engine tests.
 
-:class:`FakeBatchedAsrHub` runs :class:`~gateway.testing.fake_engines.FakeBatchEngine` workers
-through the production :class:`~gateway.batcher.Batcher` and
-:class:`~gateway.runtime.AsrTranscriber` with the production metrics observer, so queueing,
+:class:`FakeBatchedAsrHub` runs :class:`~voxgate.gateway.testing.fake_engines.FakeBatchEngine`
+workers through the production :class:`~voxgate.gateway.batcher.Batcher` and
+:class:`~voxgate.gateway.runtime.AsrTranscriber` with the production metrics observer, so queueing,
 batch timeouts, worker replacement and the measurements admission reads are all real; only the
 model is fake (its latency is whatever the test sets). Never evidence that recognition works.
 """
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engines.asr.base import AsrRequest, AsrResult
-from gateway.base import EngineInfo, ModelDescription, Synthesizer, Transcriber
-from gateway.batcher import Batcher, BatchPolicy
-from gateway.metrics import GatewayMetrics
-from gateway.runtime import AsrTranscriber, BatchMetrics
-from gateway.testing.fake_engines import FakeBatchEngine
+from voxgate.engines.asr.base import AsrRequest, AsrResult
+from voxgate.gateway.base import EngineInfo, ModelDescription, Synthesizer, Transcriber
+from voxgate.gateway.batcher import Batcher, BatchPolicy
+from voxgate.gateway.metrics import GatewayMetrics
+from voxgate.gateway.runtime import AsrTranscriber, BatchMetrics
+from voxgate.gateway.testing.fake_engines import FakeBatchEngine
 
 __all__ = ["FakeBatchedAsrHub", "fake_result"]
 

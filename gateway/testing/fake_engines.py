@@ -16,10 +16,10 @@ from typing import Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from engines.asr.base import AsrRequest, AsrResult
-from gateway.base import EngineInfo, Synthesizer, Transcriber, TtsPiece, VoiceDescription
-from gateway.events import SpeakIn
-from gateway.metrics import GatewayMetrics
+from voxgate.engines.asr.base import AsrRequest, AsrResult
+from voxgate.gateway.base import EngineInfo, Synthesizer, Transcriber, TtsPiece, VoiceDescription
+from voxgate.gateway.events import SpeakIn
+from voxgate.gateway.metrics import GatewayMetrics
 
 __all__ = [
     "EnergyVoiceDetector",

@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from gateway.base import EngineHub
-from gateway.config import GatewayConfig, load_config
-from gateway.server import GatewayServer
+from voxgate.gateway.base import EngineHub
+from voxgate.gateway.config import GatewayConfig, load_config
+from voxgate.gateway.server import GatewayServer
 
 __all__ = ["running_server"]
 

@@ -16,6 +16,7 @@ import wave
 from livekit import rtc
 from livekit.agents import stt
 from livekit.plugins import voxgate
+
 from voxgate_client import read_wav, sample_call_path
 
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from livekit import rtc
+
 from voxgate_client import read_wav, sample_call_path
 from voxgate_client.testing import FlakyNetwork, LocalServer
 

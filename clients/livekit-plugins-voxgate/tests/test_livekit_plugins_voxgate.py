@@ -26,6 +26,7 @@ from livekit.agents.stt import STTError
 from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
 from livekit.agents.voice.keyterm_detection import KeytermDetector
 from livekit.plugins import voxgate
+
 from voxgate_client import VoxgateClient
 from voxgate_client.testing import LocalServer
 

@@ -35,6 +35,7 @@ from pipecat.pipeline.worker import PipelineParams, PipelineWorker  # noqa: E402
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor  # noqa: E402
 from pipecat.workers.runner import WorkerRunner  # noqa: E402
 from pipecat_voxgate import VoxgateSTTService, VoxgateSTTSettings, VoxgateTTSService  # noqa: E402
+
 from voxgate_client import read_wav, sample_call_path  # noqa: E402
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import grpc
 from pipecat.utils.errors import ErrorCategory
+
 from voxgate_client import VoxgateError
 
 __all__ = ["error_category"]

@@ -87,6 +87,7 @@ from pipecat.utils.errors import ErrorCategory
 from pipecat.utils.network import QuickFailureTracker, exponential_backoff_time
 from pipecat.utils.time import time_now_iso8601
 from pipecat.utils.types import NOT_GIVEN, NotGiven
+
 from voxgate_client import (
     AS_FAST_AS_ALLOWED,
     Call,

@@ -34,6 +34,7 @@ from pipecat.services.settings import TTSSettings
 from pipecat.services.tts_service import TTSService
 from pipecat.utils.errors import ErrorCategory
 from pipecat.utils.types import NOT_GIVEN, NotGiven
+
 from voxgate_client import VoiceInfo, VoxgateClient, VoxgateError
 
 from ._errors import error_category

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from pipecat.frames.frames import Frame, InputAudioRawFrame
 from pipecat.tests.utils import SleepFrame
+
 from voxgate_client import read_wav, sample_call_path
 from voxgate_client.testing import LocalServer
 

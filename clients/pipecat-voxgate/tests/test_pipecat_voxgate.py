@@ -52,6 +52,7 @@ from pipecat_voxgate import (
     VoxgateTTSService,
     VoxgateTTSSettings,
 )
+
 from voxgate_client import EndOfTurn, Transcript, VoxgateClient
 from voxgate_client.testing import FlakyNetwork, LocalServer
 

@@ -13,8 +13,9 @@ import re
 
 import grpc
 import pytest
-import voxgate_client
 from google.protobuf import __version__ as protobuf_version
+
+import voxgate_client
 from voxgate_client import (
     AS_FAST_AS_ALLOWED,
     CallConfig,

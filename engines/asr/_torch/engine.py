@@ -30,22 +30,22 @@ import numpy.typing as npt
 import tokenizers
 import torch
 
-from engines.asr._align import word_times
-from engines.asr._decode import StepLoop
-from engines.asr._model_files import resolve_model_dir
-from engines.asr._torch.loop import TorchDecodeLoop
-from engines.asr._torch.model import DeviceMemory, WhisperTorchModel
-from engines.asr._torch.weights import is_hf_checkpoint, load_tensors
-from engines.asr._whisper import (
+from voxgate.engines.asr._align import word_times
+from voxgate.engines.asr._decode import StepLoop
+from voxgate.engines.asr._model_files import resolve_model_dir
+from voxgate.engines.asr._torch.loop import TorchDecodeLoop
+from voxgate.engines.asr._torch.model import DeviceMemory, WhisperTorchModel
+from voxgate.engines.asr._torch.weights import is_hf_checkpoint, load_tensors
+from voxgate.engines.asr._whisper import (
     _ALT_LANGUAGE_MIN_PROB,
     WhisperEngine,
     _Attempt,
     _Hyp,
     _Job,
 )
-from engines.asr.base import AsrOptions, AsrRequest, AsrWord
-from engines.asr.config import FULL_WINDOW_FRAMES, WhisperConfig
-from engines.base import ASR_SAMPLE_RATE_HZ, UtteranceStats
+from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrWord
+from voxgate.engines.asr.config import FULL_WINDOW_FRAMES, WhisperConfig
+from voxgate.engines.base import ASR_SAMPLE_RATE_HZ, UtteranceStats
 
 __all__ = ["TorchWhisperEngine", "dtw", "median_filter", "torch_dtype"]
 
@@ -168,7 +168,7 @@ class TorchWhisperEngine(WhisperEngine):
         """Load the model named by ``config`` (a CTranslate2 directory or a HF checkpoint).
 
         Raises:
-            engines.asr._model_files.ModelFilesError: model files missing or corrupt.
+            voxgate.engines.asr._model_files.ModelFilesError: model files missing or corrupt.
             ValueError: a setting the torch engine does not support.
         """
         if config is None:

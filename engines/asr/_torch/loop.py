@@ -1,6 +1,6 @@
 """Greedy, sampling and beam search over :class:`WhisperTorchModel`, one step at a time.
 
-The same contract and search as :class:`engines.asr._decode.DecodeLoop` (CTranslate2 4.x's
+The same contract and search as :class:`voxgate.engines.asr._decode.DecodeLoop` (CTranslate2 4.x's
 search, so that with Whisper's own rules the tokens are ``generate``'s): ``add`` runs an
 item's prompt into free row slots of the static cache and the item joins the next step;
 ``step`` decodes every live row of every item in one batched model call, applies every item's
@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from engines.asr._decode import MAX_POSITIONS, DecodeItem, DecodeResult, LogitsProcessor
-from engines.asr._torch.model import DeviceMemory, WhisperTorchModel
-from engines.asr._torch.processors import BatchedProcessors
+from voxgate.engines.asr._decode import MAX_POSITIONS, DecodeItem, DecodeResult, LogitsProcessor
+from voxgate.engines.asr._torch.model import DeviceMemory, WhisperTorchModel
+from voxgate.engines.asr._torch.processors import BatchedProcessors
 
 __all__ = ["TorchDecodeLoop"]
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812 - the conventional name
 
-from engines.asr._torch.weights import WhisperTensors
+from voxgate.engines.asr._torch.weights import WhisperTensors
 
 __all__ = ["GRAPH_BUCKETS", "MAX_POSITIONS", "DeviceMemory", "WhisperTorchModel"]
 

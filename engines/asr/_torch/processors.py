@@ -1,7 +1,7 @@
 """The NumPy loop's logits processors as batched tensor operations with per-row parameters.
 
-:mod:`engines.asr._processors` and :mod:`engines.asr._phrases` define each rule as a small
-object applied to one item's rows between steps (a Python call per item per step). Here one
+:mod:`voxgate.engines.asr._processors` and :mod:`voxgate.engines.asr._phrases` define each rule as a
+small object applied to one item's rows between steps (a Python call per item per step). Here one
 :class:`BatchedProcessors` holds, per decode row, every rule's parameters as tensors (vLLM's
 ``logits_processor`` design: one object per batch, per-request arguments as tensors, updated
 when rows join or leave) and applies all of them to all live rows in a fixed number of tensor
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engines.asr._phrases import PhraseBoost
-from engines.asr._processors import (
+from voxgate.engines.asr._phrases import PhraseBoost
+from voxgate.engines.asr._processors import (
     TIMESTAMP_MS,
     HallucinationBias,
     RepetitionPenalty,

@@ -1,7 +1,7 @@
 """Whisper's weights as torch tensors, from a CTranslate2 directory or a Hugging Face checkpoint.
 
 The gateway already serves CTranslate2 model directories (``model.bin``); reading them through
-the project's one parser (:func:`engines.asr._ct2_weights.read_variables`) means the PyTorch
+the project's one parser (:func:`voxgate.engines.asr._ct2_weights.read_variables`) means the PyTorch
 engine runs the very weights the CPU engine runs, and no second model file has to ship. A
 Hugging Face checkpoint (``config.json`` plus ``model.safetensors`` or ``pytorch_model.bin``,
 as ``transformers`` saves it) is read directly with ``safetensors`` / ``torch.load``, without
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from engines.asr._ct2_weights import WeightFileError, read_variables
+from voxgate.engines.asr._ct2_weights import WeightFileError, read_variables
 
 __all__ = ["WhisperTensors", "is_hf_checkpoint", "load_tensors"]
 

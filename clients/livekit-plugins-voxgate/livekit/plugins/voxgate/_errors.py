@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import grpc
 from livekit.agents import APIConnectionError, APIError, APIStatusError, APITimeoutError
+
 from voxgate_client import VoxgateError
 
 __all__ = ["api_error"]

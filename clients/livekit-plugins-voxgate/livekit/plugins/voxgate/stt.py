@@ -66,6 +66,7 @@ from livekit.agents import (
 )
 from livekit.agents.types import NOT_GIVEN, NotGivenOr, TimedString
 from livekit.agents.utils import AudioBuffer, is_given
+
 from voxgate_client import (
     AS_FAST_AS_ALLOWED,
     Call,

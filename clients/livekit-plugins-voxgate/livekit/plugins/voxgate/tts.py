@@ -32,6 +32,7 @@ from livekit.agents import (
 )
 from livekit.agents.types import NOT_GIVEN, NotGivenOr, TimedString
 from livekit.agents.utils import is_given
+
 from voxgate_client import VoiceInfo, VoxgateClient, VoxgateError
 
 from ._errors import api_error

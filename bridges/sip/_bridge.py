@@ -19,7 +19,7 @@ releases the RTP port):
   refreshes and we end the call when it stops, or we refresh (UPDATE when allowed, else
   re-INVITE) and end it when a refresh fails;
 * ``max_call_s`` after the answer;
-* the RTP source and SSRC latch once (see :class:`~clients.sip._rtp.RtpLatch`); only a
+* the RTP source and SSRC latch once (see :class:`~voxgate.bridges.sip._rtp.RtpLatch`); only a
   re-INVITE/UPDATE with new media re-opens it;
 * Contact and request-URIs are validated before anything is copied from them (the BYE's
   request-URI is the caller's validated Contact).
@@ -42,8 +42,8 @@ from typing import Any, Literal, TypeVar
 import grpc
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from clients.sip._media import SILENCE, RtpSession, bind_rtp_socket
-from clients.sip._message import (
+from voxgate.bridges.sip._media import SILENCE, RtpSession, bind_rtp_socket
+from voxgate.bridges.sip._message import (
     DTMF_INFO_TYPES,
     DtmfInfoError,
     SipMessage,
@@ -64,15 +64,16 @@ from clients.sip._message import (
     record_route,
     reply_address,
 )
-from clients.sip._rtp import DtmfEvent
-from clients.sip._sdp import MediaChoice, SdpError, build_answer, negotiate, parse_sdp
-from clients.sip._session_timer import (
+from voxgate.bridges.sip._rtp import DtmfEvent
+from voxgate.bridges.sip._sdp import MediaChoice, SdpError, build_answer, negotiate, parse_sdp
+from voxgate.bridges.sip._session_timer import (
     SessionIntervalTooSmall,
     SessionTimer,
     SessionTimerError,
     negotiate_session_timer,
 )
-from clients.voxgate_client import (
+from voxgate.v1 import voxgate_pb2 as pb
+from voxgate_client import (
     AudioOut,
     BotHandler,
     BotLink,
@@ -93,8 +94,7 @@ from clients.voxgate_client import (
     VoxgateError,
     tls_credentials,
 )
-from clients.voxgate_client import Call as GatewayCall
-from voxgate.v1 import voxgate_pb2 as pb
+from voxgate_client import Call as GatewayCall
 
 __all__ = ["BridgeConfig", "ReferOutcome", "SipBridge"]
 
@@ -398,8 +398,8 @@ class SipBridge:
     Args:
         config: bridge settings.
         bot: the bot every call is handed to (``voxgate_client.BotLink``): an in-process
-            handler ``async def bot(call)`` (the built-in bots of :mod:`clients.bot`) or the
-            ``host:port`` of a bot served with ``voxgate_client.serve_bot``.
+            handler ``async def bot(call)`` (the built-in bots of :mod:`voxgate.bridges.bots`) or
+            the ``host:port`` of a bot served with ``voxgate_client.serve_bot``.
         on_event: observer called with (SIP Call-ID, typed gateway event) for every gateway
             event of every call (logging, metrics, tests); must not block.
         bot_policy: what happens to a call whose bot is down, slow, crashes or sends garbage.
@@ -1059,7 +1059,7 @@ class SipBridge:
 
         Its Request-URI is the validated remote target and its Route headers the route set
         (loose routing; a strict-routing first hop gets the RFC 2543 rewrite, see
-        :func:`~clients.sip._message.next_hop`).
+        :func:`~voxgate.bridges.sip._message.next_hop`).
         """
         branch = new_branch()
         ip, port = call.local_ip, self.address[1]

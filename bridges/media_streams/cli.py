@@ -10,14 +10,14 @@ import sys
 from pathlib import Path
 from typing import get_args
 
-from clients.bot import add_bot_policy_arguments, bot_policy_from_args
-from clients.cli import (
+from voxgate.bridges.bots import add_bot_policy_arguments, bot_policy_from_args
+from voxgate.bridges.door_args import (
     add_door_arguments,
     add_turn_arguments,
     connection_from_args,
     turn_options_from_args,
 )
-from clients.voxgate_client import EchoHandlingName
+from voxgate_client import EchoHandlingName
 
 from ._dialect import DIALECTS
 
@@ -110,7 +110,7 @@ def add_media_streams_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def run_media_streams(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT, then close every stream (1001); returns an exit code."""
-    from clients.bot import load_bot  # noqa: PLC0415  (loads YAML and bot code only when run)
+    from voxgate.bridges.bots import load_bot  # noqa: PLC0415  (loads YAML and bot code only when run)
 
     from ._server import MediaStreamsConfig, MediaStreamServer  # noqa: PLC0415
 

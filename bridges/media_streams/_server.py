@@ -33,7 +33,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from clients.voxgate_client import (
+from voxgate_client import (
     AudioOut,
     BotHandler,
     BotLink,
@@ -650,7 +650,7 @@ class MediaStreamServer:
     Args:
         config: listening address, gateway and stream limits.
         bot: who answers each call: a bot's ``host:port`` (``grpc://`` stripped by
-            :func:`clients.bot.load_bot`) or an in-process handler ``async def (call)``.
+            :func:`voxgate.bridges.bots.load_bot`) or an in-process handler ``async def (call)``.
         client: an existing gateway client (tests); by default one is made from ``config``.
     """
 

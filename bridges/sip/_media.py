@@ -11,7 +11,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from clients.sip._rtp import (
+from voxgate.bridges.sip._rtp import (
     FRAME_SAMPLES,
     DtmfDecoder,
     DtmfEvent,
@@ -98,8 +98,8 @@ class RtpSession(asyncio.DatagramProtocol):
 
     Nothing is sent before :meth:`arm` (the bridge arms on the caller's ACK: an INVITE nobody
     confirmed must not make us stream to the address in its SDP); audio queued before that
-    waits. Received packets pass an :class:`~clients.sip._rtp.RtpLatch` first: the call's RTP
-    source and SSRC are learned once, then packets from anywhere else are dropped, and with
+    waits. Received packets pass an :class:`~voxgate.bridges.sip._rtp.RtpLatch` first: the call's
+    RTP source and SSRC are learned once, then packets from anywhere else are dropped, and with
     ``symmetric`` the send address is the latched source. :attr:`last_rx` (loop time of the
     last accepted packet) is what the bridge's RTP inactivity timeout reads.
 

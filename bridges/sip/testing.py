@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clients.sip._message import (
+from voxgate.bridges.sip._message import (
     SipMessage,
     SipParseError,
     make_response,
@@ -28,7 +28,7 @@ from clients.sip._message import (
     new_tag,
     reply_address,
 )
-from clients.sip._rtp import DTMF_EVENTS, RtpError, RtpPacket, RtpPacketizer, dtmf_payload
+from voxgate.bridges.sip._rtp import DTMF_EVENTS, RtpError, RtpPacket, RtpPacketizer, dtmf_payload
 
 __all__ = [
     "KAMAILIO_CFG",

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from clients.voxgate_client import (
+from voxgate_client import (
     AudioOut,
     EncodingName,
     PlaybackInterrupted,

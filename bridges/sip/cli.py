@@ -2,7 +2,7 @@
 
 Wiring into the main CLI::
 
-    from clients.sip.cli import add_sip_arguments, run_sip
+    from voxgate.bridges.sip.cli import add_sip_arguments, run_sip
     p = sub.add_parser("sip", help="answer phone calls (SIP/RTP) and bridge them to a gateway")
     add_sip_arguments(p)
     ...
@@ -21,7 +21,7 @@ from typing import get_args
 
 from pydantic import SecretStr, ValidationError
 
-from clients.bot import (
+from voxgate.bridges.bots import (
     BOT_HELP,
     BotFileError,
     SilentBot,
@@ -29,14 +29,14 @@ from clients.bot import (
     bot_policy_from_args,
     load_bot,
 )
-from clients.cli import (
+from voxgate.bridges.door_args import (
     add_door_arguments,
     add_turn_arguments,
     connection_from_args,
     turn_options_from_args,
 )
-from clients.sip._bridge import BridgeConfig, SipBridge
-from clients.voxgate_client import EchoHandlingName
+from voxgate.bridges.sip._bridge import BridgeConfig, SipBridge
+from voxgate_client import EchoHandlingName
 
 __all__ = ["add_sip_arguments", "main", "run_sip"]
 
@@ -136,7 +136,7 @@ def add_sip_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sip-log-level",
         default=None,
-        help="log level when run standalone (python -m clients.sip)",
+        help="log level when run standalone (python -m voxgate.bridges.sip)",
     )
 
 
@@ -203,7 +203,7 @@ async def run_sip(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m clients.sip``: the same as ``voxgate sip``."""
+    """``python -m voxgate.bridges.sip``: the same as ``voxgate sip``."""
     parser = argparse.ArgumentParser(prog="voxgate sip", description=__doc__.splitlines()[0])
     add_sip_arguments(parser)
     args = parser.parse_args(argv)

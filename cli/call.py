@@ -1,7 +1,7 @@
 """``voxgate call``: play a WAV as the caller against a gateway, with a bot answering.
 
-The bot is any ``--bot`` value (:func:`clients.bot.load_bot`: the built-in rules or echo, run
-in-process, or ``grpc://host:port`` of a bot in its own process); this command is then one more
+The bot is any ``--bot`` value (:func:`voxgate.bridges.bots.load_bot`: the built-in rules or echo,
+run in-process, or ``grpc://host:port`` of a bot in its own process); this command is then one more
 door on the bot contract: it holds the call, plays the caller, and hands the call to the bot
 through :class:`voxgate_client.BotLink`, exactly as the SIP bridge and the media-stream adapter
 do.
@@ -25,12 +25,12 @@ from typing import Literal, TextIO
 
 import grpc
 
-from clients.bot import Bot, load_bot
-from clients.timeline import CallLog, draw_timeline
-from clients.voxgate_client import (
+from voxgate.bridges.bots import Bot, load_bot
+from voxgate.bridges.door_args import connection_from_args, turn_options_from_args
+from voxgate.cli.timeline import CallLog, draw_timeline
+from voxgate_client import (
     AS_FAST_AS_ALLOWED,
     REALTIME,
-    TOKEN_ENV,
     AudioOut,
     BotLink,
     Call,
@@ -49,29 +49,22 @@ from clients.voxgate_client import (
     SpeechBegin,
     SpeechEnd,
     Transcript,
-    TurnDetectionName,
     TurnOptions,
     VoxgateClient,
     VoxgateError,
     WireAudio,
     decode_pcm16,
     load_audio,
-    read_token,
     stream_audio,
-    tls_credentials,
 )
-from clients.voxgate_client._proto import voxgate_pb2 as pb
+from voxgate_client._proto import voxgate_pb2 as pb
 
 __all__ = [
     "CallOptions",
     "CallResult",
     "WaitForBot",
-    "add_connection_arguments",
-    "add_turn_arguments",
-    "connection_from_args",
     "play_call",
     "run_call",
-    "turn_options_from_args",
 ]
 
 #: Mark sent after the last audio chunk and the flush: once it is reached, the server has seen
@@ -135,159 +128,6 @@ class CallResult:
         """Final transcripts in utterance order."""
         out = [e for e in self.events if isinstance(e, Transcript) and e.is_final]
         return sorted(out, key=lambda t: t.utterance_index)
-
-
-def host_port(value: str) -> tuple[str, int]:
-    """``HOST:PORT`` as argparse reads an address flag (an IPv6 host keeps its colons)."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
-    return host, int(port)
-
-
-def add_door_arguments(
-    parser: argparse.ArgumentParser,
-    *,
-    listen: tuple[str, int],
-    listen_help: str,
-    bot_default: str,
-    bot_help: str,
-) -> None:
-    """The flags both doors (``voxgate sip``, ``voxgate media-streams``) open with.
-
-    Where they listen, the gateway they call (with its TLS and token flags, ``--gateway-*``)
-    and who answers: one definition, so that the two daemons spell and check them alike.
-    """
-    parser.add_argument(
-        "--listen",
-        type=host_port,
-        default=listen,
-        metavar="HOST:PORT",
-        help=listen_help,
-    )
-    parser.add_argument(
-        "--gateway",
-        default="127.0.0.1:50051",
-        metavar="HOST:PORT",
-        help="voxgate gateway gRPC target (default 127.0.0.1:50051)",
-    )
-    add_connection_arguments(parser, prefix="gateway-")
-    parser.add_argument(
-        "--bot",
-        default=bot_default,
-        metavar="none|echo|FILE.yaml|grpc://HOST:PORT",
-        help=bot_help,
-    )
-
-
-def add_connection_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> None:
-    """Add the flags that reach a secured gateway: TLS roots, a client certificate, a token.
-
-    ``voxgate call`` uses them as they are; ``voxgate sip`` with ``prefix="gateway-"`` (its
-    other side speaks SIP, so the flags say which leg they are for).
-    """
-    p = f"--{prefix}"
-    parser.add_argument(f"{p}tls", action="store_true", help="TLS with the system's CA roots")
-    parser.add_argument(
-        f"{p}tls-ca", type=Path, metavar="PEM", help="TLS, trusting this CA (implies --tls)"
-    )
-    parser.add_argument(
-        f"{p}tls-cert", type=Path, metavar="PEM", help="client certificate for mutual TLS"
-    )
-    parser.add_argument(f"{p}tls-key", type=Path, metavar="PEM", help="its private key")
-    parser.add_argument(
-        f"{p}token",
-        help=f"bearer token (visible in the process list: prefer {p}token-file or {TOKEN_ENV})",
-    )
-    parser.add_argument(
-        f"{p}token-file", type=Path, metavar="FILE", help="read the token from FILE"
-    )
-
-
-def connection_from_args(
-    args: argparse.Namespace, prefix: str = ""
-) -> tuple[bool | grpc.ChannelCredentials, str | None]:
-    """The channel credentials and token the flags of :func:`add_connection_arguments` ask for.
-
-    The token comes from the token flag, else the token file, else ``$VOXGATE_TOKEN``.
-
-    Raises:
-        ValueError: a flag's file is unreadable or unusable; the message names the flag.
-    """
-    dest = prefix.replace("-", "_")
-    flag = f"--{prefix}"
-
-    def get(name: str) -> object:
-        return getattr(args, dest + name, None)
-
-    ca, cert, key = get("tls_ca"), get("tls_cert"), get("tls_key")
-    if (cert is None) != (key is None):
-        raise ValueError(f"{flag}tls-cert and {flag}tls-key go together")
-    tls: bool | grpc.ChannelCredentials = bool(get("tls"))
-    if ca is not None or cert is not None:
-        try:
-            tls = tls_credentials(ca, cert, key)  # type: ignore[arg-type]
-        except (OSError, ValueError) as exc:
-            raise ValueError(_plain(exc)) from None
-    try:
-        token = read_token(get("token"), get("token_file"))  # type: ignore[arg-type]
-    except (OSError, ValueError) as exc:
-        raise ValueError(_plain(exc)) from None
-    return tls, token
-
-
-#: ``--turns`` values: the call's end-of-turn detection (docs/turns.md).
-TURN_CHOICES: tuple[TurnDetectionName, ...] = ("off", "silence", "smart")
-
-
-def add_turn_arguments(parser: argparse.ArgumentParser) -> None:
-    """The turn-detection flags every door shares (``voxgate call``, ``sip``, ``media-streams``).
-
-    One definition, so that the three doors take the same values and say the same thing.
-    """
-    parser.add_argument(
-        "--turns",
-        choices=TURN_CHOICES,
-        default=None,
-        help="end-of-turn detection on each call: off, silence (every utterance is a turn) or "
-        "smart (silence, the words so far and the gateway's audio model, if it has one); "
-        "with it on the built-in bots answer each EndOfTurn instead of each final "
-        "(default: the gateway's session.turns.mode)",
-    )
-    parser.add_argument(
-        "--turn-eagerness",
-        type=float,
-        default=None,
-        metavar="0..1",
-        help="smart turns: how readily a turn ends, higher sooner (default: the gateway's)",
-    )
-
-
-def turn_options_from_args(args: argparse.Namespace) -> TurnOptions:
-    """The :class:`TurnOptions` the flags of :func:`add_turn_arguments` describe.
-
-    Checked here rather than left to the gateway, which would refuse every call of a
-    misconfigured door one by one (INVALID_ARGUMENT) instead of the door refusing to start.
-
-    Raises:
-        ValueError: an eagerness outside 0..1, or one given with a mode that has none.
-    """
-    mode = getattr(args, "turns", None)
-    eagerness = getattr(args, "turn_eagerness", None)
-    if mode is not None and mode not in TURN_CHOICES:
-        raise ValueError(f"--turns {mode!r}: use one of {', '.join(TURN_CHOICES)}")
-    if eagerness is None:
-        return TurnOptions(mode=mode)
-    if not 0.0 <= eagerness <= 1.0:
-        raise ValueError(f"--turn-eagerness {eagerness:g}: must be 0..1")
-    if mode in ("off", "silence"):
-        raise ValueError(f"--turn-eagerness applies to --turns smart, not --turns {mode}")
-    return TurnOptions(mode=mode, eagerness=float(eagerness))
-
-
-def _plain(exc: OSError | ValueError) -> str:
-    """The message without Python's ``[Errno N]`` prefix."""
-    return str(exc.strerror) if isinstance(exc, OSError) and exc.strerror else str(exc)
 
 
 async def run_call(args: argparse.Namespace) -> int:

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from clients.voxgate_client import (
+from voxgate_client import (
     BotPolicy,
     Dtmf,
     EndOfTurn,

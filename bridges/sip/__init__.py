@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from clients.bot import Bot, BotFileError, EchoBot, RuleBot, SilentBot, load_bot
-from clients.sip._bridge import BridgeConfig, ReferOutcome, SipBridge
-from clients.sip.cli import add_sip_arguments, run_sip
+from voxgate.bridges.bots import Bot, BotFileError, EchoBot, RuleBot, SilentBot, load_bot
+from voxgate.bridges.sip._bridge import BridgeConfig, ReferOutcome, SipBridge
+from voxgate.bridges.sip.cli import add_sip_arguments, run_sip
 
 __all__ = [
     "Bot",

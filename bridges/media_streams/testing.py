@@ -36,7 +36,7 @@ from typing import Any, Self
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from clients.voxgate_client import encode_pcm16, read_wav
+from voxgate_client import encode_pcm16, read_wav
 
 from ._dialect import DialectName
 from ._timing import CHUNK_BYTES, CHUNK_MS

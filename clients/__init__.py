@@ -1,3 +1,0 @@
-"""Clients of the voxgate gateway (Python library, CLI, SIP bridge)."""
-
-from __future__ import annotations
