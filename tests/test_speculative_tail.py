@@ -18,14 +18,14 @@ import asyncio
 import numpy as np
 import pytest
 
-from gateway.config import LimitsConfig, VadConfig
-from gateway.events import AudioIn, InboundEvent, OutboundEvent, SpeechOut, TranscriptOut
-from gateway.metrics import GatewayMetrics
-from gateway.session import CallConfig, CallSession
-from gateway.testing.fake_engines import EnergyVoiceDetector, FakeTranscriber
-from gateway.testing.virtual_time import run_virtual
-from gateway.turns import TurnOptions
-from pcmcodec import WireEncoding
+from voxgate.gateway.config import LimitsConfig, VadConfig
+from voxgate.gateway.events import AudioIn, InboundEvent, OutboundEvent, SpeechOut, TranscriptOut
+from voxgate.gateway.metrics import GatewayMetrics
+from voxgate.gateway.session import CallConfig, CallSession
+from voxgate.gateway.testing.fake_engines import EnergyVoiceDetector, FakeTranscriber
+from voxgate.gateway.testing.virtual_time import run_virtual
+from voxgate.gateway.turns import TurnOptions
+from voxgate.pcmcodec import WireEncoding
 
 pytestmark = pytest.mark.component
 
