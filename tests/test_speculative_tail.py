@@ -9,6 +9,7 @@ the workers while the one that counted waited. A decode that holds the speech up
 reported end, or all but its last 100 ms of tail, now stands for the final; one that lacks
 more is restarted. The session on the virtual clock with the FAKE recogniser and the energy
 voice model (speech = a loud tone, the tail = a tone under its threshold, silence = zeros).
+Also: no interim starts in the silence just before the final decode (it would decode beside it).
 """
 
 from __future__ import annotations
@@ -123,3 +124,45 @@ def test_a_tail_longer_than_the_slack_restarts_it_with_the_speech() -> None:
     assert all(len(r.audio) / 16 < end_ms - 100 for r in finals[:-1])
     sent = [e for _, e in out if isinstance(e, TranscriptOut) and e.is_final]
     assert [e.result.text for e in sent] == [f"utterance {len(asr.requests) - 1}"]
+
+
+@pytest.mark.parametrize("tone_ms", range(1500, 1760, 20))
+def test_no_interim_starts_once_the_final_is_imminent(tone_ms: int) -> None:
+    """Smart turns: once the caller has been silent for half of decode_after_ms, no interim of
+    the utterance starts (the final decode is about to); interims ran while they spoke. The
+    tone lengths slide the interim ticks across the silence (two of them land in it)."""
+    asr = FakeTranscriber(delay_s=0.05)
+    cfg = CallConfig(
+        input_encoding=WireEncoding.LINEAR16,
+        input_rate_hz=16000,
+        output_encoding=WireEncoding.LINEAR16,
+        output_rate_hz=16000,
+        vad=VadConfig(end_silence_ms=200),
+        interim_results=True,
+        interim_interval_ms=200,
+        turns=TurnOptions(mode="smart", min_silence_ms=200, max_pause_ms=1600),
+    )
+    session = CallSession(
+        cfg, LimitsConfig(), asr, None, metrics=GatewayMetrics(), detector=EnergyVoiceDetector()
+    )
+    pcm = silence(200) + tone(tone_ms, -10) + silence(1500)
+
+    async def main() -> None:
+        inbox: asyncio.Queue[InboundEvent | None] = asyncio.Queue()
+
+        async def sink(event: OutboundEvent) -> None:
+            pass
+
+        runner = asyncio.create_task(session.run(inbox.get, sink))
+        for i in range(0, len(pcm), 640):
+            await inbox.put(AudioIn(pcm[i : i + 640]))
+            await asyncio.sleep(0.02)
+        await inbox.put(None)
+        await asyncio.wait_for(runner, 600)
+
+    run_virtual(main())
+    interims = [r for r in asr.requests if not r.is_final]
+    assert interims  # they ran while the tone played
+    speech_end_ms = 200 + tone_ms  # the utterance's audio starts at the call's start here
+    # None holds more than half of decode_after_ms (60 ms) of the silence, a frame's slack.
+    assert all(len(r.audio) / 16 <= speech_end_ms + 60 for r in interims)
