@@ -6,7 +6,10 @@ detection variant:
 
 * ``hangover600``: today's endpointing as turns (``silence``: every utterance a turn, 600 ms);
 * ``words``: ``smart`` with silence and the words so far;
-* ``audio``: ``smart`` with the audio end-of-turn model too (only with ``--smart-turn-model``).
+* ``audio``: ``smart`` with silence and the audio end-of-turn model, not the words
+  (``session.turns.words`` false; only with ``--smart-turn-model``);
+* ``combined``: ``smart`` with silence, the words and the audio model (the server's default
+  with a model; only with ``--smart-turn-model``).
 
 Two sets: the shared real clips (each one sentence or a few, one turn), and a pause set built
 from them: each clip with one pause of 0.3-1.5 s spliced into its quietest mid-sentence gap
@@ -272,12 +275,14 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     sets = {"real": real, "pauses": paused}
     variants = ["hangover600", "words"]
     if args.smart_turn_model:
-        variants.append("audio")
+        variants += ["audio", "combined"]
     report: dict[str, Any] = {"cells": [], "calls": []}
     for variant in variants:
         turns: dict[str, Any] = {}
-        if variant == "audio":
+        if variant in ("audio", "combined"):
             turns["smart_turn_model"] = args.smart_turn_model
+        if variant == "audio":
+            turns["words"] = False
         server = {"host": "127.0.0.1", "port": 0, "grace_s": 1.0}
         cfg = load_config(None, {"server": server, "session": {"turns": turns}})
         hub = build_hub(cfg)
@@ -308,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--smart-turn-model",
         default="",
-        help="also run the audio model variant with this Smart Turn v3 model "
+        help="also run the audio model variants (alone, and combined with the words) with this "
+        "Smart Turn v3 model "
         "(session.turns.smart_turn_model: a .onnx, a pipecat-ai wheel, or 'pipecat')",
     )
     parser.add_argument("--tiny", action="store_true", help="2 clips, 1 pause set item")

@@ -628,6 +628,12 @@ class TurnsConfig(_Frozen):
         description="'smart': trailing silence after which an utterance's final decode starts "
         "(its words are then known when the utterance ends), ms.",
     )
+    words: bool = Field(
+        True,
+        description="'smart': read the words so far (Whisper's punctuation, an unfinished "
+        "clause); false leaves silence and the audio model alone (benchmarks.turn_taking's "
+        "'audio' variant measures the model so).",
+    )
     smart_turn_model: str = Field(
         "",
         description="The audio end-of-turn model (Smart Turn v3 ONNX, BSD-2-Clause): a path to "
@@ -915,12 +921,14 @@ class GatewayConfig(BaseSettings):
 
     @model_validator(mode="after")
     def _check_join_running(self) -> GatewayConfig:
-        # Only our decode loop can take an utterance into a batch that has started; with
-        # CTranslate2's generate the setting would silently do nothing.
-        if self.batcher.join_running and not self.asr.decode_loop.always:
+        # Only a decode loop can take an utterance into a batch that has started (ours in
+        # NumPy with decode_loop.always, or the torch engine's, always); with CTranslate2's
+        # generate the setting would silently do nothing.
+        loop = self.asr.decode_loop.always or self.asr.engine == "torch"
+        if self.batcher.join_running and not loop:
             raise ValueError(
-                "batcher.join_running needs asr.decode_loop.always: true (only the decode "
-                "loop can add an utterance to a running batch)"
+                "batcher.join_running needs asr.decode_loop.always: true or asr.engine: torch "
+                "(only a decode loop can add an utterance to a running batch)"
             )
         return self
 

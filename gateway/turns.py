@@ -57,6 +57,8 @@ class TurnOptions:
         decode_after_ms: ``smart``: silence after which the utterance's final decode starts
             (its words are then known when the turn may end).
         audio_model: ``smart``: use the server's audio end-of-turn model when it has one.
+        words: ``smart``: read the words so far; False leaves silence and the audio model
+            (to measure the audio model on its own; without a model the probability is 0.5).
     """
 
     mode: TurnMode = "off"
@@ -66,6 +68,7 @@ class TurnOptions:
     max_pause_ms: int = 1_600
     decode_after_ms: int = 120
     audio_model: bool = True
+    words: bool = True
 
     @property
     def on(self) -> bool:
@@ -243,9 +246,11 @@ class TurnDetector:
 
     def probability(self, text: str | None, audio_probability: float | None) -> float:
         """The combined probability that the turn is complete."""
-        words = text_completion(text) if text is not None else 0.5
+        words = text_completion(text) if text is not None and self.options.words else 0.5
         if audio_probability is None or not self.options.audio_model:
             return words
+        if not self.options.words:
+            return audio_probability
         # Either signal can hold the turn; it ends when both say it is done. Whisper closes
         # fragments with full stops ("ASK!", "Go forward."), and the voice trailing up over a
         # dramatic pause says otherwise; a finished-sounding voice over an unfinished clause

@@ -209,6 +209,7 @@ def _turn_options(
         min_silence_ms=min_silence,
         max_pause_ms=max_pause,
         decode_after_ms=min(defaults.decode_after_ms, min_silence),
+        words=defaults.words,
     )
 
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from voxgate.gateway import wire
+from voxgate.gateway.config import TurnsConfig, VadConfig
 from voxgate.gateway.turns import TurnDetector, TurnInput, TurnOptions, text_completion
+from voxgate.v1 import voxgate_pb2 as pb
 
 pytestmark = pytest.mark.unit
 
@@ -91,3 +96,22 @@ def test_silence_mode_ends_every_utterance_at_its_hangover() -> None:
     assert not detector.decide(TurnInput(580, "and the")).end
     decision = detector.decide(TurnInput(600, None))
     assert decision.end and decision.reason == "silence"
+
+
+def test_without_the_words_the_audio_model_decides_alone() -> None:
+    """words=False (the benchmark's audio-only variant): the model's probability is the turn's,
+    an unfinished clause no longer holds it, and with no model the probability is 0.5."""
+    detector = TurnDetector(replace(SMART, words=False))
+    assert detector.probability("and the", 0.97) == 0.97
+    assert detector.probability("Thank you.", 0.04) == 0.04
+    assert detector.probability("Thank you.", None) == 0.5
+    done = detector.decide(TurnInput(detector.hold_ms(0.97), "I was going to the", 0.97))
+    assert done.end and done.reason == "audio"
+
+
+def test_the_servers_words_setting_reaches_each_smart_call() -> None:
+    """session.turns.words is the server's (the call's config has no such field)."""
+    defaults = TurnsConfig(mode="smart", words=False)
+    options = wire._turn_options(pb.TurnDetectionOptions(), defaults, VadConfig())
+    assert options.mode == "smart" and options.words is False
+    assert wire._turn_options(pb.TurnDetectionOptions(), TurnsConfig(), VadConfig()).words
