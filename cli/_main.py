@@ -270,6 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # Real time is the default now; the old flag stays accepted so scripts keep working.
     d.add_argument("--realtime", action="store_true", help=argparse.SUPPRESS)
+    # The bot answers each EndOfTurn instead of each final (voice to voice with turns).
+    add_turn_arguments(d)
     d.set_defaults(func=_cmd_demo)
 
     from voxgate.bridges.sip.cli import add_sip_arguments  # noqa: PLC0415

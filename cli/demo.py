@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from voxgate.bridges.bots import sample_bot_path
+from voxgate.bridges.door_args import turn_options_from_args
 from voxgate.cli.call import CallOptions, CallResult, play_call
 from voxgate_client import sample_call_path
 
@@ -43,6 +44,11 @@ async def demo_call(args: argparse.Namespace) -> CallResult:
     from voxgate.gateway.server import GatewayServer  # noqa: PLC0415
 
     engines = args.engines or "asr,tts"
+    try:
+        turns = turn_options_from_args(args)
+    except ValueError as exc:  # checked before any model loads, as voxgate call does
+        print(f"voxgate demo: {exc}", file=sys.stderr)
+        return CallResult(2)
     try:
         config = load_config(None, {"engines": engines, "server": {"host": "127.0.0.1", "port": 0}})
     except ConfigError as exc:  # e.g. --engines with a typo; as `voxgate serve` reports it
@@ -78,6 +84,7 @@ async def demo_call(args: argparse.Namespace) -> CallResult:
             timeline=args.timeline,
             # Hears the greeting out, then talks over the first answer (see the docstring).
             wait_for_bot="start",
+            turns=turns,
         )
         return await play_call(opts)
     finally:

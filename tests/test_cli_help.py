@@ -9,8 +9,10 @@ import sys
 
 import pytest
 
+from voxgate.bridges.door_args import turn_options_from_args
 from voxgate.cli._main import build_parser
 from voxgate.cli.call import WAIT_FOR_BOT_CHOICES
+from voxgate_client import TurnOptions
 
 pytestmark = pytest.mark.unit
 
@@ -74,3 +76,11 @@ def test_demo_is_real_time_unless_fast() -> None:
     assert parser.parse_args(["demo", "--realtime"]).fast is False
     text = help_text("demo")
     assert "--fast" in text and "--realtime" not in text
+
+
+def test_demo_takes_the_doors_turn_flags() -> None:
+    """voxgate demo --turns smart: the bot answers each EndOfTurn (voice to voice with turns)."""
+    parser = build_parser()
+    args = parser.parse_args(["demo", "--turns", "smart", "--turn-eagerness", "0.7"])
+    assert turn_options_from_args(args) == TurnOptions(mode="smart", eagerness=0.7)
+    assert turn_options_from_args(parser.parse_args(["demo"])) == TurnOptions()
