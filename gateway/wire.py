@@ -213,6 +213,26 @@ def _turn_options(
     )
 
 
+def _no_turns(req: pb.TurnDetectionOptions) -> TurnOptions:
+    """Turn detection on a server without a recogniser: refused when asked for, else off.
+
+    A turn ends after its finals and is decided on its words, so a server that transcribes
+    nothing has no turns to end (its ``ListModels`` lists no modes). A call that asked for
+    them was accepted and then never got an EndOfTurn; it is refused now, naming the field,
+    as Speak is on a server without a voice. The server's own default (``session.turns``)
+    does not apply there: such a call runs with turns off and its effective config says so.
+    """
+    if req.mode == pb.TURN_DETECTION_UNSPECIFIED:
+        return TurnOptions()
+    raise CallError(
+        ErrorKind.FAILED_PRECONDITION,
+        f"config.turn_detection.mode={pb.TurnDetection.Name(req.mode)} needs a recogniser; "
+        "this server runs without one (engines setting excludes 'asr'), so it has no turns "
+        "to end (ListModels' turn_detection.modes is empty); use TURN_DETECTION_OFF or "
+        "leave it unset",
+    )
+
+
 def _turn_vad(vad: VadConfig, turns: TurnOptions) -> VadConfig:
     """The VAD a call runs with its turn detection: the hangover ends utterances, not turns.
 
@@ -263,6 +283,8 @@ def call_config(
     )
     vad = _vad_config(served.config.vad, cfg.vad)
     turns = _turn_options(cfg.turn_detection, served.config.session.turns, vad)
+    if turns.on and served.transcriber is None:
+        turns = _no_turns(cfg.turn_detection)
     vad = _turn_vad(vad, turns)
     dec = cfg.decoding
     if dec.beam_size < 0 or dec.beam_size > 16:

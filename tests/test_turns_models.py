@@ -1,7 +1,8 @@
 """ListModels and a call's effective config say which turn detection the server runs.
 
 Real in-process servers: the default configuration with the bundled models (a recogniser, no
-audio end-of-turn model), a VAD-only one (no recogniser: no EndOfTurn), and one whose
+audio end-of-turn model), a VAD-only one (no recogniser: no turn detection, refused when asked
+for), and one whose
 ``session.turns.smart_turn_model`` is a tiny ONNX classifier this test builds with Smart
 Turn's input and output shape (the real file ships in the pipecat-ai wheel, which the test
 environment does not have): what is reported is its file name, never a claim about its output.
@@ -12,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import grpc
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -19,7 +21,7 @@ from onnx import TensorProto, helper
 from voxgate.gateway.config import load_config
 from voxgate.gateway.runtime import build_hub
 from voxgate.gateway.testing.server import running_server
-from voxgate_client import CallConfig, TurnOptions, VoxgateClient
+from voxgate_client import CallConfig, TurnOptions, VoxgateClient, VoxgateError
 from voxgate_client._proto import voxgate_pb2 as pb
 
 pytestmark = pytest.mark.e2e
@@ -99,3 +101,30 @@ async def test_the_loaded_audio_model_is_named_in_list_models_and_in_smart_calls
     # Silence turns never consult the model: the call says so.
     assert started["silence"].turn_detection == "silence"
     assert started["silence"].turn_model == ""
+
+
+@pytest.mark.parametrize("mode", ["smart", "silence"])
+async def test_a_server_without_a_recogniser_refuses_a_call_that_asks_for_turns(mode: str) -> None:
+    """Asked for, turn detection is refused there (FAILED_PRECONDITION naming the field);
+    the server's own default does not apply (the call runs, its turns off)."""
+    async with running_server() as srv, VoxgateClient(srv.target) as client:
+        with pytest.raises(VoxgateError) as refused:
+            call = await client.converse(CallConfig(turns=TurnOptions(mode=mode)))
+            async with call:
+                await call.hangup()
+                async for _ in call:
+                    pass
+    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "config.turn_detection.mode" in refused.value.message
+    assert "without one" in refused.value.message
+    async with (
+        running_server(session={"turns": {"mode": "smart"}}) as srv,
+        VoxgateClient(srv.target) as client,
+    ):
+        call = await client.converse(CallConfig())
+        async with call:
+            session = call.session
+            await call.hangup()
+            async for _ in call:
+                pass
+    assert session is not None and session.turn_detection == "off"
