@@ -102,7 +102,7 @@ def _from_ct2(model_dir: Path) -> WhisperTensors:
     v = read_variables(model_dir / "model.bin")
 
     def w(name: str) -> torch.Tensor:
-        arr = np.asarray(v[name], dtype=np.float32)
+        arr = np.array(v[name], dtype=np.float32)  # a copy: the file's bytes are read-only
         scale = v.get(name + "_scale")
         if scale is not None and np.asarray(v[name]).dtype == np.int8:
             # CTranslate2 int8: one scale per output row; value = q / scale.
