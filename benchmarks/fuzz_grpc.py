@@ -698,8 +698,8 @@ class FuzzRig:
         assert servicer is not None
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(servicer.wait_idle(), 30)
-        self.left_open = servicer.active_calls
-        self.server_outcomes = dict(servicer.outcomes)
+        self.left_open = servicer.calls.active_calls
+        self.server_outcomes = dict(servicer.calls.outcomes)
         await self.channel.close()
         await self.server.stop(grace_s=0.0)
 

@@ -180,17 +180,17 @@ class GatewayServer:
         loop = asyncio.get_running_loop()
         while True:
             now = loop.time()
-            bulk = servicer.bulk_calls()
+            bulk = servicer.calls.bulk_calls()
             self.metrics.calls_bulk.set(bulk)
             snap = sampler.sample(
                 now,
-                calls=servicer.active_calls,
+                calls=servicer.calls.active_calls,
                 bulk_calls=bulk,
                 calibrated_capacity=servicer.info.asr_capacity_calls,
             )
             servicer.load = snap
             load = servicer.admission.load(
-                snap, active_calls=servicer.active_calls, bulk_calls=bulk
+                snap, active_calls=servicer.calls.active_calls, bulk_calls=bulk
             )
             self.metrics.load.set(load)
             self.metrics.admission_capacity.set(servicer.admission.capacity(snap) or 0)
@@ -200,7 +200,7 @@ class GatewayServer:
                 now,
                 snap.final_p95_s if snap.finals >= least else math.nan,
                 over_capacity=servicer.admission.over_capacity(
-                    snap, active_calls=servicer.active_calls - bulk
+                    snap, active_calls=servicer.calls.active_calls - bulk
                 ),
             )
             if move is not None:
@@ -217,7 +217,7 @@ class GatewayServer:
                     snap.final_p95_s,
                     100 * snap.asr_utilisation,
                 )
-            if cfg.admission.health_when_full and servicer.accepting:
+            if cfg.admission.health_when_full and servicer.calls.accepting:
                 full = load >= 1.0 if not self.full else load >= 0.9
                 if full != self.full:
                     self.full = full
@@ -244,12 +244,12 @@ class GatewayServer:
         await self._health.enter_graceful_shutdown()
         servicer = self.servicer
         if servicer is not None:
-            servicer.accepting = False
+            servicer.calls.accepting = False
             # 2. drain
             idle = await self._idle_within(servicer, grace)
             # 3. end what is left, each call after the final of its open utterance
             if not idle and not self._abort.is_set():
-                log.info("grace period over: ending %d call(s)", servicer.end_calls())
+                log.info("grace period over: ending %d call(s)", servicer.calls.end_calls())
                 await self._idle_within(servicer, self.config.server.flush_s)
         # 4. cancel the rest (0.5 s for cancellations to propagate to the tasks)
         await server.stop(0.0 if self._abort.is_set() else 0.5)
@@ -331,7 +331,7 @@ class GatewayServer:
         finally:
             for waiter in (idle, aborted):
                 waiter.cancel()
-        return servicer.active_calls == 0
+        return servicer.calls.active_calls == 0
 
 
 def _check_bindable(host: str, port: int) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -25,6 +24,7 @@ from voxgate.gateway import wire
 from voxgate.gateway.admission import AdmissionPolicy, LoadSnapshot, Refusal, StreamKind
 from voxgate.gateway.audio import OutputEncoder
 from voxgate.gateway.base import EngineInfo, Synthesizer, Transcriber
+from voxgate.gateway.calls import CallRegistry
 from voxgate.gateway.config import (
     ConfigError,
     GatewayConfig,
@@ -167,18 +167,12 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         self.transcriber = transcriber
         self.synthesizer = synthesizer
         self.info = info or EngineInfo()
-        self.active_calls = 0
-        self.accepting = True
-        #: How this servicer's calls ended, by outcome (the metric's labels), for observers.
-        self.outcomes: Counter[str] = Counter()
-        self._sessions: dict[str, CallSession] = {}
-        self._ending = False
+        #: The calls in progress, their counts and the drain (gateway/calls.py).
+        self.calls = CallRegistry()
         #: Admission by measured load; the server's monitor refreshes ``load`` and ``quality``.
         self.admission = AdmissionPolicy(config.admission, config.limits)
         self.load = LoadSnapshot()
         self.quality = QualityLevel()
-        self.active_synthesize = 0
-        self._idle = asyncio.Event()
         if config.vad.model == "silero":
             # Load (and warm) the shared voice model now: a missing model file stops start-up
             # instead of failing every call, and the first call does not wait for it.
@@ -195,7 +189,6 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
                 self.turn_model.warmup()
             except (FileNotFoundError, OSError, ValueError) as exc:
                 raise ConfigError(f"session.turns.smart_turn_model: {exc}") from None
-        self._idle.set()
 
     # -- RPCs --------------------------------------------------------------------------------------
 
@@ -215,14 +208,14 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         """Text in, streamed audio out."""
         request_id = uuid.uuid4().hex[:16]
         if self.synthesizer is not None:
-            if not self.accepting:
+            if not self.calls.accepting:
                 self.metrics.synthesize_refused.labels("shutting_down").inc()
                 await _abort(context, CallError(ErrorKind.UNAVAILABLE, "server is shutting down"))
             refusal = self.refusal("synthesize")
             if refusal is not None:
                 self.metrics.synthesize_refused.labels(refusal.reason).inc()
                 await _abort(context, _refused(refusal))
-        self.active_synthesize += 1
+        self.calls.active_synthesize += 1
         self.metrics.synthesize_active.inc()
         try:
             if isinstance(request, _Undecodable):
@@ -242,12 +235,8 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
                 context, _internal(request_id), self.config.limits.write_stall_timeout_s
             )
         finally:
-            self.active_synthesize -= 1
+            self.calls.active_synthesize -= 1
             self.metrics.synthesize_active.dec()
-
-    def bulk_calls(self) -> int:
-        """Calls in progress whose audio runs ahead of real time now (see CallSession.bulk)."""
-        return sum(1 for session in self._sessions.values() if session.bulk)
 
     def refusal(self, kind: StreamKind, *, declared_bulk: bool = False) -> Refusal | None:
         """Whether one more stream of ``kind`` would be refused now, and why.
@@ -258,9 +247,9 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         return self.admission.decide(
             kind,
             self.load,
-            active_calls=self.active_calls,
-            active_synthesize=self.active_synthesize,
-            bulk_calls=self.bulk_calls() if kind == "call" else 0,
+            active_calls=self.calls.active_calls,
+            active_synthesize=self.calls.active_synthesize,
+            bulk_calls=self.calls.bulk_calls() if kind == "call" else 0,
             declared_bulk=declared_bulk,
         )
 
@@ -325,19 +314,8 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
     # -- lifecycle helpers -------------------------------------------------------------------------
 
     async def wait_idle(self) -> None:
-        """Return once no call is active (used by graceful shutdown)."""
-        await self._idle.wait()
-
-    def end_calls(self) -> int:
-        """Ask every active call to end without losing speech (see ``CallSession.shutdown``).
-
-        Calls that have not sent their config yet are ended as soon as they do. Returns how
-        many calls were asked.
-        """
-        self._ending = True
-        for session in self._sessions.values():
-            session.shutdown()
-        return len(self._sessions)
+        """Return once no call is active (the server's drain; see CallRegistry.wait_idle)."""
+        await self.calls.wait_idle()
 
     # -- calls -------------------------------------------------------------------------------------
 
@@ -345,7 +323,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         self, context: grpc.aio.ServicerContext, mode: Literal["converse", "recognize"]
     ) -> None:
         limits = self.config.limits
-        if not self.accepting:
+        if not self.calls.accepting:
             self.metrics.calls_refused.labels("shutting_down").inc()
             await _abort(context, CallError(ErrorKind.UNAVAILABLE, "server is shutting down"))
         try:
@@ -357,8 +335,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         if refusal is not None:
             self.metrics.calls_refused.labels(refusal.reason).inc()
             await _abort(context, _refused(refusal))
-        self.active_calls += 1
-        self._idle.clear()
+        self.calls.opened()
         self.metrics.calls_active.inc()
         self.metrics.calls_total.labels(mode).inc()
         session_id = uuid.uuid4().hex[:16]
@@ -395,12 +372,8 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
                 await _end_with(context, _internal(session_id), limits.write_stall_timeout_s)
         finally:
             self.metrics.calls_ended.labels(outcome).inc()
-            self.outcomes[outcome] += 1
             self.metrics.calls_active.dec()
-            self.active_calls -= 1
-            self._sessions.pop(session_id, None)
-            if self.active_calls == 0:
-                self._idle.set()
+            self.calls.closed(session_id, outcome)
             log.info("call %s ended: %s after %.1f s", session_id, outcome, loop.time() - began)
 
     async def _call(
@@ -470,9 +443,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             turn_model=self.turn_model,
             declared_bulk=declared_bulk,
         )
-        self._sessions[session_id] = session
-        if self._ending:
-            session.shutdown()
+        self.calls.started(session_id, session)
         started = pb.SessionStarted(
             session_id=session_id,
             effective_config=wire.effective_config(

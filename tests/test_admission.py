@@ -393,7 +393,7 @@ async def test_a_file_client_that_says_bulk_is_admitted_where_a_caller_is_refuse
         assert srv.servicer is not None
         servicer = srv.servicer
         first = asyncio.create_task(_collect(stub.Converse(requests(call_audio(speech_dir)))))
-        await wait_for(lambda: servicer.active_calls == 1, "the real-time call is in")
+        await wait_for(lambda: servicer.calls.active_calls == 1, "the real-time call is in")
 
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await _collect(stub.Converse(requests([config()])))
@@ -436,7 +436,9 @@ async def test_synthesize_is_admitted_against_its_own_limit(speech_dir: Path) ->
         servicer = srv.servicer
         held = stub.Synthesize(pb.SynthesizeRequest(text="a long reply"))
         await held.initial_metadata()
-        await wait_for(lambda: servicer.active_synthesize == 1, "one Synthesize stream active")
+        await wait_for(
+            lambda: servicer.calls.active_synthesize == 1, "one Synthesize stream active"
+        )
         second = stub.Synthesize(pb.SynthesizeRequest(text="another"))
         assert await second.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "max_synthesize_streams=1" in (await second.details() or "")
@@ -445,7 +447,7 @@ async def test_synthesize_is_admitted_against_its_own_limit(speech_dir: Path) ->
         events = await _collect(stub.Converse(requests(call_audio(speech_dir))))
         assert len([e for e in events if e.WhichOneof("event") == "transcript"]) == 4
         held.cancel()
-        await wait_for(lambda: servicer.active_synthesize == 0, "the held stream ended")
+        await wait_for(lambda: servicer.calls.active_synthesize == 0, "the held stream ended")
         voice._first_delay_s = 0.0
         replies = [r async for r in stub.Synthesize(pb.SynthesizeRequest(text="now it fits"))]
         assert replies and replies[-1].is_last

@@ -174,10 +174,10 @@ async def test_a_call_ending_error_during_playback_ends_the_call(ending: str, ph
         assert await call.status() == code, call.kinds()
         assert srv.servicer is not None
         for _ in range(200):
-            if srv.servicer.active_calls == 0:
+            if srv.servicer.calls.active_calls == 0:
                 break
             await asyncio.sleep(0.01)
-        assert srv.servicer.active_calls == 0
+        assert srv.servicer.calls.active_calls == 0
 
 
 async def test_a_voice_fault_mid_reply_is_an_error_event_and_the_call_goes_on() -> None:
@@ -324,13 +324,13 @@ async def test_churned_calls_are_counted_as_cancelled_without_error_logs(
         await asyncio.gather(*(churn(i) for i in range(rounds)))
         assert srv.servicer is not None
         for _ in range(500):
-            if srv.servicer.active_calls == 0:
+            if srv.servicer.calls.active_calls == 0:
                 break
             await asyncio.sleep(0.01)
-        assert srv.servicer.active_calls == 0
+        assert srv.servicer.calls.active_calls == 0
         # A call cancelled before its first message may never reach the server; every one
         # that did is counted as cancelled, and as nothing else.
-        outcomes = dict(srv.servicer.outcomes)
+        outcomes = dict(srv.servicer.calls.outcomes)
     assert set(outcomes) == {"cancelled"}, outcomes
     assert outcomes["cancelled"] >= rounds * 3 // 4
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
@@ -392,7 +392,7 @@ async def test_streams_that_never_send_config_are_ended_and_free_their_slots() -
         # Each was either ended for silence or refused while the slots were taken.
         assert set(codes) <= {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
         assert grpc.StatusCode.DEADLINE_EXCEEDED in codes
-        assert srv.servicer is not None and srv.servicer.active_calls == 0
+        assert srv.servicer is not None and srv.servicer.calls.active_calls == 0
         # A real caller gets in.
         call = Call(stub)
         await call.send(config())

@@ -57,7 +57,7 @@ def call_wav(speech_dir: Path, prefix: str = "call_02") -> Path:
 async def wait_idle(srv) -> None:
     assert srv.servicer is not None
     for _ in range(500):  # the server notices the cancellation within a few loop turns
-        if srv.servicer.active_calls == 0:
+        if srv.servicer.calls.active_calls == 0:
             return
         await asyncio.sleep(0.01)
 
@@ -124,7 +124,7 @@ async def test_bad_config_raises_from_converse_with_code_and_message() -> None:
         assert "sample_rate_hertz=44100 is not supported" in info.value.message
         assert info.value.quota is None
         await wait_idle(srv)
-        assert srv.servicer is not None and srv.servicer.active_calls == 0
+        assert srv.servicer is not None and srv.servicer.calls.active_calls == 0
 
 
 async def test_too_fast_audio_is_resource_exhausted_with_quota_from_iteration_and_send() -> None:
@@ -202,7 +202,7 @@ async def test_cancelling_mid_call_leaves_no_task_and_no_server_call(
 
             consumer = asyncio.create_task(consume())
             await first_speech.wait()
-            assert srv.servicer is not None and srv.servicer.active_calls == 1
+            assert srv.servicer is not None and srv.servicer.calls.active_calls == 1
             if how == "aclose":
                 await call.aclose()
             elif how == "async-with":
@@ -221,7 +221,7 @@ async def test_cancelling_mid_call_leaves_no_task_and_no_server_call(
         assert call.done
         assert sender.cancelled() or isinstance(sender.exception(), CallEndedError | type(None))
         await wait_idle(srv)
-        assert srv.servicer.active_calls == 0
+        assert srv.servicer.calls.active_calls == 0
         # Tasks the grpc server itself keeps (waiting for the next RPC) are not the client's.
         leftover = {
             t for t in asyncio.all_tasks() - before if "_request_registered_call" not in repr(t)

@@ -125,7 +125,7 @@ async def test_a_short_age_grace_does_cut_the_call_so_the_options_are_applied() 
         async with grpc.aio.insecure_channel(srv.target) as ch:
             code, audio_ms = await speak_call(pb_grpc.VoiceGatewayStub(ch))
         assert srv.servicer is not None
-        await until(lambda: srv.servicer is not None and srv.servicer.active_calls == 0)
+        await until(lambda: srv.servicer is not None and srv.servicer.calls.active_calls == 0)
     assert code is grpc.StatusCode.UNAVAILABLE
     assert audio_ms < 2980
 
@@ -140,10 +140,10 @@ async def test_keepalive_closes_the_connection_of_a_peer_that_stopped_answering(
         try:
             config = pb.ConverseRequest(config=pb.SessionConfig(input_audio=PCM))
             await asyncio.to_thread(peer.call, "Converse", [config], False)
-            await until(lambda: servicer.active_calls == 1)
+            await until(lambda: servicer.calls.active_calls == 1)
             # The peer never reads, so it never answers the server's pings: after about
             # keepalive_time + keepalive_timeout the server drops the connection and the call.
-            await until(lambda: servicer.active_calls == 0)
+            await until(lambda: servicer.calls.active_calls == 0)
         finally:
             peer.close()
-        assert servicer.outcomes["cancelled"] == 1
+        assert servicer.calls.outcomes["cancelled"] == 1

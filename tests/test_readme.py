@@ -442,7 +442,7 @@ async def run_python_block(block: Block, cwd: Path, hub: EngineHub) -> None:
             await proc.communicate()
             pytest.fail(f"README block at line {block.line} did not finish (hung)")
         assert srv.servicer is not None
-        outcomes = dict(srv.servicer.outcomes)
+        outcomes = dict(srv.servicer.calls.outcomes)
     out, err = out_b.decode(), err_b.decode()
     assert proc.returncode == 0, err
     # It printed what it heard, and the call ended by its hangup, not by a cancel.

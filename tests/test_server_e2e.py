@@ -297,12 +297,12 @@ async def test_client_vanishing_mid_stream_cancels_only_its_call(speech_dir: Pat
         doomed.cancel()
         assert srv.servicer is not None
         for _ in range(200):  # the server notices the cancellation and tears the call down
-            if srv.servicer.active_calls <= 1:
+            if srv.servicer.calls.active_calls <= 1:
                 break
             await asyncio.sleep(0.01)
         resp = await other
         assert len([r for r in resp if r.WhichOneof("event") == "speech"]) == 12
-        assert srv.servicer.active_calls == 0
+        assert srv.servicer.calls.active_calls == 0
         assert srv.metrics.value("voxgate_calls_ended_total", outcome="cancelled") == 1
 
 

@@ -80,12 +80,12 @@ async def test_converse_client_that_stops_reading_ends_deadline_exceeded(
             ],
             False,  # the request stream stays open, as a live caller's does
         )
-        await until(lambda: servicer.active_calls == 1)
+        await until(lambda: servicer.calls.active_calls == 1)
         # Another caller on its own connection is served while the stalled one waits.
         other = await well_behaved_speak(server.target)
         assert [m for m in other if m.WhichOneof("event") == "audio"]
-        await until(lambda: servicer.outcomes["deadline_exceeded"] == 1)
-        await until(lambda: servicer.active_calls == 0)
+        await until(lambda: servicer.calls.outcomes["deadline_exceeded"] == 1)
+        await until(lambda: servicer.calls.active_calls == 0)
         assert server.metrics.value("voxgate_calls_active") == 0
         # Once the peer reads again, what it finds at the end is the deliberate status.
         end = await asyncio.to_thread(peer.drain)
