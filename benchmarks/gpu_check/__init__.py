@@ -63,6 +63,16 @@ for
    reply (new input shapes), p50/p95 are over repeated replies. Pass ``--trt-cache DIR`` to
    reuse engines pre-built by ``benchmarks/export_tts.py``.
 
+6. **The PyTorch engine** (``asr.engine: torch``; when torch is importable, or ``--engines``):
+   after section 3, decode step ms at each ``--torch-batches`` size (1-256 on CUDA) eager and
+   replaying the step's CUDA graph, the loop's step with the logits processors off and on, and
+   encoder ms per 30 s window (:mod:`.torch_engine`); after section 4, the same calls trial
+   with the torch engine and the batcher's ``join_running`` (``asr_capacity_torch``).
+
+``--write-bundle DIR`` writes a self-contained folder for a GPU host without network (the
+check's source, the tokenizer files and the wheels that host lacks, at most 50 MB; its
+``run.sh`` runs every section but TTS): :mod:`.bundle`.
+
 Percentiles are nearest-rank (``benchmarks/_stats.py``), as in every benchmark here.
 
 It prints one table and writes the JSON report (``--out``). ``--tiny`` shrinks everything for a
@@ -70,9 +80,10 @@ CPU smoke test (d_model 64, 2 + 2 layers, 80 mel bins; batch 1/2; up to 4 calls;
 under 60 s on 2 cores. Nothing is downloaded.
 
 Layout: one module per section, in run order: :mod:`.environment` (1), :mod:`.models` (2),
-:mod:`.whisper_timing` (3), :mod:`.capacity` (4), :mod:`.tts` (5), then :mod:`.report` (the
-table); :mod:`.audio` synthesises the capacity utterances, :mod:`.common` holds the constants
-and :mod:`.cli` the command line (``python -m benchmarks.gpu_check`` runs its ``main``).
+:mod:`.whisper_timing` (3), :mod:`.torch_engine` (6), :mod:`.capacity` (4), :mod:`.tts` (5),
+then :mod:`.report` (the table); :mod:`.audio` synthesises the capacity utterances,
+:mod:`.common` holds the constants and :mod:`.cli` the command line (``python -m
+benchmarks.gpu_check`` runs its ``main``).
 """
 
 from __future__ import annotations
