@@ -14,6 +14,10 @@ owns the state that the policy reads and the threads that do the work:
   windows, batched where the policy said so) and delivers the chunks to the reply's queue on
   the event loop; the workers run below the loop's and the first-audio thread's CPU
   priority (:mod:`voxgate.gateway.priority`);
+* a reply that starts while nothing else is synthesised runs its front end and first window
+  on the streamer's first-audio pair (sessions with ``tts.first_audio_threads`` intra-op
+  threads, the idle cores), and nothing else of it until that window is out
+  (``SynthPolicy.alone_first_window_frames``);
 * a reply that is cancelled (barge-in, Clear, hang-up) leaves the queue at once; a step of it
   already running finishes and its result is dropped.
 
@@ -71,6 +75,11 @@ def policy_for(streamer: VitsStreamer, max_batch_size: int = 1) -> SynthPolicy:
         min_window_frames=max(cfg.first_window_frames, min(16, cfg.window_frames)),
         max_window_frames=2 * cfg.window_frames,
         max_batch_size=max_batch_size,
+        # A reply that starts alone runs its first steps on the first-audio pair (both
+        # cores) and nothing beside them, so its first window buys the lead the second
+        # window would have built beside it: 16 frames (186 ms of audio) cost about as much
+        # as 8 on two threads (20 against 18 ms on 2 cores).
+        alone_first_window_frames=2 * cfg.first_window_frames if streamer.has_wide else 0,
         frame_s=streamer.hop_length / streamer.sample_rate_hz,
     )
 
@@ -238,6 +247,7 @@ class SynthesisScheduler:
         self._inline_open_chars = inline_open_chars
         self._max_lead_s = max_lead_s
         self._clock = clock
+        self._wide = streamer.has_wide
         # The workers, below the event loop's CPU priority: a window is due hundreds of ms
         # ahead, while the loop's frame pacing and dispatching are due within a few ms.
         self._pool = ThreadPoolExecutor(
@@ -447,15 +457,27 @@ class SynthesisScheduler:
                 ctx = self.policy.context_frames
                 reply.first_eta = now + self.cost.window_s(w.frames + ctx)
             plans.append(reply.job.plan(w.frames, w.pad_to))
+        # A reply's first steps with nothing else synthesised (no other reply, every worker
+        # idle) run on the streamer's first-audio pair, whose threads take the idle cores;
+        # its later steps wait for its first window (alone_first_window_frames), so nothing
+        # of it shares the cores with that.
+        wide = (
+            lane
+            and self._wide
+            and self.policy.alone_first_window_frames > 0
+            and len(self._active) == 1
+            and self._idle == self.workers
+            and replies[0].origin is None
+        )
         if lane:
             self._lane_idle = False
         else:
             self._idle -= 1
         first = decision.work[0].frames or self.policy.first_window_frames
         pool = self._lane if lane else self._pool
-        fut = loop.run_in_executor(pool, self._run, replies, plans, loop, first)
+        fut = loop.run_in_executor(pool, self._run, replies, plans, loop, first, wide)
         front = plans[0] is None
-        fut.add_done_callback(lambda f: self._finished(f, replies, lane, front))
+        fut.add_done_callback(lambda f: self._finished(f, replies, lane, front, wide))
 
     def _run(
         self,
@@ -463,13 +485,15 @@ class SynthesisScheduler:
         plans: list[WindowPlan | None],
         loop: asyncio.AbstractEventLoop,
         first: int,
+        wide: bool = False,
     ) -> _RunResult:
         """On a worker thread: one reply's front end, or one (batched) decoder call.
 
         A reply's first front end goes straight on to its first window (of ``first`` frames,
         as the policy chose) in the same run (one hop less before first audio); the reply is
         handed back to the dispatcher as soon as that window is planned, so its second window
-        can start beside the first.
+        can start beside the first. ``wide``: on the streamer's first-audio pair (more
+        threads).
         """
         front_s = 0.0
         if plans[0] is None:
@@ -477,7 +501,7 @@ class SynthesisScheduler:
             job = reply.job
             t0 = time.perf_counter()
             try:
-                chunks = job.run_front_end()
+                chunks = job.run_front_end(wide=wide)
             except Exception as exc:  # noqa: BLE001 - fails that reply only
                 return [exc], 0.0, 0, time.perf_counter() - t0, False
             front_s = time.perf_counter() - t0
@@ -492,7 +516,7 @@ class SynthesisScheduler:
         frames = sum(p.input_frames for _, p in items)
         t0 = time.perf_counter()
         try:
-            audio = self.streamer.decode_windows(items)
+            audio = self.streamer.decode_windows(items, wide=wide)
             result: list[list[TtsChunk] | BaseException] = [
                 [job.finish_window(plan, a)] for (job, plan), a in zip(items, audio, strict=True)
             ]
@@ -510,16 +534,30 @@ class SynthesisScheduler:
             self._wake.set()
 
     def _finished(
-        self, fut: asyncio.Future[_RunResult], replies: list[_Reply], lane: bool, front: bool
+        self,
+        fut: asyncio.Future[_RunResult],
+        replies: list[_Reply],
+        lane: bool,
+        front: bool,
+        wide: bool = False,
     ) -> None:
         """On the loop: settle the run, then give the free worker its next step at once."""
-        self._settle(fut, replies, lane, front)
+        self._settle(fut, replies, lane, front, wide)
         self._pump()
 
     def _settle(
-        self, fut: asyncio.Future[_RunResult], replies: list[_Reply], lane: bool, front: bool
+        self,
+        fut: asyncio.Future[_RunResult],
+        replies: list[_Reply],
+        lane: bool,
+        front: bool,
+        wide: bool = False,
     ) -> None:
-        """Learn the cost, deliver chunks in order, finish complete replies."""
+        """Learn the cost, deliver chunks in order, finish complete replies.
+
+        Only one-thread runs teach the cost model: ``wide`` ones (the first-audio pair) are
+        faster than the workers' runs the policy plans.
+        """
         if lane:
             self._lane_idle = True
         else:
@@ -543,10 +581,11 @@ class SynthesisScheduler:
             return
         results, seconds, frames, front_s, _ = fut.result()
         if frames:
-            self.cost.observe_window(frames, seconds)
+            if not wide:
+                self.cost.observe_window(frames, seconds)
             if self._metrics is not None:
                 self._metrics.tts_batch_size.observe(len(replies))
-        if front:
+        if front and not wide:
             self.cost.observe_front(front_s)
         now = self._now()
         for reply, result in zip(replies, results, strict=True):

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -73,13 +74,15 @@ async def test_first_audio_runs_at_the_loops_priority_and_later_windows_below_it
     windows: list[tuple[str, int | None]] = []
     run_front_end, decode = ReplyJob.run_front_end, streamer.decode_windows
 
-    def front_recorded(job: ReplyJob) -> list[TtsChunk]:
+    def front_recorded(job: ReplyJob, **kw: Any) -> list[TtsChunk]:
         fronts.append((threading.current_thread().name, thread_nice()))
-        return run_front_end(job)
+        return run_front_end(job, **kw)
 
-    def decode_recorded(items: Sequence[tuple[ReplyJob, WindowPlan]]) -> list[np.ndarray]:
+    def decode_recorded(
+        items: Sequence[tuple[ReplyJob, WindowPlan]], **kw: Any
+    ) -> list[np.ndarray]:
         windows.append((threading.current_thread().name, thread_nice()))
-        return decode(items)
+        return decode(items, **kw)
 
     monkeypatch.setattr(ReplyJob, "run_front_end", front_recorded)
     monkeypatch.setattr(streamer, "decode_windows", decode_recorded)

@@ -510,9 +510,9 @@ async def test_a_lone_replys_first_window_runs_alone_when_the_policy_says_so(
     spans: list[tuple[float, float, int]] = []  # decoder calls: start, end, first plan frame
     decode = streamer.decode_windows
 
-    def timed(windows: list[tuple[ReplyJob, WindowPlan]]) -> list[np.ndarray]:
+    def timed(windows: list[tuple[ReplyJob, WindowPlan]], **kw: Any) -> list[np.ndarray]:
         t0 = time.perf_counter()
-        out = decode(windows)
+        out = decode(windows, **kw)
         spans.append((t0, time.perf_counter(), windows[0][1].start))
         return out
 
@@ -530,6 +530,55 @@ async def test_a_lone_replys_first_window_runs_alone_when_the_policy_says_so(
             # Two workers: which of the two decoder calls gets a core first is the OS's choice.
             assert {first[2], second[2]} == {0, policy.first_window_frames}
             assert second[0] < first[1]
+    finally:
+        await scheduler.aclose()
+
+
+@pytest.mark.model
+async def test_a_reply_starting_alone_runs_its_first_steps_on_the_first_audio_pair(
+    streamer: VitsStreamer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With nothing else synthesised, a reply's front end and first window run on the
+    streamer's first-audio pair (``wide``: both cores), its second window only after the first
+    (no third thread on two cores), and the audio is the one-shot's; replies that start
+    together share the workers as before (no step of them is ``wide``)."""
+    assert streamer.has_wide  # TtsConfig.first_audio_threads: 2 by default on a CPU
+    policy = policy_for(streamer)
+    assert policy.alone_first_window_frames == 2 * policy.first_window_frames
+    scheduler = SynthesisScheduler(streamer, 2, policy)
+    calls: list[tuple[str, bool, float, float]] = []  # kind, wide, start, end
+    decode, front = streamer.decode_windows, ReplyJob.run_front_end
+
+    def decode_seen(windows: list[tuple[ReplyJob, WindowPlan]], **kw: Any) -> list[np.ndarray]:
+        t0 = time.perf_counter()
+        out = decode(windows, **kw)
+        calls.append(("window", bool(kw.get("wide")), t0, time.perf_counter()))
+        return out
+
+    def front_seen(job: ReplyJob, **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        out = front(job, **kw)
+        calls.append(("front", bool(kw.get("wide")), t0, time.perf_counter()))
+        return out
+
+    monkeypatch.setattr(streamer, "decode_windows", decode_seen)
+    monkeypatch.setattr(ReplyJob, "run_front_end", front_seen)
+    try:
+        text = "Please hold while I look up your account."
+        audio = await _collect(scheduler, text)
+        ref = streamer.synthesize_oneshot(text, QUIET).samples
+        assert len(audio) == len(ref) and snr_db(ref, audio) >= 60.0
+        calls.sort(key=lambda c: c[2])
+        assert [(kind, wide) for kind, wide, _, _ in calls[:2]] == [
+            ("front", True),
+            ("window", True),
+        ]
+        assert not any(wide for _, wide, _, _ in calls[2:])
+        assert calls[2][2] >= calls[1][3]  # the second window after the first
+        calls.clear()
+        await asyncio.gather(*(_collect(scheduler, t) for t in ("Okay then.", "One moment.")))
+        # The first of two may start alone (the second is not queued yet); the second never.
+        assert sum(wide for kind, wide, _, _ in calls if kind == "front") <= 1
     finally:
         await scheduler.aclose()
 
@@ -553,19 +602,19 @@ async def test_a_first_window_that_ends_last_never_lets_two_front_ends_of_a_repl
     fronts = {"running": 0, "most": 0, "calls": 0}
     lock = threading.Lock()
 
-    def gated_decode(windows: list[tuple[ReplyJob, WindowPlan]]) -> list[np.ndarray]:
+    def gated_decode(windows: list[tuple[ReplyJob, WindowPlan]], **kw: Any) -> list[np.ndarray]:
         first = any(
             plan.start == 0 and plan.unit is not None and plan.unit.index == 0
             for _, plan in windows
         )
         if first:
             second_front_started.wait(10.0)
-        out = decode(windows)
+        out = decode(windows, **kw)
         if first:
             first_window_done.set()
         return out
 
-    def counted_front(*args: Any) -> Any:
+    def counted_front(*args: Any, **kw: Any) -> Any:
         with lock:
             fronts["calls"] += 1
             fronts["running"] += 1
@@ -576,7 +625,7 @@ async def test_a_first_window_that_ends_last_never_lets_two_front_ends_of_a_repl
                 second_front_started.set()
                 first_window_done.wait(10.0)
                 time.sleep(0.2)  # the moment a wrongly freed reply would start another
-            return front(*args)
+            return front(*args, **kw)
         finally:
             with lock:
                 fronts["running"] -= 1

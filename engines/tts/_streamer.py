@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -129,6 +130,20 @@ class VitsStreamer:
             split.decoder.SerializeToString(), self._providers, threads
         )
         self._front_inputs = {i.name for i in self._front.get_inputs()}
+        # The first-audio pair: the same graphs on more intra-op threads, for a reply that
+        # starts while nothing else is synthesised (the scheduler's call, ``wide=True``): its
+        # front end and first window then use the idle cores, where the one-thread sessions
+        # would leave them to sit. On an accelerator the pair would add nothing but memory.
+        self._front_wide: ort.InferenceSession | None = None
+        self._decoder_wide: ort.InferenceSession | None = None
+        wide = min(config.first_audio_threads, os.cpu_count() or 1)
+        if wide > threads and self.device == "cpu":
+            self._front_wide = make_session(
+                split.front_end.SerializeToString(), ["CPUExecutionProvider"], wide
+            )
+            self._decoder_wide = make_session(
+                split.decoder.SerializeToString(), ["CPUExecutionProvider"], wide
+            )
         self._whole: ort.InferenceSession | None = None
         self._whole_lock = threading.Lock()
         self._hop: int = int(voice_config.hop_length)
@@ -179,10 +194,16 @@ class VitsStreamer:
                 f"decoder gave {len(audio)} samples for {frames} frames; expected hop_length "
                 f"{self._hop} per frame (check 'hop_length' in the voice config)"
             )
+        if self._decoder_wide is not None:
+            # The first-audio pair's first runs (thread pool start, kernel choice) happen
+            # here, not in a caller's first reply.
+            self._run_front_end(phonemized, resolved, wide=True)
+            self._decode(frame_inputs, whole, 0, frames, wide=True)
 
     def close(self) -> None:
         """Drop the sessions; later calls raise :class:`TtsError`."""
         self._front = self._decoder = self._whole = None
+        self._front_wide = self._decoder_wide = None
         self._whole_model = None
 
     # -- introspection ----------------------------------------------------------------------
@@ -208,6 +229,11 @@ class VitsStreamer:
         if self._decoder is None:
             return "cpu"
         return "cpu" if self._decoder.get_providers()[0] == "CPUExecutionProvider" else "cuda"
+
+    @property
+    def has_wide(self) -> bool:
+        """Whether the first-audio pair exists (``TtsConfig.first_audio_threads`` > 1 on CPU)."""
+        return self._decoder_wide is not None
 
     @property
     def cache(self) -> ByteLruCache[tuple[_Piece, ...]]:
@@ -273,13 +299,17 @@ class VitsStreamer:
         return feeds
 
     def _run_front_end(
-        self, unit: PhonemizedUnit, resolved: _Resolved
+        self, unit: PhonemizedUnit, resolved: _Resolved, *, wide: bool = False
     ) -> tuple[dict[str, npt.NDArray[Any]], dict[str, npt.NDArray[Any]], npt.NDArray[Any]]:
-        """Run the front end: (frame-indexed tensors, whole tensors, durations per id)."""
-        if self._front is None:
+        """Run the front end: (frame-indexed tensors, whole tensors, durations per id).
+
+        ``wide``: on the first-audio pair's session where there is one.
+        """
+        session = (self._front_wide if wide else None) or self._front
+        if session is None:
             raise TtsError("the streamer is closed")
         feeds = self._inputs(unit.phoneme_ids, resolved)
-        outputs = self._front.run(None, {k: v for k, v in feeds.items() if k in self._front_inputs})
+        outputs = session.run(None, {k: v for k, v in feeds.items() if k in self._front_inputs})
         frame: dict[str, npt.NDArray[Any]] = {}
         whole: dict[str, npt.NDArray[Any]] = {k: feeds[k] for k in self._split.decoder_graph_inputs}
         for tensor, value in zip(self._split.crossing, outputs, strict=False):
@@ -293,16 +323,19 @@ class VitsStreamer:
         whole: dict[str, npt.NDArray[Any]],
         start: int,
         stop: int,
+        *,
+        wide: bool = False,
     ) -> FloatArray:
         """Decode frames [start, stop) with real context on both sides, context trimmed."""
-        if self._decoder is None:
+        decoder = (self._decoder_wide if wide else None) or self._decoder
+        if decoder is None:
             raise TtsError("the streamer is closed")
         total = int(frame[self._split.latent].shape[-1])
         lo = max(0, start - self.config.context_frames)
         hi = min(total, stop + self.config.context_frames)
         feeds = {name: value[..., lo:hi] for name, value in frame.items()}
         feeds.update(whole)
-        audio = np.asarray(self._decoder.run(None, feeds)[0], dtype=np.float32).reshape(-1)
+        audio = np.asarray(decoder.run(None, feeds)[0], dtype=np.float32).reshape(-1)
         return audio[(start - lo) * self._hop : (stop - lo) * self._hop]
 
     def _windows(self, total: int, window_frames: int = 0) -> Iterator[tuple[int, int]]:
@@ -366,14 +399,18 @@ class VitsStreamer:
             (audio,) = self.decode_windows([(job, plan)])
             yield job.finish_window(plan, audio)
 
-    def decode_windows(self, windows: Sequence[tuple[ReplyJob, WindowPlan]]) -> list[FloatArray]:
+    def decode_windows(
+        self, windows: Sequence[tuple[ReplyJob, WindowPlan]], *, wide: bool = False
+    ) -> list[FloatArray]:
         """Decode planned windows of one or more replies; raw audio of each window, in order.
 
         Windows whose decoder inputs have the same length run as one ONNX Runtime call (the
         decoder's batch axis is dynamic); each item's samples are bit-identical to decoding it
         alone (tests/test_tts_scheduler.py checks it), so batching is purely a speed choice.
+        ``wide``: on the first-audio pair's session (more threads) where there is one.
         """
-        if self._decoder is None:
+        decoder = (self._decoder_wide if wide else None) or self._decoder
+        if decoder is None:
             raise TtsError("the streamer is closed")
         out: list[FloatArray | None] = [None] * len(windows)
         units = [plan.unit if plan.unit is not None else job._unit for job, plan in windows]
@@ -401,7 +438,7 @@ class VitsStreamer:
                 for name in first.whole:
                     parts = [units[m].whole[name] for m in chunk]  # type: ignore[union-attr]
                     feeds[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
-                audio = np.asarray(self._decoder.run(None, feeds)[0], dtype=np.float32)
+                audio = np.asarray(decoder.run(None, feeds)[0], dtype=np.float32)
                 audio = audio.reshape(len(chunk), -1)
                 for row, m in enumerate(chunk):
                     plan = windows[m][1]
@@ -573,8 +610,11 @@ class ReplyJob:
 
     # -- steps ------------------------------------------------------------------------------
 
-    def run_front_end(self) -> list[TtsChunk]:
-        """Prepare the next unit; a unit found in the phrase cache comes back whole, at once."""
+    def run_front_end(self, *, wide: bool = False) -> list[TtsChunk]:
+        """Prepare the next unit; a unit found in the phrase cache comes back whole, at once.
+
+        ``wide``: on the first-audio pair's session (more threads) where there is one.
+        """
         s = self._streamer
         index = self._next_unit
         unit = self._units[index]
@@ -592,7 +632,7 @@ class ReplyJob:
             self._planned_samples = offset
             return chunks
         phonemized = phonemize_unit(unit, s._voice)
-        frame, whole, durations = s._run_front_end(phonemized, self._resolved)
+        frame, whole, durations = s._run_front_end(phonemized, self._resolved, wide=wide)
         length = int(frame[s._split.latent].shape[-1])
         first, total = phonemized.spoken_frames(unit, durations)
         spans = phonemized.word_sample_spans(durations, s._hop)[len(unit.lead) :]
