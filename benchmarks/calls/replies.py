@@ -415,12 +415,19 @@ async def in_process(overrides: dict[str, Any] | None = None) -> AsyncIterator[t
 
 #: Serves a checkout's gateway (its own code) on a free loopback port: prints the target,
 #: stops when its stdin closes. Only APIs every version has: load_config, build_hub,
-#: GatewayServer.
+#: GatewayServer, under the names of that checkout (``voxgate.gateway`` once the namespace
+#: links sit in protos/voxgate/, ``gateway`` before); it refuses to serve a gateway imported
+#: from anywhere but the checkout (the installed one would pass for the older version).
 _SERVE = """
-import asyncio, json, sys
-from voxgate.gateway.config import load_config
-from voxgate.gateway.runtime import build_hub
-from voxgate.gateway.server import GatewayServer
+import asyncio, importlib, json, os, sys
+prefix = "voxgate.gateway." if os.path.isdir("protos/voxgate/gateway") else "gateway."
+config, runtime, server_mod = (
+    importlib.import_module(prefix + name) for name in ("config", "runtime", "server")
+)
+if not os.path.realpath(config.__file__).startswith(os.path.realpath(os.getcwd()) + os.sep):
+    sys.exit(f"the gateway came from {config.__file__}, not from the checkout {os.getcwd()}")
+load_config, build_hub = config.load_config, runtime.build_hub
+GatewayServer = server_mod.GatewayServer
 
 async def main():
     cfg = load_config(None, json.loads(sys.argv[1]))
