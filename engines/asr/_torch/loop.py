@@ -109,10 +109,6 @@ class TorchDecodeLoop:
         while len(out) < n:
             out.append(self._next_slot)
             self._next_slot += 1
-        if self._next_slot > self.model.max_rows and self.model.on_cuda:
-            raise ValueError(
-                f"{self._next_slot} decode rows needed; the cache holds {self.model.max_rows}"
-            )
         return out
 
     def _release(self, lv: _Live) -> None:

@@ -226,10 +226,12 @@ class WhisperTorchModel:
         """
         mel = mel.to(self.device, self.dtype)
         if self.encode_stream is not None:
-            self.encode_stream.wait_stream(torch.cuda.current_stream(self.device))
+            consumer = torch.cuda.current_stream(self.device)
+            self.encode_stream.wait_stream(consumer)  # the features' copy to the device
             with torch.cuda.stream(self.encode_stream):
                 out = self._encode(mel)
-                out.record_stream(torch.cuda.current_stream(self.device))
+            # The decode stream reads it: the allocator must not reuse it before that work.
+            out.record_stream(consumer)
             return out
         return self._encode(mel)
 
