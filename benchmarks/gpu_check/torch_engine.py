@@ -2,7 +2,9 @@
 
 * **Decode step**: ms per step of :class:`WhisperTorchModel` at each batch size, eager and
   replaying the step's CUDA graph, every row at position 64 of its static cache with a full
-  1,500-frame cross cache (the shape of a 30 s window). On CPU there are no graphs.
+  1,500-frame cross cache (the shape of a 30 s window), and the largest difference between the
+  graph's logits and the eager step's (``graph_vs_eager_max_abs``: the eager step attends only
+  the positions in use, the graph all 448, masked). On CPU there are no graphs.
 * **Processors on vs off**: ms per step of :class:`TorchDecodeLoop` (model step, the batched
   logits processors, token choice, the host read-back) at each batch size, with the gateway's
   full chain (suppress list, suppress blank, phrase boost, silence-aware end, timestamp rules,
@@ -139,6 +141,13 @@ def bench_torch(
             row["eager_ms"] = _timed(step, device, steps)
             model.graphs_enabled = graphs
             row["graph_ms"] = _timed(step, device, steps) if graphs else None
+            if graphs:
+                # The captured step must compute what the eager one does (same inputs).
+                model.graphs_enabled = False
+                eager = model.step(batch, _POSITION + 1, frames).clone()
+                model.graphs_enabled = True
+                graph = model.step(batch, _POSITION + 1, frames)
+                row["graph_vs_eager_max_abs"] = float((graph - eager).abs().max())
             row["bucket"] = model.bucket(batch)
             # The loop's step with the processors off and on.
             for name, on in (("loop_off_ms", False), ("loop_on_ms", True)):
