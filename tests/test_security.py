@@ -33,6 +33,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from voxgate.bridges.door_args import add_connection_arguments, connection_from_args
 from voxgate.bridges.sip import BridgeConfig, SilentBot, SipBridge
+from voxgate.bridges.sip._bridge import gateway_client
 from voxgate.gateway.config import ConfigError, SecurityConfig, load_config
 from voxgate.gateway.security import GatewaySecurity, TokenStore, parse_tokens
 from voxgate.gateway.server import GatewayServer
@@ -704,19 +705,20 @@ async def test_the_sip_bridge_reaches_a_gateway_over_mutual_tls_with_a_token(
                 gateway_tls_key=pki.client_key,
                 gateway_token=token,  # type: ignore[arg-type]
             )
-            bridge = SipBridge(config, SilentBot())
+            # The client the bridge opens from its config (passed in, so the test can use it).
+            client = gateway_client(config)
+            bridge = SipBridge(config, SilentBot(), client=client)
             await bridge.start()
             try:
                 # The bridge asks for the gateway's voices at start (over mTLS, with its token)
                 # and opens each call's Converse with the same client (channel and metadata).
-                assert bridge._client is not None
                 if token:
-                    call = await bridge._client.converse(CallConfig())
+                    call = await client.converse(CallConfig())
                     assert call.session is not None
                     await call.aclose()
                 else:
                     with pytest.raises(VoxgateError) as info:
-                        await bridge._client.converse(CallConfig())
+                        await client.converse(CallConfig())
                     assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
             finally:
                 await bridge.aclose()

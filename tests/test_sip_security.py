@@ -639,11 +639,11 @@ SRC = ("127.0.0.1", 40000)
 
 def virtual_bridge(**cfg: Any) -> tuple[SipBridge, TimedTransport, FakeStub]:
     config = BridgeConfig(listen_host=LOCAL, rtp_port_min=41000, rtp_port_max=41999, **cfg)
-    bridge = SipBridge(config, SilentBot())
     transport, stub = TimedTransport(), FakeStub()
-    bridge._transport = transport
-    bridge._client = VoxgateClient("127.0.0.1:9")  # never dialled: the fake stub answers
-    bridge._client._stub = stub
+    client = VoxgateClient("127.0.0.1:9")  # never dialled: the fake stub answers
+    # The client library has no stub seam: its gRPC stub is swapped for the fake one.
+    client._stub = stub
+    bridge = SipBridge(config, SilentBot(), transport=transport, client=client)
     return bridge, transport, stub
 
 

@@ -31,6 +31,7 @@ from voxgate.bridges.sip._rtp import (
 from voxgate.bridges.sip._sdp import build_answer, event_list, negotiate, parse_events, parse_sdp
 from voxgate.bridges.sip.cli import add_sip_arguments, run_sip
 from voxgate.bridges.sip.testing import sipp_ports
+from voxgate.gateway.testing.virtual_time import run_virtual
 
 pytestmark = pytest.mark.unit
 
@@ -153,10 +154,17 @@ class FakeTransport:
 def offline_bridge(**cfg: object) -> tuple[SipBridge, FakeTransport]:
     """A bridge that was never started: no gateway, so INVITEs end in 503."""
     config = BridgeConfig(listen_host="127.0.0.1", rtp_port_min=40000, rtp_port_max=40999, **cfg)
-    bridge = SipBridge(config, SilentBot())
     fake = FakeTransport()
-    bridge._transport = fake
-    return bridge, fake
+    return SipBridge(config, SilentBot(), transport=fake), fake
+
+
+async def calls_ended(bridge: SipBridge, timeout_s: float) -> None:
+    """Wait until every call of the bridge has been torn down (its supervisor is done with it)."""
+    for _ in range(int(timeout_s / 0.01)):
+        if not bridge.calls:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"calls still up after {timeout_s:g} s: {sorted(bridge.calls)}")
 
 
 async def test_retransmitted_request_is_answered_from_the_cache() -> None:
@@ -181,29 +189,35 @@ async def test_unknown_dialog_requests_get_481() -> None:
     await bridge.aclose()
 
 
-async def test_invite_gets_100_at_once_and_488_without_a_common_codec() -> None:
-    bridge, fake = offline_bridge()
-    g729 = offer("18", "a=rtpmap:18 G729/8000")
-    bridge.datagram_received(request("INVITE", body=g729), SRC)
-    assert fake.statuses() == [100, 488]
-    resp = fake.sent[1][0]
-    assert resp.get("To") is not None and ";tag=" in (resp.get("To") or "")
-    # The INVITE retransmitted: the cached 488 again. The ACK (same branch) stops resending.
-    bridge.datagram_received(request("INVITE", body=g729), SRC)
-    assert fake.statuses()[-1] == 488
-    bridge.datagram_received(request("ACK"), SRC)
-    assert not bridge._await_ack
-    assert bridge.stats["calls"] == 0
-    await bridge.aclose()
+def test_invite_gets_100_at_once_and_488_without_a_common_codec() -> None:
+    async def body() -> None:
+        bridge, fake = offline_bridge()
+        g729 = offer("18", "a=rtpmap:18 G729/8000")
+        bridge.datagram_received(request("INVITE", body=g729), SRC)
+        assert fake.statuses() == [100, 488]
+        resp = fake.sent[1][0]
+        assert resp.get("To") is not None and ";tag=" in (resp.get("To") or "")
+        # The INVITE retransmitted: the cached 488 again. The ACK (same branch) stops resending:
+        # nothing more leaves in the 64*T1 the 488 would otherwise be resent for (virtual time).
+        bridge.datagram_received(request("INVITE", body=g729), SRC)
+        assert fake.statuses()[-1] == 488
+        bridge.datagram_received(request("ACK"), SRC)
+        await asyncio.sleep(64 * 0.5 + 1)
+        assert fake.statuses() == [100, 488, 488]
+        assert bridge.stats["retransmitted"] == 0
+        assert bridge.stats["calls"] == 0
+        await bridge.aclose()
+
+    run_virtual(body())
 
 
 async def test_over_capacity_and_gateway_down_are_refused_with_retry_after() -> None:
     bridge, fake = offline_bridge()
     bridge.datagram_received(request("INVITE", body=offer()), SRC)
-    await asyncio.wait_for(asyncio.gather(*bridge._supervisors), 5)
+    await calls_ended(bridge, 5)
     assert fake.statuses() == [100, 503]  # no gateway channel
     assert fake.sent[-1][0].get("Retry-After") == "5"
-    bridge._accepting = False
+    bridge.stop_accepting()
     bridge.datagram_received(request("INVITE", call_id="c2", body=offer()), SRC)
     assert fake.statuses()[-1] == 503
     await bridge.aclose()
@@ -537,7 +551,7 @@ async def test_fuzzed_datagrams_never_escape_and_the_bridge_still_answers() -> N
         bridge.datagram_received(data, SRC)
         if i % 200 == 0:
             await asyncio.sleep(0)  # let any call supervisors (all end in 503) run
-    await asyncio.wait_for(asyncio.gather(*bridge._supervisors, return_exceptions=True), 10)
+    await calls_ended(bridge, 10)
     assert bridge.stats["internal_error"] == 0
     assert bridge.stats["malformed"] > 100
     fake.sent.clear()
