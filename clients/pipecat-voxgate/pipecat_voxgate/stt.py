@@ -21,7 +21,8 @@ End of turn (the ``turn_detection`` argument, ``"smart"`` or ``"silence"``): the
 when the user's *turn* is over (``EndOfTurn``: a pause inside a sentence ends an utterance,
 not the turn), and the service takes the route Pipecat's Deepgram Flux service takes for its
 own end-of-turn events: ``ProposedUserStartedSpeakingFrame`` when a turn's first speech
-begins, the turn's finals, then ``ProposedUserStoppedSpeakingFrame`` and the
+begins, the turn's finals (its last one marked ``finalized``, as Flux's turn transcript is: it
+is held until the EndOfTurn says it is the last), then ``ProposedUserStoppedSpeakingFrame`` and the
 ``on_end_of_turn`` event (with the :class:`~voxgate_client.EndOfTurn`, on the service's audio
 clock) on the server's EndOfTurn, with ``ExternalUserTurnStrategies`` asked for in the
 metadata, so the user aggregator's turn stop, and the LLM's reply, follow the server's end
@@ -304,6 +305,9 @@ class VoxgateSTTService(STTService):
         self._server_turns = server_turns or self._turns
         #: A proposed turn is open (with ``_turns``): its start was broadcast, not its stop.
         self._turn_open = False
+        #: With ``_turns``: the turn's latest final, held until the turn goes on (its next
+        #: speech or final: pushed as it is) or ends (EndOfTurn: pushed ``finalized``).
+        self._held_final: Transcript | None = None
         #: One write and its bookkeeping at a time (pipeline audio and keepalive silence).
         self._write_lock = asyncio.Lock()
         self._reconnect_attempts = reconnect_attempts
@@ -575,6 +579,7 @@ class VoxgateSTTService(STTService):
         await s.call.aclose()
         if s.reader is not None and s.reader is not asyncio.current_task():
             await self.cancel_task(s.reader)
+        await self._release_final()  # no EndOfTurn will come for it on this stream
         self._clock_s = s.base_s + s.audio_s
         self._utterances = s.index_base + s.utterances
         if not hung_up and s.replay:
@@ -645,7 +650,9 @@ class VoxgateSTTService(STTService):
             why += f" ({self._quick_failures.count} streams in a row ended within seconds)"
         await self._call_event_handler("on_connection_error", why)
         # The dead stream's open utterances get no final: close the turn they opened (the
-        # new stream proposes a new one when it hears speech).
+        # new stream proposes a new one when it hears speech); its last final, if held, is
+        # not lost.
+        await self._release_final()
         if self._open_utterances or self._turn_open:
             self._open_utterances.clear()
             self._turn_open = False
@@ -661,6 +668,7 @@ class VoxgateSTTService(STTService):
         # Utterances overlap on the wire: the next one can begin before the previous one's
         # final is decoded. One proposed turn spans them all.
         if self._turns:
+            await self._release_final()  # the turn goes on: that final was not its last
             if not self._turn_open:
                 self._turn_open = True
                 await self.broadcast_frame(ProposedUserStartedSpeakingFrame)
@@ -684,6 +692,10 @@ class VoxgateSTTService(STTService):
             return
         # The first final after a Flush is the one that Flush produced.
         self.confirm_finalize()  # type: ignore[no-untyped-call]
+        if self._turns and t.text:
+            await self._release_final()
+            self._held_final = t  # the turn's last final, if its EndOfTurn comes next
+            return
         if t.text:
             await self.emit_stt_usage_metrics()  # type: ignore[no-untyped-call]
             await self.push_frame(
@@ -711,10 +723,37 @@ class VoxgateSTTService(STTService):
             first_utterance_index=s.index_base + eot.first_utterance_index,
             last_utterance_index=s.index_base + eot.last_utterance_index,
         )
+        await self._release_final(finalized=True)
         if self._turn_open:
             self._turn_open = False
             await self.broadcast_frame(ProposedUserStoppedSpeakingFrame)
         await self._call_event_handler("on_end_of_turn", eot)
+
+    async def _release_final(self, *, finalized: bool = False) -> None:
+        """Push the held final of the open turn (``finalized`` when it is the turn's last).
+
+        The server sends a turn's finals, then its EndOfTurn; a final is known to be the
+        turn's last only when the EndOfTurn follows it. Pipecat reads ``finalized`` as "this
+        transcript is complete" (its STT span and TTFB end there, and its turn stop
+        strategies stop waiting for text), as on the one transcript Deepgram Flux sends per
+        turn. So with turns the latest final waits for what comes next: more of the turn (its
+        next speech or final) pushes it as it is, the EndOfTurn pushes it ``finalized``, just
+        before the turn's stop is proposed. A final never waits longer than its turn.
+        """
+        t, self._held_final = self._held_final, None
+        if t is None:
+            return
+        await self.emit_stt_usage_metrics()  # type: ignore[no-untyped-call]
+        await self.push_frame(
+            TranscriptionFrame(
+                t.text,
+                self._user_id,
+                time_now_iso8601(),
+                _language(t.language),
+                result=t,
+                finalized=finalized,
+            )
+        )
 
 
 def _boosted(term: str, boost: float) -> str:

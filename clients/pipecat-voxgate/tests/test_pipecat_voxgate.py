@@ -551,7 +551,7 @@ async def test_turn_detection_proposes_the_turns_stop_on_the_servers_end_of_turn
     """Kennedy's sentence with the server's smart turn detection: its pauses end utterances
     (each with its final), and the proposed turn (what ExternalUserTurnStrategies, which the
     service asks for, turns into the user's turn) stops once per EndOfTurn, after the turn's
-    last final; on_end_of_turn gets the turn's text."""
+    last final, which alone is marked finalized; on_end_of_turn gets the turn's text."""
     pcm, rate = sample_call
     stt = VoxgateSTTService(
         target=server.target, audio_passthrough=False, sample_rate=rate, turn_detection="smart"
@@ -567,6 +567,7 @@ async def test_turn_detection_proposes_the_turns_stop_on_the_servers_end_of_turn
     down, up = await run_test(stt, frames_to_send=speech, start_timeout=START_TIMEOUT_S)
     open_turn: list[Transcript] | None = None
     ended: list[list[Transcript]] = []
+    flags: list[bool] = []
     for f in down:
         if isinstance(f, ProposedUserStartedSpeakingFrame):
             assert open_turn is None
@@ -574,10 +575,13 @@ async def test_turn_detection_proposes_the_turns_stop_on_the_servers_end_of_turn
         elif isinstance(f, TranscriptionFrame):
             assert open_turn is not None, "a final outside a turn"
             open_turn.append(f.result)
+            flags.append(f.finalized)
         elif isinstance(f, ProposedUserStoppedSpeakingFrame):
             assert open_turn, "a turn stops after its finals"
+            # Its last final, and only that one, is marked finalized (as Flux's turn text).
+            assert flags == [False] * (len(flags) - 1) + [True], flags
             ended.append(open_turn)
-            open_turn = None
+            open_turn, flags = None, []
     assert open_turn is None and ended
     assert [e.turn_index for e in turns] == list(range(len(ended)))
     for eot, finals in zip(turns, ended, strict=True):
