@@ -322,7 +322,8 @@ class TorchWhisperEngine(WhisperEngine):
             logits, qk = self._torch.cross_attention(memory, tokens, heads)
             n_frames = min(att.frames, job.content_frames) // 2
             probs = torch.softmax(logits[len(sot) : len(sot) + len(hyp.tokens), : tok.eot], -1)
-            text_probs = probs[torch.arange(len(hyp.tokens)), torch.tensor(hyp.tokens)]
+            rows = torch.arange(len(hyp.tokens), device=probs.device)
+            text_probs = probs[rows, torch.tensor(hyp.tokens, device=probs.device)]
             w = torch.softmax(qk[:, :, :n_frames], dim=-1)
             std, mean = torch.std_mean(w, dim=-2, keepdim=True, correction=0)
             scaled = ((w - mean) / std).float().cpu().numpy()
