@@ -13,6 +13,7 @@ import asyncio
 import re
 import subprocess
 import sys
+import time
 import wave
 from pathlib import Path
 from typing import Any
@@ -478,12 +479,19 @@ async def test_turn_detection_ends_speech_on_the_end_of_turn_not_each_final(
     """Kennedy's sentence with the server's smart turn detection: its pauses end utterances
     (each with its final), and END_OF_SPEECH, what LiveKit's ``turn_detection="stt"`` takes
     as the end of the user's turn, comes once per turn, after the turn's last final, carrying
-    the turn's text and where its speech ended."""
+    the turn's text and where its speech ended, on the audio clock and on the wall clock
+    (``speech_end_time``, which LiveKit's endpointing counts from)."""
     pcm, rate = sample_call
     engine = voxgate.STT(target=server.target, language="en", turn_detection="smart")
+    pushed: list[tuple[float, float]] = []  # (audio pushed so far, s; wall clock then)
 
     async def push(stream: stt.SpeechStream) -> None:
-        await feed(stream, pcm[: int(CUT_S * rate)], rate)
+        audio_s = 0.0
+        for f in frames(pcm[: int(CUT_S * rate)], rate):
+            stream.push_frame(f)
+            audio_s += f.duration
+            pushed.append((audio_s, time.time()))
+            await asyncio.sleep(f.duration / 2.0)
         stream.end_input()
 
     stream = engine.stream(conn_options=NO_RETRY)
@@ -510,6 +518,11 @@ async def test_turn_detection_ends_speech_on_the_end_of_turn_not_each_final(
             assert plain(end.text).split() == plain(" ".join(f.text for f in turn)).split()
             assert end.start_time == turn[0].start_time
             assert abs(end.end_time - turn[-1].end_time) <= 0.5, (end, turn[-1])
+            # speech_end_time: the wall-clock time that audio went out (within a frame of
+            # when it was pushed, 100 ms here, plus the sender's pacing).
+            assert ev.speech_end_time is not None and ev.speech_end_time <= ev.created_at
+            when = next(at - (a - end.end_time) for a, at in pushed if a >= end.end_time)
+            assert abs(ev.speech_end_time - when) <= 0.25, (ev.speech_end_time, when)
             ends.append(end)
     assert not speaking and ends
     finals = [ev.alternatives[0] for ev in events if ev.type == T.FINAL_TRANSCRIPT]

@@ -36,7 +36,9 @@ arrived meanwhile is buffered and sent afterwards; each run sets it back on the 
 End of turn: ``turn_detection="smart"`` (or ``"silence"``) asks the server to detect the end
 of the user's turn (``EndOfTurn``). START_OF_SPEECH then opens a turn and END_OF_SPEECH closes
 it after the turn's last final, on ``EndOfTurn`` (not after each utterance's final), which is
-what LiveKit's ``turn_detection="stt"`` mode takes as the end of the user's turn.
+what LiveKit's ``turn_detection="stt"`` mode takes as the end of the user's turn. Its
+``speech_end_time`` is the wall-clock time the turn's last speech was sent (for a real-time
+input, when the user said it), the anchor LiveKit's endpointing delay counts from.
 
 Options that change (``update_options``, LiveKit's session keyterms) apply to running streams
 too: a stream's config is its first message, so the stream moves to a new gRPC stream with
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -107,6 +110,10 @@ KEEPALIVE_SILENCE_S = 0.1
 #: Most audio sent again on a new gRPC stream, s: what the old one accepted since its last
 #: final. Within the server's burst allowance (5 s by default), and the sends are paced.
 REPLAY_LIMIT_S = 4.0
+
+#: Frames whose send time is remembered (END_OF_SPEECH's wall-clock ``speech_end_time``): at
+#: LiveKit's 10-100 ms frames, 20 s or more, longer than any turn's wait for its end.
+SENT_AT_FRAMES = 2048
 
 
 @dataclass(frozen=True)
@@ -441,6 +448,9 @@ class SpeechStream(stt.SpeechStream):
         self._last_write_at = 0.0
         #: One write (and its bookkeeping) at a time: the sender and the keepalive share it.
         self._write_lock = asyncio.Lock()
+        #: Where each recent frame sent ends on the audio clock (``_sent_s``) and when it went
+        #: (``time.time()``): turns an audio time into the wall-clock time LiveKit wants.
+        self._sent_at: deque[tuple[float, float]] = deque(maxlen=SENT_AT_FRAMES)
         #: Utterances of earlier gRPC streams (each stream numbers its own from 0).
         self._index_base = 0
         self._utterances = 0
@@ -573,6 +583,7 @@ class SpeechStream(stt.SpeechStream):
         self._replay.append((self._sent_s, frame))
         self._audio_s += frame.duration
         self._sent_s += frame.duration
+        self._sent_at.append((self._sent_s, time.time()))
         while self._replay and self._sent_s - self._replay[0][0] > REPLAY_LIMIT_S:
             self._replay.popleft()
 
@@ -645,7 +656,9 @@ class SpeechStream(stt.SpeechStream):
                 )
             )
 
-    def _end_of_speech(self, turn: stt.SpeechData | None = None) -> None:
+    def _end_of_speech(
+        self, turn: stt.SpeechData | None = None, speech_end_time: float | None = None
+    ) -> None:
         self._turn_start_s = None
         if self._speaking:
             self._speaking = False
@@ -655,8 +668,21 @@ class SpeechStream(stt.SpeechStream):
                         type=stt.SpeechEventType.END_OF_SPEECH,
                         request_id=self._request_id,
                         alternatives=[turn] if turn is not None else [],
+                        speech_end_time=speech_end_time,
                     )
                 )
+
+    def _wall_time_of(self, audio_s: float) -> float | None:
+        """When the audio at ``audio_s`` (on ``_sent_s``'s clock) was sent, ``time.time()``.
+
+        For a real-time input that is when the user said it, give or take a frame. The first
+        frame sent past that point says when (audio sent again after a dropped stream is
+        found at its first sending); None before any audio went out.
+        """
+        for end_s, at in self._sent_at:
+            if end_s >= audio_s:
+                return at - (end_s - audio_s)
+        return time.time() if self._sent_at else None
 
     def _end_of_turn(self, eot: EndOfTurn) -> None:
         """END_OF_SPEECH for the turn, carrying its text and where its speech ended.
@@ -666,6 +692,11 @@ class SpeechStream(stt.SpeechStream):
         """
         offset = self.start_time_offset
         end_s = offset + self._audio_at(eot.offset_ms)
+        # The turn's end as LiveKit's SpeechEvent.speech_end_time wants it (wall clock):
+        # with turn_detection="stt" it is when the user last spoke, the anchor its endpointing
+        # delay and turn metrics count from; without it LiveKit works that out from the end
+        # time and its own idea of when the input started.
+        wall = self._wall_time_of(end_s - (self._anchor_s or 0.0))
         self._end_of_speech(
             stt.SpeechData(
                 language=LanguageCode(self._config.language or "en"),
@@ -681,7 +712,8 @@ class SpeechStream(stt.SpeechStream):
                     "last_utterance_index": self._index_base + eot.last_utterance_index,
                     "received_s": eot.received_s,
                 },
-            )
+            ),
+            speech_end_time=wall,
         )
 
     def _transcript(self, t: Transcript) -> None:
