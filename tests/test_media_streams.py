@@ -21,7 +21,12 @@ import pytest
 
 from voxgate.bridges.media_streams import DialectName, MediaStreamsConfig, MediaStreamServer
 from voxgate.bridges.media_streams.testing import ReplayClient
-from voxgate.gateway.testing.fake_engines import FakeToneHub
+from voxgate.gateway.testing.batched import FakeBatchedAsrHub, fake_result
+from voxgate.gateway.testing.fake_engines import (
+    FakeBatchEngine,
+    FakeToneHub,
+    FakeToneSynthesizer,
+)
 from voxgate.gateway.testing.server import running_server
 from voxgate_client import (
     Dtmf,
@@ -69,8 +74,8 @@ class Recorder:
 
 
 @asynccontextmanager
-async def stack(bot: Any, **cfg: Any) -> AsyncIterator[MediaStreamServer]:
-    async with running_server(hub=FakeToneHub()) as srv:
+async def stack(bot: Any, hub: Any = None, **cfg: Any) -> AsyncIterator[MediaStreamServer]:
+    async with running_server(hub=hub or FakeToneHub()) as srv:
         config = MediaStreamsConfig(host="127.0.0.1", port=0, gateway=srv.target, **cfg)
         async with MediaStreamServer(config, bot) as adapter:
             yield adapter
@@ -545,7 +550,9 @@ async def test_the_adapters_turn_detection_reaches_the_gateway(asked: Any) -> No
 
     turns = TurnOptions(mode=asked, eagerness=0.8) if asked else TurnOptions()
     bot = SessionSpy()
-    async with stack(bot, turns=turns) as adapter, ReplayClient(url(adapter)) as peer:
+    # Turns need a recogniser (a gateway without one refuses them): a FAKE one.
+    hub = FakeBatchedAsrHub([FakeBatchEngine(fake_result)], synthesizer=FakeToneSynthesizer())
+    async with stack(bot, hub, turns=turns) as adapter, ReplayClient(url(adapter)) as peer:
         await peer.begin()
         await asyncio.wait_for(bot.started.wait(), 30)
         await peer.send_stop()

@@ -21,7 +21,12 @@ from calls import encode_wav
 from voxgate.bridges.bots import TurnBot
 from voxgate.bridges.sip import BridgeConfig, SilentBot, SipBridge
 from voxgate.bridges.sip.testing import RtpPeer, SippResult, run_sipp
-from voxgate.gateway.testing.fake_engines import FakeToneHub
+from voxgate.gateway.testing.batched import FakeBatchedAsrHub, fake_result
+from voxgate.gateway.testing.fake_engines import (
+    FakeBatchEngine,
+    FakeToneHub,
+    FakeToneSynthesizer,
+)
 from voxgate.gateway.testing.server import running_server
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate_client import (
@@ -178,7 +183,9 @@ async def test_the_bridges_turn_detection_reaches_the_gateway(
     gateway's default (off: nothing in the effective config)."""
     if asked:
         asked = {**asked, "turn_eagerness": 0.8}
-    async with bridge_and_gateway(**asked) as (bridge, events):
+    # Turns need a recogniser (a gateway without one refuses them): a FAKE one.
+    hub = FakeBatchedAsrHub([FakeBatchEngine(fake_result)], synthesizer=FakeToneSynthesizer())
+    async with bridge_and_gateway(hub=hub, **asked) as (bridge, events):
         ok(
             await run_sipp(
                 SIPP_DIR / "uac_stream.xml", bridge.address, cwd=caller_audio, duration_ms=1000
