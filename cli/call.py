@@ -245,17 +245,23 @@ class _CallState:
         )
 
     def caller_waits(self, mode: WaitForBot) -> bool:
-        """Whether a caller taking turns by ``mode`` holds its audio now."""
+        """Whether a caller taking turns by ``mode`` holds its audio now.
+
+        With turn detection on, never for speech the bot has not been asked to answer yet
+        (an utterance without its final, a turn without its EndOfTurn): the server ends a
+        turn on the silence it hears, on the call's audio clock, so a caller that held its
+        audio until then waited for good (``voxgate demo --turns smart`` did, once the final
+        came before the turn's hold had passed), or at least delayed the turn by its wait.
+        Its file plays on: the silence after the sentence ends the turn, or its next words
+        continue it, as a caller's would; it waits for the bot's answer to the turn.
+        """
+        heard = not self.turns_on and bool(self.open_utterances)
         if mode == "end":
-            return self.busy
+            return bool(heard or self.open_speaks or self.awaiting_reply)
         if mode == "start":
             unstarted = self.open_speaks - self.first_audio_s.keys()
             return bool(
-                self.opening & self.open_speaks
-                or self.open_utterances
-                or self.open_turns
-                or self.awaiting_reply
-                or unstarted
+                self.opening & self.open_speaks or heard or self.awaiting_reply or unstarted
             )
         return False
 

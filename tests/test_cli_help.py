@@ -11,7 +11,7 @@ import pytest
 
 from voxgate.bridges.door_args import turn_options_from_args
 from voxgate.cli._main import build_parser
-from voxgate.cli.call import WAIT_FOR_BOT_CHOICES
+from voxgate.cli.call import WAIT_FOR_BOT_CHOICES, WaitForBot, _CallState
 from voxgate_client import TurnOptions
 
 pytestmark = pytest.mark.unit
@@ -84,3 +84,21 @@ def test_demo_takes_the_doors_turn_flags() -> None:
     args = parser.parse_args(["demo", "--turns", "smart", "--turn-eagerness", "0.7"])
     assert turn_options_from_args(args) == TurnOptions(mode="smart", eagerness=0.7)
     assert turn_options_from_args(parser.parse_args(["demo"])) == TurnOptions()
+
+
+@pytest.mark.parametrize("mode", ["start", "end"])
+def test_a_turn_taking_caller_never_holds_its_audio_for_the_end_of_its_own_turn(
+    mode: WaitForBot,
+) -> None:
+    """With turn detection the server ends a turn on the silence it hears, so a caller that
+    held its audio until the EndOfTurn (or the final) waited for good; it waits for the bot's
+    answer. Without turns, an utterance whose final has not come still holds it."""
+    state = _CallState(has_asr=True, turns_on=True)
+    state.open_utterances.add(0)  # spoken, final not yet back
+    state.open_turns.add(0)  # its final back, EndOfTurn not yet
+    assert not state.caller_waits(mode)
+    state.awaiting_reply.add(0)  # the EndOfTurn came: the bot's answer is due
+    assert state.caller_waits(mode)
+    off = _CallState(has_asr=True)
+    off.open_utterances.add(0)
+    assert off.caller_waits(mode)
