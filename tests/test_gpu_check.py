@@ -113,6 +113,45 @@ def test_tiny_run_json_asr_numbers(tiny_run: tuple[dict[str, Any], str]) -> None
     assert all(positive(s) for s in cap["utterance_s"])
 
 
+def test_tiny_run_measures_the_torch_engine_beside_ctranslate2(
+    tiny_run: tuple[dict[str, Any], str],
+) -> None:
+    """Issue 39: decode steps, processors on and off, the encoder, and the calls trial."""
+    report, stdout = tiny_run
+    assert report["engines"] == ["ctranslate2", "torch"]
+    part = report["torch"]
+    assert part["dtype"] == "float32" and part["errors"] == []
+    assert [r["batch"] for r in part["steps"]] == [1, 2]
+    for r in part["steps"]:
+        for key in ("eager_ms", "loop_off_ms", "loop_on_ms", "tokens_per_s_graph_or_eager"):
+            assert positive(r[key]), (key, r)
+        assert r["graph_ms"] is None  # no CUDA graphs on CPU
+        assert math.isfinite(r["processors_overhead_pct"])
+    assert [e["batch"] for e in part["encoder"]] == [1, 2]
+    assert all(positive(e["ms_per_window"]) for e in part["encoder"])
+    cap = report["asr_capacity_torch"]
+    assert cap["engine"] == "TorchWhisperEngine", cap["engine_error"]
+    assert cap["engine_config"]["engine"] == "torch"
+    assert cap["trials"] and all(t["failed"] == 0 for t in cap["trials"]), cap["trials"]
+    assert "step batch 2" in stdout and "encoder batch 1" in stdout
+    assert stdout.count("max K @ p95<=500ms") == 2
+
+
+@pytest.mark.unit
+def test_offline_bundle_lists_what_a_torch_host_lacks() -> None:
+    """The bundle's wheels: what the check imports, less torch's world and our own code."""
+    from benchmarks.gpu_check.bundle import RUN_SH, host_distributions
+
+    wanted, modules = host_distributions()
+    assert {"ctranslate2", "faster-whisper", "tokenizers", "pydantic"} <= set(wanted)
+    assert not {"torch", "numpy", "av", "voxgate"} & set(wanted)
+    assert not any(k.startswith("nvidia-") for k in wanted)
+    for name in ("voxgate.engines.asr._torch.engine", "benchmarks.gpu_check.cli"):
+        assert name in modules
+    checked = subprocess.run(["bash", "-n"], input=RUN_SH, text=True, check=False)
+    assert checked.returncode == 0
+
+
 def test_tiny_run_json_tts(tiny_run: tuple[dict[str, Any], str]) -> None:
     report, _ = tiny_run
     (row,) = report["tts"]
