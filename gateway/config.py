@@ -255,7 +255,13 @@ class LimitsConfig(_Frozen):
 class BatcherConfig(_Frozen):
     """Cross-call micro-batching of recognition work."""
 
-    max_batch_size: int = Field(0, ge=0, le=64, description="Items per engine call; 0 = auto.")
+    max_batch_size: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Items per engine call; 0 = auto. The one batch size: the engine is built "
+        "with it too (it chunks larger batches and joins running ones up to it).",
+    )
     workers: int = Field(0, ge=0, le=16, description="Parallel engine workers; 0 = auto.")
     max_wait_ms: float = Field(
         0.0, ge=0.0, le=1_000.0, description="Extra wait to fill a batch, ms; 0 never delays."
@@ -929,6 +935,18 @@ class GatewayConfig(BaseSettings):
             raise ValueError(
                 "batcher.join_running needs asr.decode_loop.always: true or asr.engine: torch "
                 "(only a decode loop can add an utterance to a running batch)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _one_batch_size(self) -> GatewayConfig:
+        # The engine's batch size used to be a second setting (asr.max_batch_size) that the
+        # batcher did not read: the scheduler could form batches the engine then split, or
+        # join fewer than it allowed. The runtime now builds the engine with the batcher's.
+        if "max_batch_size" in self.asr.model_fields_set:
+            raise ValueError(
+                "asr.max_batch_size is not read: the batch size is batcher.max_batch_size, "
+                "which the scheduler and the engine share"
             )
         return self
 

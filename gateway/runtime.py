@@ -589,6 +589,9 @@ class EngineHubImpl:
                     "intra_threads": max(1, cores // plan.workers),
                 }
             )
+        # One batch size (batcher.max_batch_size or the plan's): the engine chunks and joins
+        # up to what the scheduler hands it.
+        cfg = cfg.model_copy(update={"max_batch_size": plan.max_batch_size})
         self._asr_cfg_used = cfg
         # Loaded on a thread below the loop's CPU priority: CTranslate2's worker threads,
         # started here, inherit it (batcher.engine_nice; gateway/priority.py).
