@@ -2,9 +2,8 @@
 
 Real in-process servers: the default configuration with the bundled models (a recogniser, no
 audio end-of-turn model), a VAD-only one (no recogniser: no turn detection, refused when asked
-for), and one whose
-``session.turns.smart_turn_model`` is a tiny ONNX classifier this test builds with Smart
-Turn's input and output shape (the real file ships in the pipecat-ai wheel, which the test
+for), and one with a FAKE recogniser whose ``session.turns.smart_turn_model`` is a tiny ONNX
+classifier this test builds with Smart Turn's input and output shape (the real file ships in the pipecat-ai wheel, which the test
 environment does not have): what is reported is its file name, never a claim about its output.
 """
 
@@ -20,6 +19,8 @@ from onnx import TensorProto, helper
 
 from voxgate.gateway.config import load_config
 from voxgate.gateway.runtime import build_hub
+from voxgate.gateway.testing.batched import FakeBatchedAsrHub, fake_result
+from voxgate.gateway.testing.fake_engines import FakeBatchEngine
 from voxgate.gateway.testing.server import running_server
 from voxgate_client import CallConfig, TurnOptions, VoxgateClient, VoxgateError
 from voxgate_client._proto import voxgate_pb2 as pb
@@ -78,8 +79,10 @@ async def test_the_loaded_audio_model_is_named_in_list_models_and_in_smart_calls
 ) -> None:
     model = tiny_turn_model(tmp_path / "tiny-turn.onnx")
     turns = {"mode": "smart", "smart_turn_model": str(model)}
+    # Turns need a recogniser (a server without one has none): a FAKE one.
+    hub = FakeBatchedAsrHub([FakeBatchEngine(fake_result)])
     async with (
-        running_server(session={"turns": turns}) as srv,
+        running_server(hub=hub, session={"turns": turns}) as srv,
         VoxgateClient(srv.target) as client,
     ):
         info = await client.turn_detection()
