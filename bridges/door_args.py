@@ -1,15 +1,22 @@
-"""The command-line flags every door shares: where it listens, the gateway it calls, who answers.
+"""What every door's command shares: its flags and its run until a signal.
 
 ``voxgate call``, ``voxgate sip`` and ``voxgate media-streams`` are three doors on one bot
-contract; they spell and check their gateway, TLS, token and turn flags here, once, so that the
-three daemons agree, and a misconfigured door refuses to start instead of having each call
-refused.
+contract. The flags say where a door listens, the gateway it calls (TLS, token) and who
+answers, and how it takes turns: spelled and checked here, once, so that the three agree and
+a misconfigured door refuses to start instead of having each call refused. The run serves
+until SIGTERM or SIGINT, then closes without dropping calls.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 
@@ -28,6 +35,7 @@ __all__ = [
     "add_turn_arguments",
     "connection_from_args",
     "host_port",
+    "serve_door",
     "turn_options_from_args",
 ]
 
@@ -183,3 +191,42 @@ def turn_options_from_args(args: argparse.Namespace) -> TurnOptions:
 def _plain(exc: OSError | ValueError) -> str:
     """The message without Python's ``[Errno N]`` prefix."""
     return str(exc.strerror) if isinstance(exc, OSError) and exc.strerror else str(exc)
+
+
+class Door(Protocol):
+    """A door daemon: the SIP bridge or the media-stream server."""
+
+    async def start(self) -> None:
+        """Listen (raises OSError when it cannot)."""
+
+    async def aclose(self) -> None:
+        """Stop taking calls and end the ones in progress cleanly."""
+
+
+async def serve_door(
+    door: Door, *, name: str, listen: tuple[str, int], banner: Callable[[], str]
+) -> int:
+    """Start ``door``, print its banner, serve until SIGTERM/SIGINT, then close it.
+
+    The signal handlers go in before the banner: a supervisor that reads the banner and stops
+    the door at once must get its calls ended (BYE, a closed WebSocket), not Python's default
+    SIGTERM death. Returns the exit status: 0, or 1 when the door cannot listen.
+    """
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await door.start()
+    except OSError as exc:
+        print(f"voxgate {name}: cannot listen on {listen[0]}:{listen[1]}: {exc}", file=sys.stderr)
+        await door.aclose()
+        return 1
+    print(banner(), flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await door.aclose()
+    print("stopped", file=sys.stderr, flush=True)
+    return 0

@@ -1,8 +1,8 @@
-"""The ``voxgate`` command line, above both the server (``gateway``) and the clients.
+"""The ``voxgate`` command line, above the server (``voxgate.gateway``), the doors and the clients.
 
-``voxgate serve`` runs the gateway; ``call`` and ``sip`` are gateway clients; ``demo`` runs both
-in one process. Keeping the entry point here lets ``gateway`` never import ``clients`` and the
-client library ship without the server.
+``voxgate serve`` runs the gateway; ``call``, ``sip`` and ``media-streams`` are gateway clients;
+``demo`` runs both in one process. Keeping the entry point here lets the gateway never import
+the client library or the doors, and the client library ship without the server.
 """
 
 from __future__ import annotations

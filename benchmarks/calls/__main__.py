@@ -81,7 +81,9 @@ def serve(source: Path, extra: list[str]) -> Iterator[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_")}
     # The checkout's own packages first (an older checkout runs its own code).
     env["PYTHONPATH"] = os.pathsep.join([str(source), str(source / "protos")])
-    cmd = [sys.executable, "-c", "import sys; from cli import main; sys.exit(main())"]
+    # One namespace since v0.3 (voxgate.cli); an older checkout has the top-level `cli`.
+    cli = "voxgate.cli" if (source / "protos" / "voxgate" / "cli").exists() else "cli"
+    cmd = [sys.executable, "-c", f"import sys; from {cli} import main; sys.exit(main())"]
     cmd += ["serve", "--host", "127.0.0.1", "--port", "0", *extra]
     log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed in the finally below
     proc = subprocess.Popen(  # noqa: S603 - our own server

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import signal
 import sys
 from pathlib import Path
 from typing import get_args
@@ -15,6 +12,7 @@ from voxgate.bridges.door_args import (
     add_door_arguments,
     add_turn_arguments,
     connection_from_args,
+    serve_door,
     turn_options_from_args,
 )
 from voxgate_client import EchoHandlingName
@@ -153,25 +151,9 @@ async def run_media_streams(args: argparse.Namespace) -> int:
         turns=turns,
     )
     server = MediaStreamServer(config, bot)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    try:
-        await server.start()
-    except OSError as exc:
-        print(
-            f"voxgate media-streams: cannot listen on {args.listen[0]}:{args.listen[1]}: {exc}",
-            file=sys.stderr,
-        )
-        await server.aclose()
-        return 1
-    host, port = server.address
-    print(f"media streams listening on ws://{host}:{port}", flush=True)
-    try:
-        await stop.wait()
-    finally:
-        await server.aclose()
-    print("stopped", file=sys.stderr, flush=True)
-    return 0
+    return await serve_door(
+        server,
+        name="media-streams",
+        listen=args.listen,
+        banner=lambda: f"media streams listening on ws://{server.address[0]}:{server.address[1]}",
+    )

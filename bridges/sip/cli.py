@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
-import signal
 import sys
 from typing import get_args
 
@@ -33,6 +31,7 @@ from voxgate.bridges.door_args import (
     add_door_arguments,
     add_turn_arguments,
     connection_from_args,
+    serve_door,
     turn_options_from_args,
 )
 from voxgate.bridges.sip._bridge import BridgeConfig, SipBridge
@@ -178,28 +177,12 @@ async def run_sip(args: argparse.Namespace) -> int:
         print(f"voxgate sip: {exc}", file=sys.stderr)
         return 2
     bridge = SipBridge(config, bot, bot_policy=bot_policy)
-    # Handlers go in before the `sip listening on` line: a supervisor that reads the line and
-    # stops the bridge at once must get BYEs sent, not Python's default SIGTERM death.
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    try:
-        await bridge.start()
-    except OSError as exc:
-        print(
-            f"voxgate sip: cannot listen on {args.listen[0]}:{args.listen[1]}: {exc}",
-            file=sys.stderr,
-        )
-        return 1
-    print(f"sip listening on {bridge.address[0]}:{bridge.address[1]}", flush=True)
-    try:
-        await stop.wait()
-    finally:
-        await bridge.aclose()
-    print("stopped", file=sys.stderr, flush=True)
-    return 0
+    return await serve_door(
+        bridge,
+        name="sip",
+        listen=args.listen,
+        banner=lambda: f"sip listening on {bridge.address[0]}:{bridge.address[1]}",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
