@@ -146,7 +146,11 @@ def test_offline_bundle_lists_what_a_torch_host_lacks() -> None:
     assert {"ctranslate2", "faster-whisper", "tokenizers", "pydantic"} <= set(wanted)
     assert not {"torch", "numpy", "av", "voxgate"} & set(wanted)
     assert not any(k.startswith("nvidia-") for k in wanted)
-    for name in ("voxgate.engines.asr._torch.engine", "benchmarks.gpu_check.cli"):
+    for name in (
+        "voxgate.engines.asr._torch.engine",
+        "benchmarks.gpu_check.cli",
+        "benchmarks.gpu_check.__main__",
+    ):
         assert name in modules
     checked = subprocess.run(["bash", "-n"], input=RUN_SH, text=True, check=False)
     assert checked.returncode == 0

@@ -42,6 +42,7 @@ __all__ = ["LIMIT_BYTES", "host_distributions", "write_bundle"]
 LIMIT_BYTES = 50 * 1024 * 1024
 #: Modules whose import is the check's whole import graph (what the host will run).
 ENTRY_MODULES = (
+    "benchmarks.gpu_check.__main__",  # what ``python -m`` runs (importing it runs nothing)
     "benchmarks.gpu_check.cli",
     "benchmarks.gpu_check.torch_engine",
     "benchmarks.gpu_check.capacity",
