@@ -57,8 +57,15 @@ def nvidia_smi() -> dict[str, Any]:
 
 
 def environment() -> dict[str, Any]:
-    """Versions, devices and providers of this machine."""
-    import onnxruntime as ort
+    """Versions, devices and providers of this machine.
+
+    ONNX Runtime may be absent (the offline bundle runs without the TTS section): its fields
+    are then None and it offers no providers.
+    """
+    try:
+        import onnxruntime as ort
+    except ModuleNotFoundError:
+        ort = None
 
     cuda_count = int(ctranslate2.get_cuda_device_count())
     compute_types: dict[str, list[str]] = {
@@ -71,9 +78,9 @@ def environment() -> dict[str, Any]:
         "platform": platform.platform(),
         "cpu_cores": cpu_count(),
         "ctranslate2": ctranslate2.__version__,
-        "onnxruntime": ort.__version__,
-        "onnxruntime_device": ort.get_device(),
-        "ort_providers": list(ort.get_available_providers()),
+        "onnxruntime": None if ort is None else ort.__version__,
+        "onnxruntime_device": None if ort is None else ort.get_device(),
+        "ort_providers": [] if ort is None else list(ort.get_available_providers()),
         "onnx": version("onnx"),
         "numpy": np.__version__,
         "torch": version("torch"),
