@@ -12,6 +12,10 @@ policy, no word timestamps, language detected.
     .venv/bin/python -m benchmarks.asr_quality --default-only  # just the default configuration
     .venv/bin/python -m benchmarks.asr_quality --sweep         # also the encoder-window sweep
     .venv/bin/python -m benchmarks.asr_quality --quick         # 10 clips, for a smoke run
+    .venv/bin/python -m benchmarks.asr_quality --buckets 5,10,15,20,30 --buckets 7,10,15,20,30
+        # the default decoding with the default encoder windows and with each --buckets setting
+        # (the default margin), side by side; also the WER of the clips short enough for the
+        # setting's smallest bucket (the ones it changes)
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ def load_clips(quick: bool) -> list[tuple[str, str, np.ndarray]]:
 
 def mulaw_8k(x: np.ndarray) -> np.ndarray:
     low = soxr.resample(x, 16000, 8000).astype(np.float32)
-    return soxr.resample(mulaw_decode(mulaw_encode(low)), 8000, 16000).astype(np.float32)
+    return np.asarray(soxr.resample(mulaw_decode(mulaw_encode(low)), 8000, 16000), np.float32)
 
 
 def run(
@@ -147,6 +151,15 @@ def main() -> None:
     ap.add_argument("--beam", type=int, default=5, help="beam size of the main runs")
     ap.add_argument("--inter-threads", type=int, default=1)
     ap.add_argument("--intra-threads", type=int, default=2)
+    ap.add_argument(
+        "--buckets",
+        action="append",
+        default=[],
+        type=lambda v: tuple(float(x) for x in v.split(",")),
+        metavar="S,S,...",
+        help="compare the default decoding on these encoder buckets (asr.encoder.buckets_s, "
+        "default margin) with the default ones; repeatable",
+    )
     args = ap.parse_args()
 
     clips = load_clips(args.quick)
@@ -173,6 +186,27 @@ def main() -> None:
     if not args.no_mulaw:
         audios.append(("mulaw8k", [(f, t, mulaw_8k(x)) for f, t, x in clips]))
     for audio_name, data in audios:
+        if args.buckets:
+            for window in [DEFAULT, *(EncoderWindowConfig(buckets_s=b) for b in args.buckets)]:
+                name = "b" + "/".join(f"{b:g}" for b in window.buckets_s) + " beam1"
+                row = run(engine(window), name, audio_name, data, default, True)
+                rows.append(row)
+                # The clips this setting's smallest bucket takes (and the default's does not).
+                fit = window.buckets_s[0] - window.margin_ms / 1000
+                short = [(t, x) for _, t, x in data if len(x) / 16000 <= fit]
+                if short and window is not DEFAULT:
+                    for w, tag in ((DEFAULT, "default"), (window, name)):
+                        hyps = [
+                            engine(w).infer_batch([AsrRequest(x, stats_for(x), default)])[0].text
+                            for _, x in short
+                        ]
+                        short_wer = corpus_wer([t for t, _ in short], hyps)
+                        print(
+                            f"  short clips (<= {fit:g} s, {len(short)}) [{audio_name}] "
+                            f"{tag}: WER={100 * short_wer:.2f}%",
+                            flush=True,
+                        )
+            continue
         if args.default_only:
             rows.append(
                 run(engine(DEFAULT), "policy beam1 (default)", audio_name, data, default, True)

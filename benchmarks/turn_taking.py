@@ -24,6 +24,11 @@ clip's own). Reported per variant, set and number of concurrent callers (1 and 4
 * WER of the call's turns' text (EndOfTurn texts joined) against the reference.
 
     python -m benchmarks.turn_taking [--tiny] [--clips N] [--callers 1,4] [--json OUT]
+        [--variants combined,words] [--sets real] [--encoder-buckets 5,10,15,20,30 ...]
+
+``--encoder-buckets`` (repeatable) runs each variant once per encoder window setting
+(``asr.encoder.buckets_s``; ``default`` for the server's own), side by side in the same run; the
+cells' ``variant`` then names the buckets too (``combined b5/10/15/20/30``).
 """
 
 from __future__ import annotations
@@ -273,25 +278,41 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     if args.tiny:
         real, paused = real[:2], paused[:1]
     sets = {"real": real, "pauses": paused}
+    if args.sets:
+        sets = {k: v for k, v in sets.items() if k in args.sets}
     variants = ["hangover600", "words"]
     if args.smart_turn_model:
         variants += ["audio", "combined"]
+    if args.variants:
+        variants = [v for v in variants if v in args.variants]
     report: dict[str, Any] = {"cells": [], "calls": []}
-    for variant in variants:
+    windows: list[tuple[float, ...] | None] = args.encoder_buckets or [None]
+    runs = [(v, b) for v in variants for b in windows]
+    for variant, buckets in runs:
         turns: dict[str, Any] = {}
         if variant in ("audio", "combined"):
             turns["smart_turn_model"] = args.smart_turn_model
         if variant == "audio":
             turns["words"] = False
         server = {"host": "127.0.0.1", "port": 0, "grace_s": 1.0}
-        cfg = load_config(None, {"server": server, "session": {"turns": turns}})
+        overrides: dict[str, Any] = {"server": server, "session": {"turns": turns}}
+        label = variant
+        if buckets is not None:
+            overrides["asr"] = {"encoder": {"buckets_s": list(buckets)}}
+        if len(windows) > 1:
+            label += " " + (
+                "default" if buckets is None else "b" + "/".join(f"{b:g}" for b in buckets)
+            )
+        cfg = load_config(None, overrides)
         hub = build_hub(cfg)
         async with running_server(hub=hub, config=cfg) as srv:
             target = srv.target
             for callers in args.callers:
                 for set_name, items in sets.items():
                     outcomes = await run_variant(target, items, variant, callers, set_name)
-                    cell = {"variant": variant, "set": set_name, "callers": callers}
+                    for o in outcomes:
+                        o.variant = label
+                    cell = {"variant": label, "set": set_name, "callers": callers}
                     cell.update(summarise(outcomes))
                     report["cells"].append(cell)
                     report["calls"].extend(asdict(o) for o in outcomes)
@@ -316,6 +337,27 @@ def main(argv: list[str] | None = None) -> int:
         help="also run the audio model variants (alone, and combined with the words) with this "
         "Smart Turn v3 model "
         "(session.turns.smart_turn_model: a .onnx, a pipecat-ai wheel, or 'pipecat')",
+    )
+    parser.add_argument(
+        "--variants",
+        type=lambda s: s.split(","),
+        default=[],
+        help="only these variants, comma-separated (hangover600, words, audio, combined)",
+    )
+    parser.add_argument(
+        "--sets",
+        type=lambda s: s.split(","),
+        default=[],
+        help="only these sets, comma-separated (real, pauses)",
+    )
+    parser.add_argument(
+        "--encoder-buckets",
+        action="append",
+        default=[],
+        type=lambda v: None if v == "default" else tuple(float(x) for x in v.split(",")),
+        metavar="S,S,...|default",
+        help="run each variant on these encoder windows (asr.encoder.buckets_s), or 'default' "
+        "for the server's own; repeatable, side by side in one run",
     )
     parser.add_argument("--tiny", action="store_true", help="2 clips, 1 pause set item")
     parser.add_argument("--json", type=Path, help="write the whole report here")
