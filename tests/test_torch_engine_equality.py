@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import read_wav_int16
 from voxgate.engines.asr._decode import DecodeItem
 from voxgate.engines.asr._model_files import resolve_model_dir
 from voxgate.engines.asr._processors import SuppressBlank, SuppressTokens
@@ -29,7 +30,6 @@ from voxgate.engines.asr._torch.loop import TorchDecodeLoop
 from voxgate.engines.asr._torch.model import WhisperTorchModel
 from voxgate.engines.asr._torch.weights import load_tensors
 from voxgate.engines.asr._whisper import WhisperEngine
-from tests.conftest import read_wav_int16
 
 pytestmark = pytest.mark.model
 
