@@ -21,7 +21,8 @@ Methods, all in this one process and in rotating order per probe (the machine is
 
 - ``deadline``: the gateway's synthesis path (``voxgate.gateway.runtime.TtsSynthesizer``) with the
   deadline scheduler, its default workers and batch size for this device;
-- ``fifo``: the same class with ``scheduling="fifo"``, the earlier plain thread pool (min(4,
+- ``fifo``: the earlier plain thread pool (``benchmarks/_fifo_pool.py``; production code runs
+  the scheduler only since v0.3) (min(4,
   cores) threads) advancing each reply's fixed-schedule generator, on a voice with the
   earlier 28 frames of context (the gateway as it was);
 - ``piper``: piper's own ``PiperVoice.synthesize`` per reply, in a thread per call (what a
@@ -62,6 +63,7 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._fifo_pool import FifoSynthesizer  # noqa: E402
 from benchmarks._stats import median, percentile  # noqa: E402
 from voxgate.engines.tts import SpeakOptions, TtsConfig, VitsStreamer, WindowPlan  # noqa: E402
 from voxgate.engines.tts._session import make_session  # noqa: E402
@@ -269,7 +271,7 @@ class Bench:
             )
             self.cut_streamer.warmup()
         self.rate = self.streamer.sample_rate_hz
-        self.synths: dict[str, TtsSynthesizer] = {}
+        self.synths: dict[str, TtsSynthesizer | FifoSynthesizer] = {}
         self.piper: Any = None
 
     async def start(self) -> None:
@@ -288,9 +290,7 @@ class Bench:
             self.synths[f"deadline-b{self.args.batch}"] = TtsSynthesizer(
                 self.streamer, workers, GatewayMetrics(), max_batch_size=self.args.batch
             )
-        self.synths["fifo"] = TtsSynthesizer(
-            self.old_streamer, max(1, min(4, self.cores)), GatewayMetrics(), scheduling="fifo"
-        )
+        self.synths["fifo"] = FifoSynthesizer(self.old_streamer, max(1, min(4, self.cores)))
         if not self.args.no_piper:
             from piper import PiperVoice
             from piper.config import PiperConfig

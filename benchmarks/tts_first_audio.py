@@ -11,9 +11,9 @@ words (``TtsConfig.first_unit_words``); each reply is played to its end before t
 
 ``--converse``: one reply at a time from outside, through a real gateway's ``Converse`` on
 loopback (a gRPC client per call, mu-law 8 kHz out): first audio is from writing the
-``Speak`` to the first audio frame of it read back, for a gateway with
-``session.tts_scheduling: deadline`` and one with ``fifo``, interleaved; each reply is
-cleared after its first frame (what is measured is first audio, not playback).
+``Speak`` to the first audio frame of it read back, for the default gateway (the deadline
+scheduler) and one on the earlier FIFO pool (``benchmarks/_fifo_pool.py``), interleaved; each reply
+is cleared after its first frame (what is measured is first audio, not playback).
 
 For 1- and 4-sentence replies and 1 and 4 concurrent speakers (threads started together), each
 method synthesises the reply and we record, per stream:
@@ -48,6 +48,7 @@ if __package__ in (None, ""):
     # Run as a script: make the repository root importable (benchmarks._stats).
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._fifo_pool import FifoHub, FifoSynthesizer  # noqa: E402
 from benchmarks._stats import median, percentile  # noqa: E402
 from benchmarks.tts_concurrency import play, rotate  # noqa: E402
 from voxgate.engines.tts import SpeakOptions, TtsConfig, VitsStreamer  # noqa: E402
@@ -145,11 +146,11 @@ async def _paths(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     cores = os.cpu_count() or 1
     synths = {
         "deadline": TtsSynthesizer(streamer, cores, GatewayMetrics()),
-        "fifo": TtsSynthesizer(streamer, min(4, cores), GatewayMetrics(), scheduling="fifo"),
+        "fifo": FifoSynthesizer(streamer, min(4, cores)),
         f"deadline, cut {args.first_unit_words}": TtsSynthesizer(cut, cores, GatewayMetrics()),
     }
 
-    async def through(synth: TtsSynthesizer, text: str) -> Run:
+    async def through(synth: TtsSynthesizer | FifoSynthesizer, text: str) -> Run:
         start = time.perf_counter()
         arrivals = []
         async for piece in synth.stream(SpeakIn(text=text, speak_id="r")):
@@ -216,15 +217,13 @@ async def _converse(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     async with contextlib.AsyncExitStack() as stack:
         for name, scheduling in methods.items():
             # No phrase cache: every repeat synthesises (the warm-up round would be replayed).
-            overrides = {
-                "engines": "tts",
-                "session": {"tts_scheduling": scheduling},
-                "tts": {"cache_bytes": 0},
-            }
-            hub = build_hub(load_config(None, overrides))
-            srv = await stack.enter_async_context(
-                running_server(hub=hub, session={"tts_scheduling": scheduling})
+            overrides = {"engines": "tts", "tts": {"cache_bytes": 0}}
+            cfg = load_config(None, overrides)
+            # The FIFO gateway: the same engines with the earlier pool in place of the scheduler.
+            hub = (
+                FifoHub(cfg, threads=min(4, os.cpu_count() or 1)) if scheduling == "fifo" else None
             )
+            srv = await stack.enter_async_context(running_server(hub=hub or build_hub(cfg)))
             channel = await stack.enter_async_context(grpc.aio.insecure_channel(srv.target))
             stubs[name] = pb_grpc.VoiceGatewayStub(channel)
 

@@ -661,6 +661,20 @@ class TurnsConfig(_Frozen):
 class SessionConfig(_Frozen):
     """How each call runs (server defaults; a call's config may override the interim interval)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_tts_scheduling(cls, data: Any) -> Any:
+        # session.tts_scheduling chose between the deadline scheduler and the earlier FIFO pool
+        # until v0.3; only the scheduler is left. Its old value is still read, the other named.
+        if isinstance(data, dict) and "tts_scheduling" in data:
+            data = dict(data)
+            if data.pop("tts_scheduling") != "deadline":
+                raise ValueError(
+                    "session.tts_scheduling was removed: replies always run on the deadline "
+                    "scheduler (the FIFO pool is gone; leave the setting out)"
+                )
+        return data
+
     interim_interval_ms: int = Field(
         1_000, ge=200, le=10_000, description="Default interval between interim transcripts, ms."
     )
@@ -708,18 +722,12 @@ class SessionConfig(_Frozen):
         description="Synthesis worker threads shared by all calls; 0 = by device (one per CPU "
         "core, one on a GPU).",
     )
-    tts_scheduling: Literal["deadline", "fifo"] = Field(
-        "deadline",
-        description="How replies share the synthesis workers: 'deadline' runs every reply's "
-        "steps earliest playout deadline first (first audio first, window size from slack); "
-        "'fifo' is the earlier plain thread pool, kept for comparison.",
-    )
     tts_max_batch_size: int = Field(
         0,
         ge=0,
         le=64,
-        description="Decoder windows of several replies per ONNX Runtime call under 'deadline' "
-        "scheduling; 0 = by device (1 on CPU, where batching does not pay; 8 on GPU).",
+        description="Decoder windows of several replies per ONNX Runtime call; 0 = by device "
+        "(1 on CPU, where batching does not pay; 8 on GPU).",
     )
     tts_max_lead_ms: int = Field(
         2_000,

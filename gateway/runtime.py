@@ -15,9 +15,7 @@ import os
 import time
 import wave
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -87,8 +85,6 @@ __all__ = [
 
 log = logging.getLogger("voxgate.runtime")
 
-_END = object()
-
 
 class EngineLoadError(RuntimeError):
     """A configured model or voice cannot be loaded; the message names the setting and why."""
@@ -97,25 +93,21 @@ class EngineLoadError(RuntimeError):
 class TtsSynthesizer:
     """The VITS streamer as sessions see it: an async stream of audio pieces per Speak.
 
-    Two ways to run the replies, chosen by ``scheduling``:
-
-    * ``deadline`` (the default): :class:`~voxgate.gateway.synthesis.SynthesisScheduler` runs every
-      reply's front-end runs and decoder windows on ``threads`` workers, earliest playout
-      deadline first, first audio ahead of everything, window sizes from each reply's slack;
-    * ``fifo``: the earlier design, kept for comparison (``benchmarks/tts_concurrency.py``):
-      a plain thread pool that advances each reply's fixed-schedule generator a window at a
-      time, in the order the ``next()`` calls arrive.
+    :class:`~voxgate.gateway.synthesis.SynthesisScheduler` runs every reply's front-end runs
+    and decoder windows on ``threads`` workers, earliest playout deadline first, first audio
+    ahead of everything, window sizes from each reply's slack. (The earlier plain FIFO pool
+    left production code in v0.3; the TTS benchmarks keep it as their baseline,
+    ``benchmarks/_fifo_pool.py``.)
 
     Args:
         streamer: a loaded, warmed voice engine (thread-safe across streams).
         threads: engine worker threads.
         metrics: where first audio, streams, slack, lateness and batches are counted.
-        scheduling: ``deadline`` or ``fifo`` (see above).
-        max_batch_size: decoder windows per ONNX Runtime call under ``deadline``.
-        nice: under ``deadline``, the workers run this many nice levels below the event loop
+        max_batch_size: decoder windows per ONNX Runtime call.
+        nice: the workers run this many nice levels below the event loop
             (``session.tts_nice``; :mod:`voxgate.gateway.priority`).
-        max_lead_s: under ``deadline``, a paced reply (``SpeakIn.paced``) is synthesized at
-            most this far ahead of its player (``session.tts_max_lead_ms``).
+        max_lead_s: a paced reply (``SpeakIn.paced``) is synthesized at most this far ahead
+            of its player (``session.tts_max_lead_ms``).
     """
 
     def __init__(
@@ -124,7 +116,6 @@ class TtsSynthesizer:
         threads: int,
         metrics: GatewayMetrics,
         *,
-        scheduling: Literal["deadline", "fifo"] = "deadline",
         max_batch_size: int = 1,
         nice: int = 0,
         max_lead_s: float = math.inf,
@@ -134,17 +125,16 @@ class TtsSynthesizer:
         self.sample_rate_hz = streamer.sample_rate_hz
         self.max_text_chars = streamer.max_text_chars
         self._window_frames = int(getattr(getattr(streamer, "config", None), "window_frames", 96))
-        self.scheduler: SynthesisScheduler | None = None
-        self._pool: ThreadPoolExecutor | None = None
-        if scheduling == "deadline":
-            if not isinstance(streamer, VitsStreamer):
-                raise TypeError("deadline scheduling needs a VitsStreamer (open/decode_windows)")
-            policy = policy_for(streamer, max_batch_size)
-            self.scheduler = SynthesisScheduler(
-                streamer, threads, policy, metrics, nice=nice, max_lead_s=max_lead_s
-            )
-        else:
-            self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tts")
+        if not isinstance(streamer, VitsStreamer):
+            raise TypeError("deadline scheduling needs a VitsStreamer (open/decode_windows)")
+        self.scheduler = SynthesisScheduler(
+            streamer,
+            threads,
+            policy_for(streamer, max_batch_size),
+            metrics,
+            nice=nice,
+            max_lead_s=max_lead_s,
+        )
         metrics.engine_workers.labels("tts").set(threads)
 
     def _options(self, speak: SpeakIn) -> SpeakOptions:
@@ -152,8 +142,8 @@ class TtsSynthesizer:
             length_scale=1.0 / speak.rate if speak.rate else None,
             speaker_id=speak.speaker_id or None,
             voice=speak.voice or None,
-            # The degradation ladder's tts_window step (gateway/degrade.py), for the fifo
-            # pool; the deadline scheduler sizes windows from slack, up to this size anyway.
+            # The degradation ladder's tts_window step (gateway/degrade.py): the scheduler
+            # sizes windows from slack, up to this size.
             window_frames=2 * self._window_frames if speak.degraded else None,
         )
 
@@ -162,15 +152,11 @@ class TtsSynthesizer:
     ) -> AsyncIterator[TtsPiece]:
         """Synthesize ``speak``, window by window, on the engine threads.
 
-        ``stats`` (deadline scheduling only) receives what the caller's player experiences.
+        ``stats`` receives what the caller's player experiences.
         """
         options = self._options(speak)
         t0 = time.perf_counter()
-        chunks = (
-            self._scheduled(speak.text, options, stats, speak.paced)
-            if self.scheduler
-            else self._fifo(speak.text, options)
-        )
+        chunks = self._scheduled(speak.text, options, stats, speak.paced)
         # Counted until the consumer stops (end, error or a barge-in's cancel): the synthesis
         # load admission reads (voxgate_tts_streams_active).
         self._metrics.tts_streams_active.inc()
@@ -198,28 +184,12 @@ class TtsSynthesizer:
     async def _scheduled(
         self, text: str, options: SpeakOptions, stats: ReplyStats | None, paced: bool
     ) -> AsyncGenerator[TtsChunk]:
-        assert self.scheduler is not None
         async for chunk in self.scheduler.stream(text, options, stats, paced=paced):
-            yield chunk
-
-    async def _fifo(self, text: str, options: SpeakOptions) -> AsyncGenerator[TtsChunk]:
-        """The earlier pool: each ``next()`` of the reply's generator on a TTS thread."""
-        assert self._pool is not None
-        loop = asyncio.get_running_loop()
-        it = await loop.run_in_executor(self._pool, self.streamer.stream, text, options)
-        while True:
-            chunk = await loop.run_in_executor(self._pool, next, it, _END)
-            if chunk is _END:
-                return
-            assert isinstance(chunk, TtsChunk)
             yield chunk
 
     async def aclose(self) -> None:
         """Stop the threads (after the server stopped calling)."""
-        if self.scheduler is not None:
-            await self.scheduler.aclose()
-        if self._pool is not None:
-            await asyncio.to_thread(self._pool.shutdown, wait=True, cancel_futures=True)
+        await self.scheduler.aclose()
 
 
 class BatchMetrics(BatchObserver):
@@ -539,14 +509,12 @@ class EngineHubImpl:
             streamer,
             threads,
             self._metrics,
-            scheduling=scfg.tts_scheduling,
             max_batch_size=scfg.tts_max_batch_size or batch,
             nice=scfg.tts_nice,
             max_lead_s=scfg.tts_max_lead_ms / 1000.0 if scfg.tts_max_lead_ms else math.inf,
         )
         log.info(
-            "tts: %s scheduling, %d worker(s), up to %d window(s) per decoder call on %s",
-            scfg.tts_scheduling,
+            "tts: deadline scheduling, %d worker(s), up to %d window(s) per decoder call on %s",
             threads,
             scfg.tts_max_batch_size or batch,
             streamer.device,

@@ -661,11 +661,11 @@ async def test_bad_text_fails_only_its_own_reply(streamer: VitsStreamer) -> None
         await synth.aclose()
 
 
-@pytest.mark.model
-async def test_the_fifo_pool_is_kept_for_comparison(streamer: VitsStreamer) -> None:
-    synth = TtsSynthesizer(streamer, 2, GatewayMetrics(), scheduling="fifo")
-    try:
-        pieces = [p async for p in synth.stream(SpeakIn(text="Okay, one moment.", speak_id="s"))]
-        assert pieces and pieces[-1].is_last and synth.scheduler is None
-    finally:
-        await synth.aclose()
+@pytest.mark.unit
+def test_the_fifo_pool_left_production_code() -> None:
+    """session.tts_scheduling: its old value still loads, 'fifo' is refused by name."""
+    from voxgate.gateway.config import ConfigError, load_config
+
+    assert load_config(overrides={"session": {"tts_scheduling": "deadline"}})
+    with pytest.raises(ConfigError, match="tts_scheduling was removed"):
+        load_config(overrides={"session": {"tts_scheduling": "fifo"}})

@@ -3,8 +3,9 @@
 Real in-process servers: the default configuration with the bundled models (a recogniser, no
 audio end-of-turn model), a VAD-only one (no recogniser: no turn detection, refused when asked
 for), and one with a FAKE recogniser whose ``session.turns.smart_turn_model`` is a tiny ONNX
-classifier this test builds with Smart Turn's input and output shape (the real file ships in the pipecat-ai wheel, which the test
-environment does not have): what is reported is its file name, never a claim about its output.
+classifier this test builds with Smart Turn's input and output shape (the real file ships in the
+pipecat-ai wheel, which the test environment does not have): what is reported is its file name,
+never a claim about its output.
 """
 
 from __future__ import annotations
