@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.calls.replies import REPO, SPEECH, parse_sets
+from benchmarks.calls.replies import SPEECH, parse_sets, run_client_process
 
 RATE_HZ = 16_000
 CHUNK_MS = 20
@@ -288,18 +288,7 @@ async def measure(
             "gap_s": gap_s,
             "tail_s": max(0.0, budget_s + 2.0 - gap_s),
         }
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "benchmarks.calls.budget",
-            "--client-spec",
-            json.dumps(spec),
-            cwd=REPO,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        stdout, _ = await proc.communicate()
-        if proc.returncode != 0:
-            raise RuntimeError(f"the caller's process failed (exit status {proc.returncode})")
+        stdout = await run_client_process("benchmarks.calls.budget", spec)
         after = _fallbacks(srv.metrics.registry)
     got = json.loads(stdout.decode().strip().splitlines()[-1])
     steps = {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)}

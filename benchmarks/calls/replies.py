@@ -336,16 +336,13 @@ def _client_main(spec_json: str) -> None:
 # --- the server (this process) ------------------------------------------------------------------
 
 
-async def _run_callers(spec: dict[str, Any], server_pid: int) -> tuple[list[CallResult], float]:
-    """One N's callers in a child process; their results, and the cores that processes other
-    than the gateway (``server_pid``) and the callers used meanwhile (the machine is shared)."""
-    busy0, wall0 = _machine_busy_s(), time.monotonic()
-    server0, child0 = _process_cpu_s(server_pid), _children_cpu_s()
-    mine0 = _process_cpu_s(os.getpid()) if server_pid != os.getpid() else 0.0
+async def run_client_process(module: str, spec: dict[str, Any]) -> bytes:
+    """Run ``python -m module --client-spec JSON`` (the callers, apart from the gateway's
+    process, so that they do not share its event loop) and return what it printed."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "benchmarks.calls.replies",
+        module,
         "--client-spec",
         json.dumps(spec),
         cwd=REPO,
@@ -353,7 +350,17 @@ async def _run_callers(spec: dict[str, Any], server_pid: int) -> tuple[list[Call
     )
     stdout, _ = await proc.communicate()
     if proc.returncode != 0:
-        raise RuntimeError(f"the callers' process failed (exit status {proc.returncode})")
+        raise RuntimeError(f"the client process failed (exit status {proc.returncode})")
+    return stdout
+
+
+async def _run_callers(spec: dict[str, Any], server_pid: int) -> tuple[list[CallResult], float]:
+    """One N's callers in a child process; their results, and the cores that processes other
+    than the gateway (``server_pid``) and the callers used meanwhile (the machine is shared)."""
+    busy0, wall0 = _machine_busy_s(), time.monotonic()
+    server0, child0 = _process_cpu_s(server_pid), _children_cpu_s()
+    mine0 = _process_cpu_s(os.getpid()) if server_pid != os.getpid() else 0.0
+    stdout = await run_client_process("benchmarks.calls.replies", spec)
     ours = _process_cpu_s(server_pid) - server0 + _children_cpu_s() - child0
     if server_pid != os.getpid():
         ours += _process_cpu_s(os.getpid()) - mine0
