@@ -101,6 +101,39 @@ class StepLoop(Protocol):
         ...
 
 
+def run_to_end(loop: StepLoop, items: Sequence[DecodeItem]) -> list[DecodeResult]:
+    """Add ``items`` to ``loop`` and step until every item has ended; their results in order.
+
+    Shared by both step loops (NumPy here, torch in ``._torch.loop``): the batch path of the
+    engine runs them this way, joins aside.
+    """
+    for it in items:
+        loop.add(it)
+    while loop.active:
+        loop.step()
+    out = []
+    for it in items:
+        assert it.result is not None
+        out.append(it.result)
+    return out
+
+
+def ranked_result(
+    hyps: list[tuple[float, list[int]]], limit: int, no_speech: float, steps: int
+) -> DecodeResult:
+    """An item's result from its finished hypotheses: best length-normalised score first.
+
+    One rule for both step loops, so that their beams rank (and tie) alike.
+    """
+    ranked = []
+    for score, toks in hyps:
+        norm = score / len(toks) if toks else float("-inf") if score < 0 else 0.0
+        ranked.append((norm, toks))
+    ranked.sort(key=lambda p: p[0], reverse=True)
+    ranked = ranked[:limit]
+    return DecodeResult([t for _, t in ranked], [s for s, _ in ranked], no_speech, steps)
+
+
 def _erf(x: F32) -> F32:
     s = np.sign(x)
     a = np.abs(x)
@@ -441,28 +474,12 @@ class DecodeLoop:
 
     def run(self, items: Sequence[DecodeItem]) -> list[DecodeResult]:
         """Decode ``items`` together to the end (all join at the first step)."""
-        for it in items:
-            self.add(it)
-        while self._live:
-            self.step()
-        out = []
-        for it in items:
-            assert it.result is not None
-            out.append(it.result)
-        return out
+        return run_to_end(self, items)
 
     # ------------------------------------------------------------------ search
 
     def _finish(self, lv: _Live, hyps: list[tuple[float, list[int]]], limit: int) -> None:
-        ranked = []
-        for score, toks in hyps:
-            norm = score / len(toks) if toks else float("-inf") if score < 0 else 0.0
-            ranked.append((norm, toks))
-        ranked.sort(key=lambda p: p[0], reverse=True)
-        ranked = ranked[:limit]
-        lv.item.result = DecodeResult(
-            [t for _, t in ranked], [s for s, _ in ranked], lv.no_speech, lv.step + 1
-        )
+        lv.item.result = ranked_result(hyps, limit, lv.no_speech, lv.step + 1)
 
     def _greedy(self, lv: _Live, logits: F32) -> bool:
         lp = log_softmax(logits)

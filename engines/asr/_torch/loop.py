@@ -23,7 +23,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from voxgate.engines.asr._decode import MAX_POSITIONS, DecodeItem, DecodeResult, LogitsProcessor
+from voxgate.engines.asr._decode import (
+    MAX_POSITIONS,
+    DecodeItem,
+    DecodeResult,
+    LogitsProcessor,
+    ranked_result,
+    run_to_end,
+)
 from voxgate.engines.asr._torch.model import DeviceMemory, WhisperTorchModel
 from voxgate.engines.asr._torch.processors import BatchedProcessors
 
@@ -294,28 +301,12 @@ class TorchDecodeLoop:
 
     def run(self, items: Sequence[DecodeItem]) -> list[DecodeResult]:
         """Decode ``items`` together to the end (all join at the first step)."""
-        for it in items:
-            self.add(it)
-        while self.active:
-            self.step()
-        out = []
-        for it in items:
-            assert it.result is not None
-            out.append(it.result)
-        return out
+        return run_to_end(self, items)
 
     # ------------------------------------------------------------------ search
 
     def _finish(self, lv: _Live, hyps: list[tuple[float, list[int]]], limit: int) -> None:
-        ranked = []
-        for score, toks in hyps:
-            norm = score / len(toks) if toks else float("-inf") if score < 0 else 0.0
-            ranked.append((norm, toks))
-        ranked.sort(key=lambda p: p[0], reverse=True)
-        ranked = ranked[:limit]
-        lv.item.result = DecodeResult(
-            [t for _, t in ranked], [s for s, _ in ranked], lv.no_speech, lv.step + 1
-        )
+        lv.item.result = ranked_result(hyps, limit, lv.no_speech, lv.step + 1)
 
     def _set_inputs(self, slots: list[int], tokens: list[int], pos: int) -> None:
         m = self.model
