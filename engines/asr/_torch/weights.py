@@ -120,6 +120,15 @@ def _from_ct2(model_dir: Path) -> WhisperTensors:
         if theirs + "/bias" in v:
             t[ours + ".b"] = w(theirs + "/bias")
 
+    def self_and_ffn(p: str, q: str) -> None:
+        """The self-attention and feed-forward blocks every encoder and decoder layer has."""
+        ln(p + ".ln_self", q + "/self_attention/layer_norm")
+        lin(p + ".qkv", q + "/self_attention/linear_0")
+        lin(p + ".out_self", q + "/self_attention/linear_1")
+        ln(p + ".ln_ffn", q + "/ffn/layer_norm")
+        lin(p + ".fc1", q + "/ffn/linear_0")
+        lin(p + ".fc2", q + "/ffn/linear_1")
+
     if int(v["decoder/pre_norm"]) != 1 or int(v["decoder/activation"]) != 3:
         raise WeightFileError("only pre-norm decoders with exact GELU are supported (Whisper)")
     for i in (1, 2):
@@ -127,13 +136,7 @@ def _from_ct2(model_dir: Path) -> WhisperTensors:
     t["enc.pos"] = w("encoder/position_encodings/encodings")
     ne = 0
     while f"encoder/layer_{ne}/self_attention/linear_0/weight" in v:
-        p, q = f"enc.{ne}", f"encoder/layer_{ne}"
-        ln(p + ".ln_self", q + "/self_attention/layer_norm")
-        lin(p + ".qkv", q + "/self_attention/linear_0")
-        lin(p + ".out_self", q + "/self_attention/linear_1")
-        ln(p + ".ln_ffn", q + "/ffn/layer_norm")
-        lin(p + ".fc1", q + "/ffn/linear_0")
-        lin(p + ".fc2", q + "/ffn/linear_1")
+        self_and_ffn(f"enc.{ne}", f"encoder/layer_{ne}")
         ne += 1
     ln("enc.ln", "encoder/layer_norm")
     t["dec.emb"] = w("decoder/embeddings/weight")
@@ -141,16 +144,11 @@ def _from_ct2(model_dir: Path) -> WhisperTensors:
     nd = 0
     while f"decoder/layer_{nd}/self_attention/linear_0/weight" in v:
         p, q = f"dec.{nd}", f"decoder/layer_{nd}"
-        ln(p + ".ln_self", q + "/self_attention/layer_norm")
-        lin(p + ".qkv", q + "/self_attention/linear_0")
-        lin(p + ".out_self", q + "/self_attention/linear_1")
+        self_and_ffn(p, q)
         ln(p + ".ln_cross", q + "/attention/layer_norm")
         lin(p + ".q_cross", q + "/attention/linear_0")
         lin(p + ".kv_cross", q + "/attention/linear_1")
         lin(p + ".out_cross", q + "/attention/linear_2")
-        ln(p + ".ln_ffn", q + "/ffn/layer_norm")
-        lin(p + ".fc1", q + "/ffn/linear_0")
-        lin(p + ".fc2", q + "/ffn/linear_1")
         nd += 1
     ln("dec.ln", "decoder/layer_norm")
     config: dict[str, Any] = {}
