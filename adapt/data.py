@@ -33,8 +33,8 @@ import numpy.typing as npt
 import onnxruntime
 import soxr
 
+from voxgate.common.pcm import MULAW_DECODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float
 from voxgate.engines.tts import SpeakOptions, TtsConfig, TtsInputError, VitsStreamer
-from voxgate.pcmcodec import MULAW_DECODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float
 
 __all__ = [
     "MAX_CLIP_S",
@@ -471,7 +471,7 @@ def phone_line(
     In order: speed and pitch moved together by a factor drawn from ``speed`` (resampling, as
     Kaldi's speed perturbation); the speech level set to a value drawn from ``level_dbfs``;
     down to 8 kHz; white line noise at an SNR drawn from ``snr_db``; band-limited to 300-3400 Hz
-    (the G.712 channel); G.711 mu-law encoded and decoded with ``voxgate.pcmcodec``'s tables (the
+    (the G.712 channel); G.711 mu-law encoded and decoded with ``voxgate.common.pcm``'s tables (the
     gateway's own codec); back up to 16 kHz as the gateway's edge does. The result depends only
     on the audio and the generator's state, so a seeded generator reproduces it exactly.
 

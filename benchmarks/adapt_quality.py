@@ -46,9 +46,9 @@ import soxr
 from benchmarks._stats import median, percentile
 from voxgate.adapt.data import Pair, load_pairs, read_audio, read_phrases
 from voxgate.adapt.evaluate import Scores, load_engine, score, transcribe
+from voxgate.common.pcm import MULAW_DECODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float
 from voxgate.engines.asr import WhisperEngine
 from voxgate.engines.asr._model_files import resolve_model_dir
-from voxgate.pcmcodec import MULAW_DECODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float
 
 REPO = Path(__file__).resolve().parents[1]
 SPEECH = REPO.parent / "shared" / "data" / "speech"

@@ -62,13 +62,13 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._stats import median, percentile  # noqa: E402
+from voxgate.common.pcm import MULAW_DECODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float  # noqa: E402
 from voxgate.engines.asr.base import AsrRequest, AsrResult  # noqa: E402
 from voxgate.gateway.config import BargeInConfig, load_config  # noqa: E402
 from voxgate.gateway.models import BARGE_IN_KEY  # noqa: E402
 from voxgate.gateway.runtime import AsrTranscriber, build_hub  # noqa: E402
 from voxgate.gateway.testing.echo_line import EchoLine, dispersive_path  # noqa: E402
 from voxgate.gateway.testing.server import running_server  # noqa: E402
-from voxgate.pcmcodec import MULAW_DECODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float  # noqa: E402
 from voxgate.v1 import voxgate_pb2 as pb  # noqa: E402
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc  # noqa: E402
 

@@ -45,11 +45,11 @@ import telephony as tel  # noqa: E402
 from conftest import SPEECH_DIR, read_wav_int16  # noqa: E402
 
 from benchmarks._wer import corpus_wer, wer  # noqa: E402
+from voxgate.common.pcm import pcm16_to_float  # noqa: E402
 from voxgate.gateway.config import GatewayConfig, VadConfig, load_config  # noqa: E402
 from voxgate.gateway.runtime import build_hub  # noqa: E402
 from voxgate.gateway.server import GatewayServer  # noqa: E402
 from voxgate.gateway.testing.server import running_server  # noqa: E402
-from voxgate.pcmcodec import pcm16_to_float  # noqa: E402
 from voxgate.v1 import voxgate_pb2 as pb  # noqa: E402
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc  # noqa: E402
 

@@ -56,19 +56,19 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.barge_in import CALLERS, REPLY, load_caller  # noqa: E402
-from voxgate.engines.tts import TtsConfig, VitsStreamer  # noqa: E402
-from voxgate.gateway.audio import InputDecoder, OutputEncoder  # noqa: E402
-from voxgate.gateway.config import VadConfig  # noqa: E402
-from voxgate.gateway.echo import EchoGuard, GatedEchoCanceller, LineEchoCanceller  # noqa: E402
-from voxgate.gateway.segmenter import Segmenter, SpeechBegin  # noqa: E402
-from voxgate.gateway.testing.echo_line import EchoLine, dispersive_path  # noqa: E402
-from voxgate.pcmcodec import (  # noqa: E402
+from voxgate.common.pcm import (  # noqa: E402
     MULAW_DECODE,
     MULAW_ENCODE,
     WireEncoding,
     float_to_pcm16,
     pcm16_to_float,
 )
+from voxgate.engines.tts import TtsConfig, VitsStreamer  # noqa: E402
+from voxgate.gateway.audio import InputDecoder, OutputEncoder  # noqa: E402
+from voxgate.gateway.config import VadConfig  # noqa: E402
+from voxgate.gateway.echo import EchoGuard, GatedEchoCanceller, LineEchoCanceller  # noqa: E402
+from voxgate.gateway.segmenter import Segmenter, SpeechBegin  # noqa: E402
+from voxgate.gateway.testing.echo_line import EchoLine, dispersive_path  # noqa: E402
 
 LEVELS_DB = (-10, -20, -30)
 DELAYS_MS = (40, 120, 250)

@@ -46,7 +46,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks._stat
 from conftest import SPEECH_DIR, read_wav_int16  # noqa: E402
 
 from benchmarks._stats import median  # noqa: E402
-from voxgate.pcmcodec import MULAW_ENCODE, float_to_pcm16, pcm16_to_float  # noqa: E402
+from voxgate.common.pcm import MULAW_ENCODE, float_to_pcm16, pcm16_to_float  # noqa: E402
 from voxgate.v1 import voxgate_pb2 as pb  # noqa: E402
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc  # noqa: E402
 

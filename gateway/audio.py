@@ -2,7 +2,8 @@
 
 Inside voxgate, caller audio is float32 mono at 16 kHz and synthesized audio is float32 mono at
 the voice's rate. Everything the wire carries (LINEAR16, mu-law, A-law at 8/16/24/48 kHz) is
-converted here, once, at the edge of a call; the codecs themselves live in :mod:`voxgate.pcmcodec`.
+converted here, once, at the edge of a call; the codecs themselves live in
+:mod:`voxgate.common.pcm`.
 """
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ from __future__ import annotations
 import numpy as np
 import soxr
 
-from voxgate.engines.base import ASR_SAMPLE_RATE_HZ, FloatArray
-from voxgate.pcmcodec import (
+from voxgate.common.pcm import (
     ALAW_DECODE,
     ALAW_ENCODE,
     MULAW_DECODE,
@@ -21,6 +21,7 @@ from voxgate.pcmcodec import (
     float_to_pcm16,
     pcm16_to_float,
 )
+from voxgate.engines.base import ASR_SAMPLE_RATE_HZ, FloatArray
 
 __all__ = ["AudioFormatError", "InputDecoder", "OutputEncoder"]
 

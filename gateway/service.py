@@ -18,6 +18,7 @@ from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 
+from voxgate.common.pcm import WireEncoding
 from voxgate.engines.turn import SmartTurn
 from voxgate.engines.vad import SileroVad
 from voxgate.gateway import wire
@@ -38,7 +39,6 @@ from voxgate.gateway.events import (
 from voxgate.gateway.metrics import GatewayMetrics
 from voxgate.gateway.models import ModelLease, ModelRegistry
 from voxgate.gateway.session import CallConfig, CallSession, SynthesisCap, write_stalled
-from voxgate.pcmcodec import WireEncoding
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 

@@ -26,11 +26,13 @@ import math
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from voxgate.common.aio import being_cancelled, cancel_and_wait
+from voxgate.common.pcm import WireEncoding, bytes_per_ms
 from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult
 from voxgate.engines.base import ASR_SAMPLE_RATE_HZ
 from voxgate.gateway.audio import AudioFormatError, InputDecoder, OutputEncoder
@@ -80,9 +82,8 @@ from voxgate.gateway.segmenter import (
     VoiceDetector,
 )
 from voxgate.gateway.turns import TurnDecision, TurnDetector, TurnInput, TurnOptions
-from voxgate.pcmcodec import WireEncoding, bytes_per_ms
 
-__all__ = ["CallConfig", "CallSession", "SynthesisCap", "cancel_and_wait", "write_stalled"]
+__all__ = ["CallConfig", "CallSession", "SynthesisCap", "write_stalled"]
 
 log = logging.getLogger("voxgate.session")
 
@@ -145,26 +146,6 @@ class CallConfig:
     language: LanguageConfig = field(default_factory=LanguageConfig)  # type: ignore[arg-type]
     #: End-of-turn detection (gateway/turns.py); off by default.
     turns: TurnOptions = field(default_factory=TurnOptions)
-
-
-async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
-    """Cancel ``task`` and wait until it has finished, never swallowing our own cancellation.
-
-    ``with suppress(CancelledError): await task`` is the classic way to lose a cancellation:
-    when the *awaiting* task is cancelled during that await, the suppress eats its
-    CancelledError and it runs on (v0.1's zombie calls). ``asyncio.wait`` raises only for the
-    caller's own cancellation and never for the awaited task's outcome.
-    """
-    task.cancel()
-    await asyncio.wait({task})
-    if not task.cancelled():
-        task.exception()  # retrieved here; whoever owns the task reports it
-
-
-def _being_cancelled() -> bool:
-    """Whether the running task itself has a pending cancellation request."""
-    current = asyncio.current_task()
-    return current is not None and current.cancelling() > 0
 
 
 class _End:
@@ -1318,7 +1299,7 @@ class CallSession:
                 # Barge-in and Clear cancel the playback task, which ends this await with
                 # CancelledError too; only a cancellation of this task (the call ending) must
                 # propagate. Swallowing that one left v0.1's calls open forever.
-                if _being_cancelled() or not task.cancelled():
+                if being_cancelled() or not task.cancelled():
                     raise
             finally:
                 self._playback = None

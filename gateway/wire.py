@@ -15,6 +15,7 @@ from typing import Literal, Protocol
 
 from google.rpc import code_pb2
 
+from voxgate.common.pcm import SUPPORTED_RATES_HZ, WireEncoding
 from voxgate.engines.asr import MAX_BOOST
 from voxgate.engines.asr.base import AsrOptions
 from voxgate.gateway.barge_in import BargeInMode, BargeInModel, BargeInPolicy
@@ -51,7 +52,6 @@ from voxgate.gateway.events import (
 from voxgate.gateway.models import ModelLease, ModelRegistry
 from voxgate.gateway.session import CallConfig
 from voxgate.gateway.turns import TurnMode, TurnOptions
-from voxgate.pcmcodec import SUPPORTED_RATES_HZ, WireEncoding
 from voxgate.v1 import voxgate_pb2 as pb
 
 _ENCODINGS: dict[int, WireEncoding] = {

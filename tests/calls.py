@@ -13,11 +13,11 @@ import numpy as np
 import soxr
 from conftest import read_wav_int16
 
+from voxgate.common.pcm import ALAW_ENCODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float
 from voxgate.gateway.config import load_config
 from voxgate.gateway.runtime import build_hub
 from voxgate.gateway.server import GatewayServer
 from voxgate.gateway.testing.server import running_server
-from voxgate.pcmcodec import ALAW_ENCODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 

@@ -28,8 +28,7 @@ import numpy.typing as npt
 import soxr
 from conftest import SPEECH_DIR, read_wav_int16
 
-from voxgate.gateway.dtmf import DTMF_HIGH_HZ, DTMF_KEYS, DTMF_LOW_HZ, dbm0_to_rms
-from voxgate.pcmcodec import (
+from voxgate.common.pcm import (
     ALAW_DECODE,
     ALAW_ENCODE,
     MULAW_DECODE,
@@ -37,6 +36,7 @@ from voxgate.pcmcodec import (
     float_to_pcm16,
     pcm16_to_float,
 )
+from voxgate.gateway.dtmf import DTMF_HIGH_HZ, DTMF_KEYS, DTMF_LOW_HZ, dbm0_to_rms
 
 __all__ = [
     "NOISES",

@@ -17,13 +17,13 @@ import telephony as tel
 from calls import chunks, config, encode_wav, requests
 
 from benchmarks import _wer
+from voxgate.common.pcm import MULAW_ENCODE, float_to_pcm16
 from voxgate.engines.asr.base import AsrRequest, AsrResult
 from voxgate.gateway.config import load_config
 from voxgate.gateway.runtime import build_hub
 from voxgate.gateway.server import GatewayServer
 from voxgate.gateway.testing.server import running_server
 from voxgate.gateway.testing.signals import hallucination_set
-from voxgate.pcmcodec import MULAW_ENCODE, float_to_pcm16
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from voxgate.common.pcm import MULAW_DECODE, WireEncoding
 from voxgate.gateway.audio import AudioFormatError, InputDecoder, OutputEncoder
-from voxgate.pcmcodec import MULAW_DECODE, WireEncoding
 
 pytestmark = pytest.mark.unit
 

@@ -17,6 +17,13 @@ import numpy as np
 import pytest
 
 from benchmarks.barge_in import load_caller, run_call
+from voxgate.common.pcm import (
+    MULAW_DECODE,
+    MULAW_ENCODE,
+    WireEncoding,
+    float_to_pcm16,
+    pcm16_to_float,
+)
 from voxgate.engines.asr.base import AsrOptions
 from voxgate.gateway.barge_in import (
     DEFAULT_BACKCHANNELS,
@@ -48,13 +55,6 @@ from voxgate.gateway.testing.fake_engines import (
 )
 from voxgate.gateway.testing.server import running_server
 from voxgate.gateway.testing.virtual_time import run_virtual
-from voxgate.pcmcodec import (
-    MULAW_DECODE,
-    MULAW_ENCODE,
-    WireEncoding,
-    float_to_pcm16,
-    pcm16_to_float,
-)
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 

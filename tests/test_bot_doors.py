@@ -37,10 +37,10 @@ from voxgate.bridges.media_streams import MediaStreamsConfig, MediaStreamServer
 from voxgate.bridges.media_streams.testing import ReplayClient
 from voxgate.bridges.sip import BridgeConfig, SipBridge
 from voxgate.bridges.sip.testing import Baresip, running_kamailio, write_wav_8k
+from voxgate.common.pcm import MULAW_DECODE
 from voxgate.gateway.config import load_config
 from voxgate.gateway.runtime import build_hub
 from voxgate.gateway.testing.server import running_server
-from voxgate.pcmcodec import MULAW_DECODE
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate_client import (
     AudioOut,

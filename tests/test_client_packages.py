@@ -158,7 +158,7 @@ def test_client_wheel_holds_the_client_and_nothing_of_the_server(tmp_path: Path)
         "voxgate_client/_proto/voxgate_pb2.py",
         "voxgate_client/_proto/voxgate_pb2.pyi",
         "voxgate_client/data/sample_call.wav",
-        "voxgate_client/_pcmcodec/__init__.py",
+        "voxgate_client/_common/pcm.py",
     ):
         assert needed in names, needed
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}

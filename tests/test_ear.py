@@ -10,13 +10,13 @@ import pytest
 import telephony as tel
 from calls import chunks, config, requests
 
+from voxgate.common.pcm import WireEncoding
 from voxgate.engines.vad import SILERO_WINDOW, SileroVad
 from voxgate.gateway.audio import InputDecoder
 from voxgate.gateway.config import DtmfConfig, VadConfig
 from voxgate.gateway.dtmf import DTMF_KEYS, DtmfDigit, DtmfGate
 from voxgate.gateway.segmenter import Segmenter, SpeechBegin, Utterance, WebRtcVoiceDetector
 from voxgate.gateway.testing.server import running_server
-from voxgate.pcmcodec import WireEncoding
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from voxgate.common.pcm import WireEncoding
 from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult
 from voxgate.gateway.batcher import Batcher, BatchPolicy, WithdrawnError
 from voxgate.gateway.config import LimitsConfig, VadConfig
@@ -34,7 +35,6 @@ from voxgate.gateway.testing.fake_engines import (
 from voxgate.gateway.testing.signals import stats_for
 from voxgate.gateway.testing.virtual_time import run_virtual
 from voxgate.gateway.turns import TurnOptions
-from voxgate.pcmcodec import WireEncoding
 
 pytestmark = pytest.mark.unit
 

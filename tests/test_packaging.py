@@ -47,7 +47,7 @@ def test_server_wheel_installs_voxgate_and_voxgate_client_only(tmp_path: Path) -
     skip = shutil.ignore_patterns(
         "__pycache__", ".mypy_cache", ".pytest_cache", "*.egg-info", "build", ".venv*"
     )
-    for name in ("protos", "gateway", "engines", "cli", "adapt", "bridges", "pcmcodec", "clients"):
+    for name in ("protos", "gateway", "engines", "cli", "adapt", "bridges", "common", "clients"):
         shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=skip)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
@@ -68,8 +68,8 @@ def test_server_wheel_installs_voxgate_and_voxgate_client_only(tmp_path: Path) -
             "voxgate/bridges/sip/_bridge.py",
             "voxgate/bridges/sample_bot.yaml",
             "voxgate/adapt/general_en.txt",
-            "voxgate/pcmcodec/__init__.py",
-            "voxgate_client/_pcmcodec/__init__.py",
+            "voxgate/common/pcm.py",
+            "voxgate_client/_common/aio.py",
         ):
             assert member in names, member
             assert z.getinfo(member).file_size > 0, member

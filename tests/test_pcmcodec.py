@@ -1,4 +1,4 @@
-"""G.711 and PCM16 packing (voxgate.pcmcodec): bit-exact with ITU-T G.191, exhaustively."""
+"""G.711 and PCM16 packing (voxgate.common.pcm): bit-exact with ITU-T G.191, exhaustively."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from voxgate.pcmcodec import (
+from voxgate.common.pcm import (
     ALAW_DECODE,
     ALAW_ENCODE,
     MULAW_DECODE,

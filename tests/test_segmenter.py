@@ -13,6 +13,7 @@ from conftest import read_wav_int16
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from voxgate.common.pcm import MULAW_ENCODE, WireEncoding, float_to_pcm16, pcm16_to_float
 from voxgate.gateway.audio import InputDecoder
 from voxgate.gateway.config import VadConfig
 from voxgate.gateway.segmenter import (
@@ -22,7 +23,6 @@ from voxgate.gateway.segmenter import (
     SpeechEnd,
     Utterance,
 )
-from voxgate.pcmcodec import MULAW_ENCODE, WireEncoding, float_to_pcm16, pcm16_to_float
 
 pytestmark = pytest.mark.unit
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from voxgate.common.pcm import WireEncoding
 from voxgate.gateway.config import LimitsConfig, VadConfig
 from voxgate.gateway.errors import CallError, ErrorKind
 from voxgate.gateway.events import (
@@ -41,7 +42,6 @@ from voxgate.gateway.testing.fake_engines import (
     FakeTranscriber,
 )
 from voxgate.gateway.testing.virtual_time import run_virtual
-from voxgate.pcmcodec import WireEncoding
 
 pytestmark = pytest.mark.component
 

@@ -23,9 +23,9 @@ from benchmarks import _wer
 from voxgate.bridges.bots import TurnBot
 from voxgate.bridges.sip import BridgeConfig, SipBridge
 from voxgate.bridges.sip.testing import RtpPeer, SippResult, run_sipp
+from voxgate.common.pcm import MULAW_DECODE
 from voxgate.gateway.config import load_config
 from voxgate.gateway.testing.server import running_server
-from voxgate.pcmcodec import MULAW_DECODE
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate_client import PlaybackInterrupted, ServerEvent
 

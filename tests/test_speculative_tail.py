@@ -19,6 +19,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from voxgate.common.pcm import WireEncoding
 from voxgate.gateway.config import LimitsConfig, VadConfig
 from voxgate.gateway.events import AudioIn, InboundEvent, OutboundEvent, SpeechOut, TranscriptOut
 from voxgate.gateway.metrics import GatewayMetrics
@@ -26,7 +27,6 @@ from voxgate.gateway.session import CallConfig, CallSession
 from voxgate.gateway.testing.fake_engines import EnergyVoiceDetector, FakeTranscriber
 from voxgate.gateway.testing.virtual_time import run_virtual
 from voxgate.gateway.turns import TurnOptions
-from voxgate.pcmcodec import WireEncoding
 
 pytestmark = pytest.mark.component
 

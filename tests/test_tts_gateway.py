@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from calls import config, encode_wav
 
+from voxgate.common.pcm import MULAW_DECODE
 from voxgate.gateway.config import load_config
 from voxgate.gateway.runtime import build_hub
 from voxgate.gateway.server import GatewayServer
 from voxgate.gateway.testing.server import running_server
-from voxgate.pcmcodec import MULAW_DECODE
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
 

@@ -5,7 +5,7 @@ distribution and the separate ``voxgate-client`` distribution (``clients/voxgate
 which installs beside Pipecat (protobuf < 7) or LiveKit Agents without the server. So it imports its
 siblings relatively, carries its own protobuf 5.29 stubs (``_proto``, loadable on protobuf 5.29
 through 7.x) and binds the RPCs itself (``_stub``); the only other first-party code it uses is the
-neutral :mod:`voxgate_client._pcmcodec`, whose bit-exact G.711 tables the server shares. Names not
+neutral :mod:`voxgate_client._common.pcm`, whose bit-exact G.711 tables the server shares. Names not
 listed in ``__all__`` (the ``_private`` modules) may change without notice.
 
 Example: the README's "From Python" block, which a test runs as written against a real server

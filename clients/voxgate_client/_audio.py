@@ -1,6 +1,6 @@
 """Audio helpers for clients: read/write WAV, G.711 conversion, paced streaming, reply capture.
 
-G.711 goes through :mod:`voxgate_client._pcmcodec`'s bit-exact ITU-T tables and resampling through
+G.711 goes through :mod:`voxgate_client._common.pcm`'s bit-exact ITU-T tables and resampling through
 soxr, so a client encodes exactly as the server decodes.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
-from voxgate_client._pcmcodec import (
+from voxgate_client._common.pcm import (
     ALAW_DECODE,
     ALAW_ENCODE,
     MULAW_DECODE,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from voxgate.pcmcodec import FloatArray
+from voxgate.common.pcm import FloatArray
 
 __all__ = ["EchoLine", "dispersive_path"]
 

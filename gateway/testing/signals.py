@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from voxgate.common.pcm import MULAW_DECODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float
 from voxgate.engines.base import ASR_SAMPLE_RATE_HZ, FloatArray, UtteranceStats, dbfs
-from voxgate.pcmcodec import MULAW_DECODE, MULAW_ENCODE, float_to_pcm16, pcm16_to_float
 
 __all__ = [
     "TestSignal",
