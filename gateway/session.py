@@ -24,27 +24,26 @@ import contextlib
 import logging
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from voxgate.common.aio import being_cancelled, cancel_and_wait
-from voxgate.common.pcm import WireEncoding, bytes_per_ms
+from voxgate.common.aio import cancel_and_wait
+from voxgate.common.pcm import bytes_per_ms
 from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult
 from voxgate.engines.base import ASR_SAMPLE_RATE_HZ
-from voxgate.gateway.audio import AudioFormatError, InputDecoder, OutputEncoder
-from voxgate.gateway.barge_in import BargeInModel, BargeInPolicy
-from voxgate.gateway.base import Synthesizer, Transcriber, TtsPiece
+from voxgate.gateway.audio import AudioFormatError, InputDecoder
+from voxgate.gateway.barge_in import BargeInPolicy
+from voxgate.gateway.base import Synthesizer, Transcriber
 from voxgate.gateway.batcher import WithdrawnError
+from voxgate.gateway.call.options import CallConfig
+from voxgate.gateway.call.playback import Playback, SynthesisCap
+from voxgate.gateway.call.queues import END, End
 from voxgate.gateway.config import (
-    DtmfConfig,
-    EchoCancellerName,
-    LanguageConfig,
     LimitsConfig,
-    VadConfig,
 )
 from voxgate.gateway.degrade import QualityLevel
 from voxgate.gateway.dtmf import DtmfDigit, DtmfGate
@@ -52,7 +51,6 @@ from voxgate.gateway.echo import EchoGuard, GatedEchoCanceller, LineEchoCancelle
 from voxgate.gateway.errors import CallError, ErrorKind
 from voxgate.gateway.events import (
     AudioIn,
-    AudioOutEvent,
     ClearIn,
     DtmfIn,
     DtmfOut,
@@ -61,11 +59,8 @@ from voxgate.gateway.events import (
     FlushIn,
     HangupIn,
     InboundEvent,
-    InterruptedOut,
     MarkIn,
-    MarkReachedOut,
     OutboundEvent,
-    PlaybackFinishedOut,
     QualityOut,
     RejectedSpeakIn,
     SpeakIn,
@@ -81,14 +76,11 @@ from voxgate.gateway.segmenter import (
     Utterance,
     VoiceDetector,
 )
-from voxgate.gateway.turns import TurnDecision, TurnDetector, TurnInput, TurnOptions
+from voxgate.gateway.turns import TurnDecision, TurnDetector, TurnInput
 
 __all__ = ["CallConfig", "CallSession", "SynthesisCap", "write_stalled"]
 
 log = logging.getLogger("voxgate.session")
-
-#: Outgoing audio is cut into frames of this length; barge-in stops within one frame.
-FRAME_MS = 20
 
 #: Why a final may have no text although the caller spoke: its decode looped or was unsure.
 #: Its utterance's last interim then stands in (``CallSession._final_or_interim``).
@@ -96,63 +88,6 @@ _UNSURE = frozenset({"repetition", "low_logprob"})
 
 
 # --- the call -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class CallConfig:
-    """A call's effective settings, resolved and validated from its first request."""
-
-    input_encoding: WireEncoding
-    input_rate_hz: int
-    output_encoding: WireEncoding
-    output_rate_hz: int
-    vad: VadConfig
-    asr_options: AsrOptions = field(default_factory=AsrOptions)
-    #: In-band DTMF detection and VAD gating; None = off (the servicer passes the server's).
-    dtmf: DtmfConfig | None = None
-    interim_results: bool = False
-    interim_interval_ms: int = 1000
-    barge_in: bool = True
-    barge_in_min_speech_ms: int = 0
-    #: What interrupts a reply (a Speak may override it); ``barge_in=False`` means never.
-    barge_in_policy: BargeInPolicy = field(default_factory=BargeInPolicy)
-    #: Interim interval while the caller talks over an ``after_words`` reply, ms.
-    barge_in_interim_ms: int = 250
-    #: Voiced audio after which the first such interim runs, ms.
-    barge_in_first_interim_speech_ms: int = 200
-    #: Schedule those interims as finals (``AsrRequest.urgent``).
-    barge_in_urgent_interims: bool = True
-    #: Start the next such interim this long after one still decoding, on a spare worker,
-    #: at most two in flight, ms; 0 = one at a time.
-    barge_in_overlap_ms: int = 0
-    #: Decodes the interims only ``after_words`` reads; None = the call's own model.
-    barge_in_model: BargeInModel | None = None
-    #: The language the bot's voice speaks (ISO 639-1): interims only ``after_words`` reads,
-    #: of a call that has no language yet (none set, none learnt, no ``interim_default``),
-    #: decode in it instead of detecting one on a prefix of a few hundred ms.
-    reply_language: str | None = None
-    #: Suppress the echo of the bot's own replies in the caller's audio (gateway/echo.py).
-    echo_guard: bool = True
-    #: How: the correlation gate (``gate``), the gate with AEC3's output in its echo blocks
-    #: (``gate_aec3``) or WebRTC's AEC3 alone (``aec3``).
-    echo_canceller: EchoCancellerName = "gate_aec3"
-    mode: Literal["converse", "recognize"] = "converse"
-    playout_lead_ms: int = 60
-    #: A reply's first this many ms leave at once and every later frame that much sooner
-    #: (a client that plays on arrival holds it); the accounting keeps ``playout_lead_ms``.
-    playout_prebuffer_ms: int = 60
-    speculative_finals: bool = True
-    #: How interims choose a language when ``asr_options.language`` is None (detect).
-    language: LanguageConfig = field(default_factory=LanguageConfig)  # type: ignore[arg-type]
-    #: End-of-turn detection (gateway/turns.py); off by default.
-    turns: TurnOptions = field(default_factory=TurnOptions)
-
-
-class _End:
-    """Queue sentinel: no more items."""
-
-
-_END = _End()
 
 
 class _Shutdown:
@@ -211,7 +146,7 @@ class _Turn:
     first_utterance: int
     last_utterance: int = -1
     speech_end_ms: int = 0
-    #: Loop time of its last SPEECH_END (EndOfTurn's latency counts from there).
+    #: Loop time of its last SPEECHEND (EndOfTurn's latency counts from there).
     speech_end_at: float = 0.0
     #: Utterances queued for recognition (a turn of none, only too-short noises, is no turn).
     queued: int = 0
@@ -238,25 +173,6 @@ class _TurnEnd:
     turn: _Turn
     decision: TurnDecision
     silence_ms: int
-
-
-@dataclass
-class _Playback:
-    """State of the Speak being played, shared by the tts task and barge-in."""
-
-    speak: SpeakIn
-    started_at: float = 0.0  # loop time when its first frame was due
-    sent_ms: int = 0
-    words: list[tuple[str, int]] = field(default_factory=list)
-    policy: BargeInPolicy = field(default_factory=BargeInPolicy)
-    #: Utterances heard over this reply -> their SPEECH_BEGIN offset, ms: speech that began
-    #: during it, and speech in progress when it started that went on over it
-    #: (``CallSession._check_speech_in_progress``).
-    heard_from: dict[int, int] = field(default_factory=dict)
-    #: The speech in progress when the first frame went out has been looked at once, and its
-    #: voiced time then (what the caller says over the reply is counted from there).
-    looked_at_speech: bool = False
-    voiced_ms_at_start: int = 0
 
 
 class EndOfTurnModel(Protocol):
@@ -324,17 +240,11 @@ class CallSession:
         self._segmenter = Segmenter(config.vad, detector)
         self._dtmf = DtmfGate(config.dtmf) if config.dtmf is not None else None
         self._bytes_per_ms = bytes_per_ms(config.input_encoding, config.input_rate_hz)
-        self._out: asyncio.Queue[OutboundEvent | _End] = asyncio.Queue(maxsize=256)
-        self._utts: asyncio.Queue[Utterance | _TurnEnd | _End] = asyncio.Queue(maxsize=64)
-        self._speaks: asyncio.Queue[SpeakIn | MarkIn | _End] = asyncio.Queue(
-            maxsize=limits.max_queued_speaks
-        )
+        self._out: asyncio.Queue[OutboundEvent | End] = asyncio.Queue(maxsize=256)
+        self._utts: asyncio.Queue[Utterance | _TurnEnd | End] = asyncio.Queue(maxsize=64)
         self._audio_ms_in = 0.0
         self._first_audio_at: float | None = None
         self._hangup = False
-        self._playback: _Playback | None = None
-        self._playback_task: asyncio.Task[None] | None = None
-        self._seq = 0
         self._barge_pending_from: int | None = None
         # The utterance in progress (index, SPEECH_BEGIN offset), None between utterances.
         self._speech: tuple[int, int] | None = None
@@ -402,10 +312,16 @@ class CallSession:
         self._end_reason: CallError | None = None
         self._ended_by_server = False
         self._last_audio_at = 0.0
-        self._encoder = (
-            OutputEncoder(config.output_encoding, config.output_rate_hz, synthesizer.sample_rate_hz)
-            if synthesizer is not None and config.mode == "converse"
-            else None
+        self._player = Playback(
+            config.playback,
+            limits,
+            synthesizer,
+            converse=config.mode == "converse",
+            quality=self._quality,
+            emit=self._emit,
+            start_reply=self._start_reply,
+            frame_sent=self._echo_reference if self._echo is not None else None,
+            log_id=log_id,
         )
 
     @property
@@ -438,7 +354,7 @@ class CallSession:
     def end(self, reason: CallError) -> None:
         """End the call from the server side, losing no speech.
 
-        The call stops reading, flushes its open utterance (SPEECH_END, then the final),
+        The call stops reading, flushes its open utterance (SPEECHEND, then the final),
         stops playback, delivers every pending event and then :meth:`run` raises ``reason``.
         The first reason wins; safe to call from any task on the loop.
         """
@@ -477,7 +393,7 @@ class CallSession:
             async with asyncio.TaskGroup() as tg:
                 recv = tg.create_task(self._recv(), name="recv")
                 asr = tg.create_task(self._asr(), name="asr")
-                tts = tg.create_task(self._tts(), name="tts")
+                tts = tg.create_task(self._player.run(), name="tts")
                 tg.create_task(self._send(sink, [recv, asr, tts]), name="send")
         except BaseExceptionGroup as eg:
             # Surface the first domain error as such; anything else stays an exception group
@@ -558,10 +474,10 @@ class CallSession:
                 self._handle_segments(self._segmenter.flush())
                 self._turn_ended_by("hangup")
                 await self._flush_pending_emits()
-                await self._utts.put(_END)
+                await self._utts.put(END)
                 if self._hangup:
-                    await self._stop_playback(reason_offset_ms=-1, clear_queue=True)
-                await self._speaks.put(_END)
+                    await self._player.stop(reason_offset_ms=-1, clear_queue=True)
+                await self._player.close()
                 return
             if isinstance(event, AudioIn):
                 self._last_audio_at = loop.time()
@@ -585,25 +501,9 @@ class CallSession:
                 if self._turns is not None:
                     self._check_turn()
             elif isinstance(event, SpeakIn | MarkIn):
-                if self.config.mode != "converse":
-                    raise CallError.invalid(
-                        "speak/mark are not accepted on StreamingRecognize; use Converse"
-                    )
-                if self._synth is None and isinstance(event, SpeakIn):
-                    raise CallError(
-                        ErrorKind.FAILED_PRECONDITION,
-                        "this server runs without a voice (engines setting excludes 'tts'); "
-                        "Speak is unavailable",
-                    )
-                if self._speaks.full():
-                    raise CallError.exhausted(
-                        f"more than max_queued_speaks={self.limits.max_queued_speaks} Speak/Mark "
-                        "requests are queued; wait for playback or send Clear",
-                        quota="max_queued_speaks",
-                    )
-                self._speaks.put_nowait(event)
+                self._player.accept(event)
             elif isinstance(event, ClearIn):
-                await self._stop_playback(reason_offset_ms=-1, clear_queue=True)
+                await self._player.stop(reason_offset_ms=-1, clear_queue=True)
             elif isinstance(event, FlushIn):
                 self._handle_segments(self._segmenter.flush())
                 self._turn_ended_by("flush")
@@ -656,9 +556,9 @@ class CallSession:
                 if self._turns is not None and self._turn is None:
                     self._turn = _Turn(self._next_turn, ev.utterance_index)
                     self._next_turn += 1
-                if self._playback is not None:
-                    self._playback.heard_from[ev.utterance_index] = ev.offset_ms
-                    if self._playback.policy.mode == "after_words":
+                if self._player.current is not None:
+                    self._player.current.heard_from[ev.utterance_index] = ev.offset_ms
+                    if self._player.current.policy.mode == "after_words":
                         self._first_interim_due = True
             elif isinstance(ev, SpeechEnd):
                 self._pending_emits.append(SpeechOut(False, ev.offset_ms, ev.utterance_index))
@@ -693,7 +593,7 @@ class CallSession:
     def _check_turn(self) -> None:
         """Whether the open turn is over, now that more of the call's audio has been heard.
 
-        Decided between utterances only (the caller silent since the turn's last SPEECH_END),
+        Decided between utterances only (the caller silent since the turn's last SPEECHEND),
         on the call's own audio clock, by the call's :class:`~voxgate.gateway.turns.TurnDetector`:
         the turn's words are known once every final of it has come back.
         """
@@ -797,7 +697,7 @@ class CallSession:
 
     async def _check_barge_in(self) -> None:
         start = self._barge_pending_from
-        pb = self._playback
+        pb = self._player.current
         if start is None or pb is None or pb.policy.mode != "immediate":
             return
         state = self._segmenter.state
@@ -811,7 +711,7 @@ class CallSession:
         ):
             return
         self._barge_pending_from = None
-        await self._stop_playback(reason_offset_ms=start, clear_queue=True)
+        await self._player.stop(reason_offset_ms=start, clear_queue=True)
 
     def _check_speech_in_progress(self) -> None:
         """Speech in progress when a reply starts playing counts once it goes on over it.
@@ -834,7 +734,7 @@ class CallSession:
         So a caller whose utterance ends within the hangover without talking again is not cut
         off: they had finished, and the bot's reply is the answer.
         """
-        pb, speech = self._playback, self._speech
+        pb, speech = self._player.current, self._speech
         if pb is None or pb.started_at == 0.0 or speech is None or pb.policy.mode == "never":
             return
         index, begin_ms = speech
@@ -949,7 +849,7 @@ class CallSession:
             self._interim_task = asyncio.create_task(self._interim_loop(), name="interim")
         while True:
             item = await self._utts.get()
-            if isinstance(item, _End):
+            if isinstance(item, End):
                 break
             if isinstance(item, _TurnEnd):
                 await self._send_end_of_turn(item)
@@ -1206,11 +1106,11 @@ class CallSession:
         if not result.text or result.language_probability < min_language_prob:
             return
         if index not in self._final_done:
-            # Kept even after SPEECH_END (an interim still decoding then): the final's stand-in.
+            # Kept even after SPEECHEND (an interim still decoding then): the final's stand-in.
             kept = self._interim_texts.get(index)
             if kept is None or kept[0] <= len(utt.audio):
                 self._interim_texts[index] = (len(utt.audio), result)
-        # Once SPEECH_END is out, only the final may describe that utterance.
+        # Once SPEECHEND is out, only the final may describe that utterance.
         if index in self._speech_end_at or index in self._final_done:
             return
         if wanted:
@@ -1241,7 +1141,7 @@ class CallSession:
 
     def _listening_for_words(self) -> bool:
         """Whether the caller is talking over a reply that ``after_words`` may interrupt."""
-        pb = self._playback
+        pb = self._player.current
         return (
             pb is not None
             and pb.policy.mode == "after_words"
@@ -1256,12 +1156,12 @@ class CallSession:
         over it (:meth:`_check_speech_in_progress`): then every word of the utterance counts,
         those said before the reply too.
         """
-        pb = self._playback
+        pb = self._player.current
         if pb is None or pb.policy.mode != "after_words" or index not in pb.heard_from:
             return
         if not pb.policy.interrupts(text):
             return
-        await self._stop_playback(
+        await self._player.stop(
             reason_offset_ms=pb.heard_from[index], clear_queue=True, caller_text=text
         )
 
@@ -1270,194 +1170,32 @@ class CallSession:
         if task is not None:
             await cancel_and_wait(task)
 
-    # -- tts ---------------------------------------------------------------------------------------
+    def _start_reply(self, speak: SpeakIn) -> BargeInPolicy:
+        """A reply starts: its barge-in policy (the call's, as its Speak overrides it).
 
-    async def _tts(self) -> None:
-        loop = asyncio.get_running_loop()
-        playout_until = loop.time()
-        while True:
-            item = await self._speaks.get()
-            if isinstance(item, _End):
-                return
-            if isinstance(item, MarkIn):
-                # A mark is reached when everything queued before it has been heard.
-                delay = playout_until - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                await self._emit(MarkReachedOut(item.name))
-                continue
-            pb = _Playback(item, policy=self._policy_for(item))
-            # Speech in progress now counts only once the reply plays and the caller is heard
-            # over it (_check_speech_in_progress), not at once: they may be done by then.
-            self._barge_pending_from = None
-            self._playback = pb
-            task = asyncio.create_task(self._play(pb), name="playback")
-            self._playback_task = task
-            try:
-                await task
-            except asyncio.CancelledError:
-                # Barge-in and Clear cancel the playback task, which ends this await with
-                # CancelledError too; only a cancellation of this task (the call ending) must
-                # propagate. Swallowing that one left v0.1's calls open forever.
-                if being_cancelled() or not task.cancelled():
-                    raise
-            finally:
-                self._playback = None
-                self._playback_task = None
-            playout_until = max(loop.time(), pb.started_at + pb.sent_ms / 1000.0)
-
-    def _policy_for(self, speak: SpeakIn) -> BargeInPolicy:
-        """The barge-in policy of one reply: the call's, as its Speak overrides it."""
+        Speech in progress now counts only once the reply plays and the caller is heard over
+        it (_check_speech_in_progress), not at once: they may be done by then.
+        """
         call = self.config.barge_in_policy
         if not self.config.barge_in:
             call = replace(call, mode="never")
+        self._barge_pending_from = None
         return call.for_speak(
             speak.barge_in, speak.barge_in_min_words, uninterruptible=speak.uninterruptible
         )
 
-    async def _play(self, pb: _Playback) -> None:
-        assert self._synth is not None and self._encoder is not None
+    def _echo_reference(self, frame: bytes) -> None:
+        """What the caller hears, when it hears it: the echo guard's reference.
+
+        The far end plays each frame ``playout_lead_ms`` after it left, or right after the
+        frame before it (a jitter buffer): late frames shift the rest.
+        """
+        assert self._echo is not None and self._echo_decoder is not None
         loop = asyncio.get_running_loop()
-        self._encoder.reset()
-        frame_bytes = int(
-            bytes_per_ms(self.config.output_encoding, self.config.output_rate_hz) * FRAME_MS
-        )
-        lead_s = self.config.playout_lead_ms / 1000.0
-        prebuffer_s = self.config.playout_prebuffer_ms / 1000.0
-        pieces: asyncio.Queue[TtsPiece | _End | BaseException] = asyncio.Queue(maxsize=4)
-
-        async def produce() -> None:
-            assert self._synth is not None
-            try:
-                speech = self._synth.stream(replace(self._quality.speak(pb.speak), paced=True))
-                async for piece in cap.apply(speech):
-                    await pieces.put(piece)
-            except asyncio.CancelledError:
-                raise
-            except BaseException as exc:
-                await pieces.put(exc)
-                return
-            await pieces.put(_END)
-
-        cap = SynthesisCap(self.limits.max_synthesis_s, self._synth.sample_rate_hz)
-        producer = asyncio.create_task(produce(), name="tts-producer")
-        pending = b""
-        try:
-            while True:
-                piece = await pieces.get()
-                if isinstance(piece, BaseException):
-                    await self._emit(self._speak_failure(piece, pb.speak.speak_id))
-                    return
-                last = isinstance(piece, _End)
-                if not last:
-                    assert isinstance(piece, TtsPiece)
-                    pb.words.extend(piece.words)
-                    pending += self._encoder.encode(piece.samples)
-                else:
-                    pending += self._encoder.encode(np.zeros(0, np.float32), last=True)
-                # One frame stays behind until the end is known, so that the last frame sent
-                # carries is_last even when the reply is a whole number of frames long.
-                while len(pending) > frame_bytes or (last and pending):
-                    frame, pending = pending[:frame_bytes], pending[frame_bytes:]
-                    if pb.started_at == 0.0:
-                        pb.started_at = loop.time() + lead_s
-                    # Paced on an absolute clock: frame k leaves `lead` before it is due
-                    # (the playout that barge-in accounting, marks and the echo guard assume:
-                    # `lead` after the first frame left), and `prebuffer` sooner still, so
-                    # that a client that plays frames as they arrive is never a frame's
-                    # jitter away from running dry: it holds `prebuffer` from the first.
-                    due = pb.started_at + pb.sent_ms / 1000.0 - lead_s - prebuffer_s
-                    delay = due - loop.time()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    offset = pb.sent_ms
-                    pb.sent_ms += (
-                        FRAME_MS
-                        if len(frame) == frame_bytes
-                        else int(len(frame) / frame_bytes * FRAME_MS)
-                    )
-                    self._seq += 1
-                    await self._emit(
-                        AudioOutEvent(
-                            frame, self._seq, pb.speak.speak_id, offset, last and not pending
-                        )
-                    )
-                    if self._echo is not None and self._echo_decoder is not None:
-                        # What the caller hears, when it hears it: the echo guard's reference.
-                        # The far end plays each frame `lead` after it left, or right after
-                        # the frame before it (a jitter buffer): late frames shift the rest.
-                        heard = self._echo_decoder.decode(frame)
-                        play_at = max(loop.time() + lead_s, self._echo_next_at)
-                        self._echo.played(heard, play_at)
-                        self._echo_next_at = play_at + len(heard) / ASR_SAMPLE_RATE_HZ
-                if last:
-                    break
-            if cap.cut:
-                await self._emit(
-                    ErrorOut(
-                        ErrorKind.INVALID_ARGUMENT,
-                        cap.message("speak.text"),
-                        "speak",
-                        speak_id=pb.speak.speak_id,
-                    )
-                )
-            # Wait until the tail has been heard, so barge-in during the last frames still counts.
-            remaining = pb.started_at + pb.sent_ms / 1000.0 - loop.time()
-            if remaining > 0:
-                await asyncio.sleep(remaining)
-            await self._emit(PlaybackFinishedOut(pb.speak.speak_id, pb.sent_ms))
-        finally:
-            await cancel_and_wait(producer)
-
-    def _speak_failure(self, exc: BaseException, speak_id: str) -> ErrorOut:
-        """A Speak that could not be synthesized: an error event, and the call goes on."""
-        if isinstance(exc, CallError):
-            return ErrorOut(exc.kind, exc.message, "speak", speak_id=speak_id)
-        # An engine fault: the details go to the log (with the call id), not to the client.
-        log.error("call %s: speak failed", self.log_id, exc_info=exc)
-        return ErrorOut(
-            ErrorKind.INTERNAL,
-            f"speech synthesis failed (internal error; server log has call {self.log_id})",
-            "speak",
-            speak_id=speak_id,
-        )
-
-    async def _stop_playback(
-        self, *, reason_offset_ms: int, clear_queue: bool, caller_text: str = ""
-    ) -> None:
-        # Every Speak ends with exactly one PlaybackFinished or PlaybackInterrupted, also one
-        # that was still queued behind the reply being cut: a client counts its open replies
-        # by those events (and would otherwise wait for one forever).
-        # Marks queued behind the cut replies stay, in order, and are reached at once (the
-        # audio before them will never play): dropping them left a client that waits for its
-        # mark waiting forever; a media-stream provider likewise returns its marks on clear.
-        dropped: list[SpeakIn] = []
-        if clear_queue:
-            kept: list[MarkIn | _End] = []
-            while not self._speaks.empty():
-                item = self._speaks.get_nowait()
-                if isinstance(item, SpeakIn):
-                    dropped.append(item)
-                else:
-                    kept.append(item)
-                if isinstance(item, _End):  # nothing is queued after the end-of-call sentinel
-                    break
-            for item in kept:  # the queue held at least these, so they fit again
-                self._speaks.put_nowait(item)
-        pb, task = self._playback, self._playback_task
-        # NOTE: two overlapping barge-in interims (or an interim and a Clear) may both stop
-        # one reply; the first to cancel it reports it, exactly once.
-        if pb is not None and task is not None and not task.done() and not task.cancelling():
-            await cancel_and_wait(task)
-            loop = asyncio.get_running_loop()
-            heard_ms = 0 if pb.started_at == 0.0 else int((loop.time() - pb.started_at) * 1000)
-            played = max(0, min(pb.sent_ms, heard_ms))
-            words = tuple(w for w, end in pb.words if end <= played)
-            await self._emit(
-                InterruptedOut(pb.speak.speak_id, played, words, reason_offset_ms, caller_text)
-            )
-        for speak in dropped:
-            await self._emit(InterruptedOut(speak.speak_id, 0, (), reason_offset_ms, caller_text))
+        heard = self._echo_decoder.decode(frame)
+        play_at = max(loop.time() + self.config.playout_lead_ms / 1000.0, self._echo_next_at)
+        self._echo.played(heard, play_at)
+        self._echo_next_at = play_at + len(heard) / ASR_SAMPLE_RATE_HZ
 
     # -- send --------------------------------------------------------------------------------------
 
@@ -1489,14 +1227,14 @@ class CallSession:
     ) -> None:
         async def close_when_done() -> None:
             await asyncio.wait(producers)
-            await self._out.put(_END)
+            await self._out.put(END)
 
         closer = asyncio.create_task(close_when_done(), name="send-closer")
         stall_s = self.limits.write_stall_timeout_s or None
         try:
             while True:
                 event = await self._out.get()
-                if isinstance(event, _End):
+                if isinstance(event, End):
                     return
                 if self._on_event is not None:
                     self._on_event(event)
@@ -1512,47 +1250,6 @@ class CallSession:
                     raise write_stalled(self.limits.write_stall_timeout_s) from None
         finally:
             await cancel_and_wait(closer)
-
-
-class SynthesisCap:
-    """Cuts one reply at ``limits.max_synthesis_s``, exactly, in the voice's own samples.
-
-    The length of a reply is known only as it is synthesized (each sentence's durations come
-    out of the front end), so a text that is too long cannot be refused up front; it is cut
-    where the limit falls, the last piece marked last, and :attr:`cut` tells the caller to
-    say so (an ErrorEvent on Converse, INVALID_ARGUMENT after the audio on Synthesize).
-    """
-
-    def __init__(self, max_s: float, sample_rate_hz: int) -> None:
-        self.max_s = max_s
-        self._left = round(max_s * sample_rate_hz)
-        self.cut = False
-
-    async def apply(self, stream: AsyncIterator[TtsPiece]) -> AsyncIterator[TtsPiece]:
-        """``stream`` up to the limit; closes ``stream`` (no synthesis past the cut)."""
-        try:
-            async for piece in stream:
-                n = len(piece.samples)
-                if n < self._left or (n == self._left and piece.is_last):
-                    self._left -= n
-                    yield piece
-                    continue
-                self.cut = True
-                max_ms = 1000.0 * self.max_s
-                words = tuple(w for w in piece.words if w[1] <= max_ms)
-                yield TtsPiece(piece.samples[: self._left], words, True)
-                return
-        finally:
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                await aclose()
-
-    def message(self, field: str) -> str:
-        """The sentence that tells the client its reply was cut."""
-        return (
-            f"{field} would play longer than max_synthesis_s={self.max_s:g}; the reply was cut "
-            "there (split the text into several requests)"
-        )
 
 
 def write_stalled(limit_s: float) -> CallError:
