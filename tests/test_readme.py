@@ -20,7 +20,7 @@ syntax this file does not know) fails :func:`test_every_readme_block_is_runnable
 this file how to run it rather than skipping it.
 
 The ``voxgate serve --model /models/...`` and ``--voice /voices/...`` checks depend on serve
-reporting a missing model or voice as one line with exit code 2 (gateway/config.py).
+reporting a missing model or voice as one line with exit code 2 (gateway/config/).
 """
 
 from __future__ import annotations
