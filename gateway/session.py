@@ -32,13 +32,13 @@ import numpy as np
 import numpy.typing as npt
 
 from voxgate.common.aio import cancel_and_wait
-from voxgate.common.pcm import bytes_per_ms
 from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult
 from voxgate.engines.base import ASR_SAMPLE_RATE_HZ
-from voxgate.gateway.audio import AudioFormatError, InputDecoder
 from voxgate.gateway.barge_in import BargeInPolicy
 from voxgate.gateway.base import Synthesizer, Transcriber
 from voxgate.gateway.batcher import WithdrawnError
+from voxgate.gateway.call.barge_in import BargeIn
+from voxgate.gateway.call.ingress import Ingress
 from voxgate.gateway.call.options import CallConfig
 from voxgate.gateway.call.playback import Playback, SynthesisCap
 from voxgate.gateway.call.queues import END, End
@@ -46,8 +46,7 @@ from voxgate.gateway.config import (
     LimitsConfig,
 )
 from voxgate.gateway.degrade import QualityLevel
-from voxgate.gateway.dtmf import DtmfDigit, DtmfGate
-from voxgate.gateway.echo import EchoGuard, GatedEchoCanceller, LineEchoCanceller
+from voxgate.gateway.dtmf import DtmfDigit
 from voxgate.gateway.errors import CallError, ErrorKind
 from voxgate.gateway.events import (
     AudioIn,
@@ -146,7 +145,7 @@ class _Turn:
     first_utterance: int
     last_utterance: int = -1
     speech_end_ms: int = 0
-    #: Loop time of its last SPEECHEND (EndOfTurn's latency counts from there).
+    #: Loop time of its last SPEECH_END (EndOfTurn's latency counts from there).
     speech_end_at: float = 0.0
     #: Utterances queued for recognition (a turn of none, only too-short noises, is no turn).
     queued: int = 0
@@ -227,8 +226,6 @@ class CallSession:
         declared_bulk: bool = False,
     ) -> None:
         self.config = config
-        self._realtime_slack_ms = realtime_slack_ms
-        self._declared_bulk = declared_bulk
         self._quality = quality if quality is not None else QualityLevel()
         self.log_id = log_id
         self._metrics = metrics if metrics is not None else GatewayMetrics()
@@ -236,37 +233,17 @@ class CallSession:
         self._transcriber = transcriber
         self._synth = synthesizer
         self._on_event = on_event
-        self._decoder = InputDecoder(config.input_encoding, config.input_rate_hz)
+        self._ingress = Ingress(
+            config,
+            limits,
+            plays_replies=config.mode == "converse" and synthesizer is not None,
+            realtime_slack_ms=realtime_slack_ms,
+            declared_bulk=declared_bulk,
+        )
         self._segmenter = Segmenter(config.vad, detector)
-        self._dtmf = DtmfGate(config.dtmf) if config.dtmf is not None else None
-        self._bytes_per_ms = bytes_per_ms(config.input_encoding, config.input_rate_hz)
         self._out: asyncio.Queue[OutboundEvent | End] = asyncio.Queue(maxsize=256)
         self._utts: asyncio.Queue[Utterance | _TurnEnd | End] = asyncio.Queue(maxsize=64)
-        self._audio_ms_in = 0.0
-        self._first_audio_at: float | None = None
         self._hangup = False
-        self._barge_pending_from: int | None = None
-        # The utterance in progress (index, SPEECH_BEGIN offset), None between utterances.
-        self._speech: tuple[int, int] | None = None
-        # The echo guard hears what the caller heard: output frames decoded back to 16 kHz.
-        self._echo: EchoGuard | GatedEchoCanceller | LineEchoCanceller | None = None
-        if config.echo_guard and config.mode == "converse" and synthesizer is not None:
-            self._echo = {
-                "gate": EchoGuard,
-                "gate_aec3": GatedEchoCanceller,
-                "aec3": LineEchoCanceller,
-            }[config.echo_canceller]()
-        self._echo_decoder = (
-            InputDecoder(config.output_encoding, config.output_rate_hz)
-            if self._echo is not None
-            else None
-        )
-        self._echo_next_at = 0.0  # when the far end finishes playing what was sent so far
-        # Set when an interim must run now: the caller talking over an after_words reply has
-        # said enough to decode (_first_interim_due, below); the interim loop runs one at once.
-        self._interim_wake = asyncio.Event()
-        # Speech began over an after_words reply and its first interim has not run yet.
-        self._first_interim_due = False
         self._speech_end_at: dict[int, float] = {}
         self._final_done: set[int] = set()
         #: Utterance index -> (samples decoded, result) of its longest interim with text: the
@@ -320,26 +297,15 @@ class CallSession:
             quality=self._quality,
             emit=self._emit,
             start_reply=self._start_reply,
-            frame_sent=self._echo_reference if self._echo is not None else None,
+            frame_sent=self._ingress.frame_sent if self._ingress.echo_guard else None,
             log_id=log_id,
         )
+        self._barge_in = BargeIn(config, self._segmenter, self._player)
 
     @property
     def bulk(self) -> bool:
-        """Whether the caller's audio runs ahead of real time (a file sent fast), now.
-
-        Such a call is legitimate and is served, but from spare capacity: its finals carry a
-        later deadline, and their latency (mostly its own backlog) is not a real-time
-        caller's, so admission and the ladder do not read it.
-        """
-        if self._first_audio_at is None:
-            return self._declared_bulk
-        elapsed_ms = (asyncio.get_running_loop().time() - self._first_audio_at) * 1000.0
-        if self._declared_bulk and elapsed_ms < 2 * self._realtime_slack_ms:
-            # Declared, and too early for its pace to show (a fast sender is past the slack
-            # by then): believed. After that, the pace decides, as for any call.
-            return True
-        return self._audio_ms_in - elapsed_ms > self._realtime_slack_ms
+        """Whether the caller's audio runs ahead of real time now (see :attr:`Ingress.bulk`)."""
+        return self._ingress.bulk
 
     def shutdown(self) -> None:
         """End the call for a server shutdown, losing no speech (see :meth:`end`)."""
@@ -354,7 +320,7 @@ class CallSession:
     def end(self, reason: CallError) -> None:
         """End the call from the server side, losing no speech.
 
-        The call stops reading, flushes its open utterance (SPEECHEND, then the final),
+        The call stops reading, flushes its open utterance (SPEECH_END, then the final),
         stops playback, delivers every pending event and then :meth:`run` raises ``reason``.
         The first reason wins; safe to call from any task on the loop.
         """
@@ -466,9 +432,7 @@ class CallSession:
             if event is None or isinstance(event, HangupIn | _Shutdown):
                 self._hangup = isinstance(event, HangupIn | _Shutdown)
                 self._ended_by_server = isinstance(event, _Shutdown)
-                self._handle_segments(self._segmenter.push(self._gated(self._decoder.flush())))
-                if self._dtmf is not None:
-                    held, digits = self._dtmf.flush()
+                for held, digits in self._ingress.flush():
                     self._queue_digits(digits)
                     self._handle_segments(self._segmenter.push(held))
                 self._handle_segments(self._segmenter.flush())
@@ -481,22 +445,16 @@ class CallSession:
                 return
             if isinstance(event, AudioIn):
                 self._last_audio_at = loop.time()
-                self._check_audio(event.data, loop.time())
-                try:
-                    samples = self._decoder.decode(event.data)
-                except AudioFormatError as exc:
-                    raise CallError.invalid(str(exc)) from None
-                if self._echo is not None:
-                    samples = self._echo.process(samples, loop.time())
-                gated = self._gated(samples)
+                gated, digits = self._ingress.audio(event.data)
+                self._queue_digits(digits)
                 if self._turn_model is not None:
                     self._remember(gated)
                 self._handle_segments(self._segmenter.push(gated))
-                self._check_speech_in_progress()
-                self._maybe_first_interim()
+                self._barge_in.speech_in_progress()
+                self._barge_in.maybe_first_interim()
                 # SPEECH_BEGIN goes out first, then barge-in stops playback right behind it.
                 await self._flush_pending_emits()
-                await self._check_barge_in()
+                await self._barge_in.cut_if_due()
                 self._maybe_speculate()
                 if self._turns is not None:
                     self._check_turn()
@@ -514,34 +472,6 @@ class CallSession:
                 await self._emit(ErrorOut(err.kind, err.message, "speak", speak_id=event.speak_id))
             await self._flush_pending_emits()
 
-    def _check_audio(self, data: bytes, now: float) -> None:
-        lim = self.limits
-        if len(data) > lim.max_chunk_bytes:
-            raise CallError.invalid(
-                f"audio.data has {len(data)} bytes, over max_chunk_bytes={lim.max_chunk_bytes}; "
-                "send smaller chunks (20-100 ms is typical)"
-            )
-        if self._first_audio_at is None:
-            self._first_audio_at = now
-        self._audio_ms_in += len(data) / self._bytes_per_ms
-        elapsed_ms = (now - self._first_audio_at) * 1000.0
-        allowed_ms = lim.burst_allowance_ms + lim.max_realtime_factor * elapsed_ms
-        if self._audio_ms_in > allowed_ms:
-            raise CallError.exhausted(
-                f"audio arrives faster than max_realtime_factor={lim.max_realtime_factor:g}x real "
-                f"time: {self._audio_ms_in:.0f} ms of audio in {elapsed_ms:.0f} ms "
-                f"(burst_allowance_ms={lim.burst_allowance_ms})",
-                quota="max_realtime_factor",
-            )
-
-    def _gated(self, samples: np.ndarray) -> np.ndarray:
-        """In-band DTMF: queue the digits heard and silence their tones before the VAD."""
-        if self._dtmf is None:
-            return samples
-        out, digits = self._dtmf.push(samples)
-        self._queue_digits(digits)
-        return out
-
     def _queue_digits(self, digits: Sequence[DtmfDigit]) -> None:
         for d in digits:
             self._pending_emits.append(DtmfOut(d.digit, d.duration_ms))
@@ -551,20 +481,14 @@ class CallSession:
         for ev in events:
             if isinstance(ev, SpeechBegin):
                 self._pending_emits.append(SpeechOut(True, ev.offset_ms, ev.utterance_index))
-                self._barge_pending_from = ev.offset_ms
-                self._speech = (ev.utterance_index, ev.offset_ms)
+                self._barge_in.speech_began(ev.utterance_index, ev.offset_ms)
                 if self._turns is not None and self._turn is None:
                     self._turn = _Turn(self._next_turn, ev.utterance_index)
                     self._next_turn += 1
-                if self._player.current is not None:
-                    self._player.current.heard_from[ev.utterance_index] = ev.offset_ms
-                    if self._player.current.policy.mode == "after_words":
-                        self._first_interim_due = True
             elif isinstance(ev, SpeechEnd):
                 self._pending_emits.append(SpeechOut(False, ev.offset_ms, ev.utterance_index))
                 self._speech_end_at[ev.utterance_index] = asyncio.get_running_loop().time()
-                self._barge_pending_from = None
-                self._speech = None
+                self._barge_in.speech_ended()
                 if self._turn is not None:
                     self._turn.last_utterance = ev.utterance_index
                     self._turn.speech_end_ms = ev.offset_ms
@@ -593,7 +517,7 @@ class CallSession:
     def _check_turn(self) -> None:
         """Whether the open turn is over, now that more of the call's audio has been heard.
 
-        Decided between utterances only (the caller silent since the turn's last SPEECHEND),
+        Decided between utterances only (the caller silent since the turn's last SPEECH_END),
         on the call's own audio clock, by the call's :class:`~voxgate.gateway.turns.TurnDetector`:
         the turn's words are known once every final of it has come back.
         """
@@ -694,85 +618,6 @@ class CallSession:
                 latency_ms=max(0, latency),
             )
         )
-
-    async def _check_barge_in(self) -> None:
-        start = self._barge_pending_from
-        pb = self._player.current
-        if start is None or pb is None or pb.policy.mode != "immediate":
-            return
-        state = self._segmenter.state
-        if state not in (SegmenterState.SPEAKING, SegmenterState.STOPPING):
-            return
-        min_ms = self.config.barge_in_min_speech_ms
-        # The minimum counts while the caller is still talking: in STOPPING the clock runs on
-        # trailing silence, and a 400 ms "mm" used to interrupt a 600 ms minimum that way.
-        if min_ms and (
-            state is not SegmenterState.SPEAKING or self._segmenter.offset_ms - start < min_ms
-        ):
-            return
-        self._barge_pending_from = None
-        await self._player.stop(reason_offset_ms=start, clear_queue=True)
-
-    def _check_speech_in_progress(self) -> None:
-        """Speech in progress when a reply starts playing counts once it goes on over it.
-
-        A caller still talking when the bot's reply starts is talked over as much as one who
-        starts during it (before this, such a reply played on for 1.3-1.6 s, until the caller's
-        next utterance). The utterance counts from the reply's first frame as if it had begun
-        then, under the reply's policy (``immediate``: the cut, after
-        ``barge_in_min_speech_ms`` counted from the speech's start, while the caller still
-        talks; ``after_words``: its interims, words said before the reply included; ``never``:
-        nothing), once the caller is heard over the reply:
-
-        * voiced at the first look after the first frame went out: that audio left the caller
-          before the reply could reach them, so it cannot be its echo;
-        * in a pause then (trailing silence, the hangover running), only once they say as much
-          again as begins an utterance (``vad.start_speech_ms`` voiced): a caller who is done
-          lets the bot answer, and the reply's echo, should a block slip past the echo guard,
-          needs as much to cut it as to open an utterance of its own.
-
-        So a caller whose utterance ends within the hangover without talking again is not cut
-        off: they had finished, and the bot's reply is the answer.
-        """
-        pb, speech = self._player.current, self._speech
-        if pb is None or pb.started_at == 0.0 or speech is None or pb.policy.mode == "never":
-            return
-        index, begin_ms = speech
-        if index in pb.heard_from:
-            return  # began during the reply (SPEECH_BEGIN counted it), or already counted
-        seg = self._segmenter
-        if not pb.looked_at_speech:
-            pb.looked_at_speech = True
-            pb.voiced_ms_at_start = seg.voiced_ms
-            heard = seg.state is SegmenterState.SPEAKING
-        else:
-            said = seg.voiced_ms - pb.voiced_ms_at_start
-            heard = seg.state is SegmenterState.SPEAKING and said >= self.config.vad.start_speech_ms
-        if not heard:
-            return
-        pb.heard_from[index] = begin_ms
-        if pb.policy.mode == "immediate":
-            self._barge_pending_from = begin_ms  # _check_barge_in applies the minimum
-        else:
-            self._first_interim_due = True
-
-    def _maybe_first_interim(self) -> None:
-        """Wake the interim loop once the caller over an after_words reply can be decoded.
-
-        The first interim runs when the utterance holds ``barge_in_first_interim_speech_ms``
-        of voiced audio (the recogniser skips less as too short), not one interim interval
-        after SPEECH_BEGIN: at SPEECH_BEGIN about 100 ms are voiced, 200 ms hold a short first
-        word ("and", "go for"), and an interval later (360 ms) the word has been said for a
-        while already. Every later interim follows at the interval.
-        """
-        if not self._first_interim_due:
-            return
-        if not self._listening_for_words():
-            self._first_interim_due = False  # the reply ended or the utterance did
-            return
-        if self._segmenter.voiced_ms >= self.config.barge_in_first_interim_speech_ms:
-            self._first_interim_due = False
-            self._interim_wake.set()
 
     def _maybe_speculate(self) -> None:
         """Start the final decode once the trailing silence has settled.
@@ -910,7 +755,7 @@ class CallSession:
                 turn_index=turn.index if turn is not None else None,
             )
         )
-        await self._check_words_barge_in(utt.index, result.text)
+        await self._barge_in.words_heard(utt.index, result.text)
 
     def _final_or_interim(
         self, index: int, decoded: AsrResult | None, failure: ErrorOut | None
@@ -993,7 +838,8 @@ class CallSession:
         The client gets them when it asked for them; the ``after_words`` barge-in policy needs
         them while the caller talks over such a reply, and then they run at
         ``barge_in_interim_ms`` from the first one on, which runs as soon as the caller has
-        said enough to decode (:meth:`_maybe_first_interim` wakes this loop). There, while one
+        said enough to decode (:meth:`BargeIn.maybe_first_interim` wakes this loop). There,
+        while one
         decodes, the next may start ``barge_in_overlap_ms`` after it on a spare worker (at most
         two in flight): a first prefix too short to hold a word then costs that spacing, not
         the rest of the decode and the interval after it.
@@ -1011,7 +857,7 @@ class CallSession:
                     running.discard(done_task)
                     if not done_task.cancelled():
                         done_task.result()  # a fault ends the interims, as an inline decode did
-                fast = self._listening_for_words()
+                fast = self._barge_in.listening_for_words()
                 interval_ms = (
                     self.config.barge_in_interim_ms if fast else self.config.interim_interval_ms
                 )
@@ -1030,20 +876,20 @@ class CallSession:
                     # words that may interrupt are heard one decode sooner.
                     wait_s = max(0.0, started + wait_s - loop.time())
                 # A wake that came while the last decode ran is not lost: it is still set here.
-                if not self._interim_wake.is_set() and wait_s > 0:
-                    wake = asyncio.ensure_future(self._interim_wake.wait())
+                if not self._barge_in.interim_due.is_set() and wait_s > 0:
+                    wake = asyncio.ensure_future(self._barge_in.interim_due.wait())
                     try:
                         done, _ = await asyncio.wait(
                             {wake, *running}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
                         )
                     finally:
                         await cancel_and_wait(wake)
-                    if done and not self._interim_wake.is_set():
+                    if done and not self._barge_in.interim_due.is_set():
                         continue  # the decode in flight ended: the spacing is the interval now
-                woken = self._interim_wake.is_set()
-                self._interim_wake.clear()
+                woken = self._barge_in.interim_due.is_set()
+                self._barge_in.interim_due.clear()
                 started = loop.time()
-                fast = self._listening_for_words()
+                fast = self._barge_in.listening_for_words()
                 wanted = self.config.interim_results and self._quality.interim_results
                 if not (wanted or fast):
                     continue  # nobody needs interims now (or they are shed under load)
@@ -1106,11 +952,11 @@ class CallSession:
         if not result.text or result.language_probability < min_language_prob:
             return
         if index not in self._final_done:
-            # Kept even after SPEECHEND (an interim still decoding then): the final's stand-in.
+            # Kept even after SPEECH_END (an interim still decoding then): the final's stand-in.
             kept = self._interim_texts.get(index)
             if kept is None or kept[0] <= len(utt.audio):
                 self._interim_texts[index] = (len(utt.audio), result)
-        # Once SPEECHEND is out, only the final may describe that utterance.
+        # Once SPEECH_END is out, only the final may describe that utterance.
         if index in self._speech_end_at or index in self._final_done:
             return
         if wanted:
@@ -1118,7 +964,7 @@ class CallSession:
                 return  # an overlapping later prefix came back first: this one is stale
             self._interim_shown = seq
             await self._emit(TranscriptOut(result, False, utt.start_ms, utt.end_ms, index))
-        await self._check_words_barge_in(index, result.text)
+        await self._barge_in.words_heard(index, result.text)
 
     def _final_imminent(self) -> bool:
         """Smart turns: the caller has been silent for half of ``decode_after_ms``.
@@ -1139,63 +985,14 @@ class CallSession:
         """Utterance ``index`` of this call, as the recogniser's queue knows it."""
         return (self._asr_token, index)
 
-    def _listening_for_words(self) -> bool:
-        """Whether the caller is talking over a reply that ``after_words`` may interrupt."""
-        pb = self._player.current
-        return (
-            pb is not None
-            and pb.policy.mode == "after_words"
-            and self._segmenter.state in (SegmenterState.SPEAKING, SegmenterState.STOPPING)
-            and self._segmenter.utterance_index in pb.heard_from
-        )
-
-    async def _check_words_barge_in(self, index: int, text: str) -> None:
-        """``after_words``: a transcript of speech heard over the reply may stop it.
-
-        Speech that began during the reply, or was in progress when it started and went on
-        over it (:meth:`_check_speech_in_progress`): then every word of the utterance counts,
-        those said before the reply too.
-        """
-        pb = self._player.current
-        if pb is None or pb.policy.mode != "after_words" or index not in pb.heard_from:
-            return
-        if not pb.policy.interrupts(text):
-            return
-        await self._player.stop(
-            reason_offset_ms=pb.heard_from[index], clear_queue=True, caller_text=text
-        )
-
     async def _cancel_interim(self) -> None:
         task, self._interim_task = self._interim_task, None
         if task is not None:
             await cancel_and_wait(task)
 
     def _start_reply(self, speak: SpeakIn) -> BargeInPolicy:
-        """A reply starts: its barge-in policy (the call's, as its Speak overrides it).
-
-        Speech in progress now counts only once the reply plays and the caller is heard over
-        it (_check_speech_in_progress), not at once: they may be done by then.
-        """
-        call = self.config.barge_in_policy
-        if not self.config.barge_in:
-            call = replace(call, mode="never")
-        self._barge_pending_from = None
-        return call.for_speak(
-            speak.barge_in, speak.barge_in_min_words, uninterruptible=speak.uninterruptible
-        )
-
-    def _echo_reference(self, frame: bytes) -> None:
-        """What the caller hears, when it hears it: the echo guard's reference.
-
-        The far end plays each frame ``playout_lead_ms`` after it left, or right after the
-        frame before it (a jitter buffer): late frames shift the rest.
-        """
-        assert self._echo is not None and self._echo_decoder is not None
-        loop = asyncio.get_running_loop()
-        heard = self._echo_decoder.decode(frame)
-        play_at = max(loop.time() + self.config.playout_lead_ms / 1000.0, self._echo_next_at)
-        self._echo.played(heard, play_at)
-        self._echo_next_at = play_at + len(heard) / ASR_SAMPLE_RATE_HZ
+        """A reply starts: barge-in gives its policy (built after playback, which calls this)."""
+        return self._barge_in.start_reply(speak)
 
     # -- send --------------------------------------------------------------------------------------
 
