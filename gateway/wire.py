@@ -15,6 +15,7 @@ from typing import Literal, Protocol
 
 from google.rpc import code_pb2
 
+from voxgate.common.messages import fill
 from voxgate.common.pcm import SUPPORTED_RATES_HZ, WireEncoding
 from voxgate.engines.asr import MAX_BOOST
 from voxgate.engines.asr.base import AsrOptions
@@ -628,14 +629,7 @@ def effective_config(
     eff.input_audio.sample_rate_hertz = cfg.input_rate_hz
     eff.output_audio.encoding = _PB_ENCODING[cfg.output_encoding]
     eff.output_audio.sample_rate_hertz = cfg.output_rate_hz
-    v = cfg.vad
-    eff.vad.aggressiveness = v.aggressiveness
-    eff.vad.frame_ms = v.frame_ms
-    eff.vad.start_speech_ms = v.start_speech_ms
-    eff.vad.end_silence_ms = v.end_silence_ms
-    eff.vad.min_speech_ms = v.min_speech_ms
-    eff.vad.max_utterance_ms = v.max_utterance_ms
-    eff.vad.pre_roll_ms = v.pre_roll_ms
+    fill(eff.vad, cfg.vad)  # VadConfig names the contract's fields (and has more)
     eff.interim_interval_ms = cfg.interim_interval_ms
     policy = cfg.barge_in_policy
     eff.barge_in.policy = _PB_BARGE_IN[policy.mode if cfg.barge_in else "never"]
@@ -655,26 +649,36 @@ def effective_config(
     return eff
 
 
+#: The outbound events whose message is their own attributes under the contract's field
+#: names, and the ``ConverseResponse`` case each one fills (:func:`voxgate.common.messages.fill`).
+_PLAIN_CASES: dict[type[OutboundEvent], str] = {
+    AudioOutEvent: "audio",
+    MarkReachedOut: "mark",
+    InterruptedOut: "interrupted",
+    PlaybackFinishedOut: "playback_finished",
+    QualityOut: "quality_changed",
+    EndOfTurnOut: "end_of_turn",
+    DtmfOut: "dtmf",
+}
+
+
 def outbound(event: OutboundEvent) -> pb.ConverseResponse:
-    """One outbound session event as the ``ConverseResponse`` the client reads."""
-    if isinstance(event, AudioOutEvent):
-        return pb.ConverseResponse(
-            audio=pb.AudioOut(
-                data=event.data,
-                sequence_number=event.sequence_number,
-                speak_id=event.speak_id,
-                offset_ms=event.offset_ms,
-                is_last=event.is_last,
-            )
-        )
-    if isinstance(event, SpeechOut):
+    """One outbound session event as the ``ConverseResponse`` the client reads.
+
+    Events named in ``_PLAIN_CASES`` are copied by field name; a speech event's begin/end
+    becomes its type, an error's kind its google.rpc code, and a transcript's recogniser
+    result (word times relative to the utterance) the message's words in call time.
+    """
+    response = pb.ConverseResponse()
+    case = _PLAIN_CASES.get(type(event))
+    if case is not None:
+        fill(getattr(response, case), event)
+    elif isinstance(event, SpeechOut):
         t = pb.SpeechEvent.SPEECH_BEGIN if event.begin else pb.SpeechEvent.SPEECH_END
-        return pb.ConverseResponse(
-            speech=pb.SpeechEvent(
-                type=t, offset_ms=event.offset_ms, utterance_index=event.utterance_index
-            )
-        )
-    if isinstance(event, TranscriptOut):
+        fill(response.speech, event, type=t)
+    elif isinstance(event, ErrorOut):
+        fill(response.error, event, code=RPC_CODE[event.kind])
+    elif isinstance(event, TranscriptOut):
         r = event.result
         return pb.ConverseResponse(
             transcript=pb.Transcript(
@@ -702,55 +706,9 @@ def outbound(event: OutboundEvent) -> pb.ConverseResponse:
                 turn_index=event.turn_index,
             )
         )
-    if isinstance(event, MarkReachedOut):
-        return pb.ConverseResponse(mark=pb.MarkReached(name=event.name))
-    if isinstance(event, InterruptedOut):
-        return pb.ConverseResponse(
-            interrupted=pb.PlaybackInterrupted(
-                speak_id=event.speak_id,
-                played_ms=event.played_ms,
-                words_played=list(event.words_played),
-                at_offset_ms=event.at_offset_ms,
-                caller_text=event.caller_text,
-            )
-        )
-    if isinstance(event, PlaybackFinishedOut):
-        return pb.ConverseResponse(
-            playback_finished=pb.PlaybackFinished(
-                speak_id=event.speak_id, duration_ms=event.duration_ms
-            )
-        )
-    if isinstance(event, QualityOut):
-        return pb.ConverseResponse(
-            quality_changed=pb.QualityChanged(shed=list(event.shed), description=event.description)
-        )
-    if isinstance(event, ErrorOut):
-        return pb.ConverseResponse(
-            error=pb.ErrorEvent(
-                code=RPC_CODE[event.kind],
-                message=event.message,
-                scope=event.scope,
-                utterance_index=event.utterance_index,
-                speak_id=event.speak_id,
-            )
-        )
-    if isinstance(event, EndOfTurnOut):
-        return pb.ConverseResponse(
-            end_of_turn=pb.EndOfTurn(
-                turn_index=event.turn_index,
-                probability=event.probability,
-                offset_ms=event.offset_ms,
-                text=event.text,
-                first_utterance_index=event.first_utterance_index,
-                last_utterance_index=event.last_utterance_index,
-                reason=event.reason,
-                silence_ms=event.silence_ms,
-                latency_ms=event.latency_ms,
-            )
-        )
-    if isinstance(event, DtmfOut):
-        return pb.ConverseResponse(dtmf=pb.Dtmf(digit=event.digit, duration_ms=event.duration_ms))
-    raise TypeError(f"unknown outbound event {event!r}")
+    else:
+        raise TypeError(f"unknown outbound event {event!r}")
+    return response
 
 
 def _hotwords(dec: pb.DecodingOptions) -> tuple[str, ...]:

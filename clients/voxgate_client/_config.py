@@ -6,6 +6,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ._common.messages import fill
 from ._proto import voxgate_pb2 as pb
 
 __all__ = [
@@ -328,15 +329,7 @@ class CallConfig:
             out.output_audio.encoding = encoding_number(self.output_encoding)
         if self.output_sample_rate_hz is not None:
             out.output_audio.sample_rate_hertz = self.output_sample_rate_hz
-        v = self.vad
-        if v.aggressiveness is not None:
-            out.vad.aggressiveness = v.aggressiveness
-        out.vad.frame_ms = v.frame_ms
-        out.vad.start_speech_ms = v.start_speech_ms
-        out.vad.end_silence_ms = v.end_silence_ms
-        out.vad.min_speech_ms = v.min_speech_ms
-        out.vad.max_utterance_ms = v.max_utterance_ms
-        out.vad.pre_roll_ms = v.pre_roll_ms
+        fill(out.vad, self.vad)  # aggressiveness None stays unset: the server's
         if self.turns != TurnOptions():
             out.turn_detection.CopyFrom(self.turns.to_proto())
         return out

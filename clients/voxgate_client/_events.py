@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from ._common.messages import fill
 from ._errors import status_code_from_number
 from ._proto import voxgate_pb2 as pb
 
@@ -384,112 +385,40 @@ def event_from_proto(msg: pb.ConverseResponse, received_s: float = 0.0) -> Serve
     return None
 
 
+#: The events whose message is their own attributes under the contract's field names, and
+#: the ``ConverseResponse`` case each one fills (``received_s`` is ours, not the wire's).
+_PLAIN_CASES: dict[type[ServerEvent], str] = {
+    SessionStarted: "started",
+    Transcript: "transcript",
+    AudioOut: "audio",
+    MarkReached: "mark",
+    PlaybackInterrupted: "interrupted",
+    PlaybackFinished: "playback_finished",
+    QualityChanged: "quality_changed",
+    EndOfTurn: "end_of_turn",
+    Dtmf: "dtmf",
+}
+
+
 def event_to_proto(event: ServerEvent) -> pb.ConverseResponse:
     """The wire message of a typed event: the inverse of :func:`event_from_proto`.
 
     A bridge relays the gateway's events to a bot (``BotEvent.converse``) after reading them as
     typed events; rebuilding the message keeps the client's single reader and its status
-    handling in :class:`~voxgate_client.Call` instead of a second raw reader.
+    handling in :class:`~voxgate_client.Call` instead of a second raw reader. The fields are
+    copied by name (``_common.messages.fill``, the server's outbound mapping too); a speech
+    event's class becomes its type and an error's status code its number.
     """
-    if isinstance(event, SessionStarted):
-        return pb.ConverseResponse(
-            started=pb.SessionStarted(
-                session_id=event.session_id,
-                effective_config=event.effective_config,
-                model=event.model,
-                voice=event.voice,
-                server_version=event.server_version,
-            )
-        )
-    if isinstance(event, SpeechBegin | SpeechEnd):
-        kind = (
-            pb.SpeechEvent.SPEECH_BEGIN
-            if isinstance(event, SpeechBegin)
-            else (pb.SpeechEvent.SPEECH_END)
-        )
-        return pb.ConverseResponse(
-            speech=pb.SpeechEvent(
-                type=kind, offset_ms=event.offset_ms, utterance_index=event.utterance_index
-            )
-        )
-    if isinstance(event, Transcript):
-        return pb.ConverseResponse(
-            transcript=pb.Transcript(
-                text=event.text,
-                is_final=event.is_final,
-                start_ms=event.start_ms,
-                end_ms=event.end_ms,
-                utterance_index=event.utterance_index,
-                confidence=event.confidence,
-                no_speech_probability=event.no_speech_probability,
-                language=event.language,
-                latency_ms=event.latency_ms,
-                words=[
-                    pb.Word(
-                        word=w.word, start_ms=w.start_ms, end_ms=w.end_ms, probability=w.probability
-                    )
-                    for w in event.words
-                ],
-                alternatives=[
-                    pb.Alternative(text=a.text, confidence=a.confidence) for a in event.alternatives
-                ],
-                turn_index=event.turn_index,
-            )
-        )
-    if isinstance(event, AudioOut):
-        return pb.ConverseResponse(
-            audio=pb.AudioOut(
-                data=event.data,
-                sequence_number=event.sequence_number,
-                speak_id=event.speak_id,
-                offset_ms=event.offset_ms,
-                is_last=event.is_last,
-            )
-        )
-    if isinstance(event, MarkReached):
-        return pb.ConverseResponse(mark=pb.MarkReached(name=event.name))
-    if isinstance(event, PlaybackInterrupted):
-        return pb.ConverseResponse(
-            interrupted=pb.PlaybackInterrupted(
-                speak_id=event.speak_id,
-                played_ms=event.played_ms,
-                words_played=list(event.words_played),
-                at_offset_ms=event.at_offset_ms,
-                caller_text=event.caller_text,
-            )
-        )
-    if isinstance(event, PlaybackFinished):
-        return pb.ConverseResponse(
-            playback_finished=pb.PlaybackFinished(
-                speak_id=event.speak_id, duration_ms=event.duration_ms
-            )
-        )
-    if isinstance(event, ErrorEvent):
-        return pb.ConverseResponse(
-            error=pb.ErrorEvent(
-                code=event.code.value[0],
-                message=event.message,
-                scope=event.scope,
-                utterance_index=event.utterance_index,
-                speak_id=event.speak_id,
-            )
-        )
-    if isinstance(event, QualityChanged):
-        return pb.ConverseResponse(
-            quality_changed=pb.QualityChanged(shed=list(event.shed), description=event.description)
-        )
-    if isinstance(event, EndOfTurn):
-        return pb.ConverseResponse(
-            end_of_turn=pb.EndOfTurn(
-                turn_index=event.turn_index,
-                probability=event.probability,
-                offset_ms=event.offset_ms,
-                text=event.text,
-                first_utterance_index=event.first_utterance_index,
-                last_utterance_index=event.last_utterance_index,
-                reason=event.reason,
-                silence_ms=event.silence_ms,
-                latency_ms=event.latency_ms,
-            )
-        )
-    return pb.ConverseResponse(dtmf=pb.Dtmf(digit=event.digit, duration_ms=event.duration_ms))
+    response = pb.ConverseResponse()
+    case = _PLAIN_CASES.get(type(event))
+    if case is not None:
+        fill(getattr(response, case), event)
+    elif isinstance(event, SpeechBegin | SpeechEnd):
+        begin = isinstance(event, SpeechBegin)
+        t = pb.SpeechEvent.SPEECH_BEGIN if begin else pb.SpeechEvent.SPEECH_END
+        fill(response.speech, event, type=t)
+    elif isinstance(event, ErrorEvent):
+        fill(response.error, event, code=event.code.value[0])
+    else:
+        raise TypeError(f"not a server event: {event!r}")
+    return response
