@@ -640,9 +640,7 @@ SRC = ("127.0.0.1", 40000)
 def virtual_bridge(**cfg: Any) -> tuple[SipBridge, TimedTransport, FakeStub]:
     config = BridgeConfig(listen_host=LOCAL, rtp_port_min=41000, rtp_port_max=41999, **cfg)
     transport, stub = TimedTransport(), FakeStub()
-    client = VoxgateClient("127.0.0.1:9")  # never dialled: the fake stub answers
-    # The client library has no stub seam: its gRPC stub is swapped for the fake one.
-    client._stub = stub
+    client = VoxgateClient("127.0.0.1:9", stub=stub)  # never dialled: the fake stub answers
     bridge = SipBridge(config, SilentBot(), transport=transport, client=client)
     return bridge, transport, stub
 

@@ -5,8 +5,9 @@ distribution and the separate ``voxgate-client`` distribution (``clients/voxgate
 which installs beside Pipecat (protobuf < 7) or LiveKit Agents without the server. So it imports its
 siblings relatively, carries its own protobuf 5.29 stubs (``_proto``, loadable on protobuf 5.29
 through 7.x) and binds the RPCs itself (``_stub``); the only other first-party code it uses is the
-neutral :mod:`voxgate_client._common.pcm`, whose bit-exact G.711 tables the server shares. Names not
-listed in ``__all__`` (the ``_private`` modules) may change without notice.
+neutral :mod:`voxgate_client._common`, which the server shares: the bit-exact G.711 tables
+(``pcm``) and the event-to-message mapping by field name (``messages``). Names not listed in
+``__all__`` (the ``_private`` modules) may change without notice.
 
 Example: the README's "From Python" block, which a test runs as written against a real server
 (``tests/test_readme.py``): stream a WAV, ``flush()`` after the last audio so that an utterance
@@ -84,6 +85,7 @@ from ._events import (
     event_to_proto,
 )
 from ._proto.voxgate_pb2 import ModelInfo, VoiceInfo
+from ._stub import VoiceGatewayStub
 from ._sync import VoxgateSyncClient
 
 __all__ = [
@@ -134,6 +136,7 @@ __all__ = [
     "VadOptions",
     "VoiceInfo",
     "VoiceCall",
+    "VoiceGatewayStub",
     "VoxgateClient",
     "VoxgateError",
     "VoxgateSyncClient",

@@ -416,6 +416,10 @@ class VoxgateClient:
         token: sent as ``authorization: Bearer <token>`` on every RPC (metadata rather than
             call credentials, so it also works on plaintext channels behind a TLS proxy).
         options: extra grpc channel options.
+        stub: the RPCs' callables (an object with :class:`VoiceGatewayStub`'s attributes);
+            None (the default) binds them on the channel. A test passes a fake here (a
+            ``Converse`` that returns a scripted stream): the client then never dials the
+            channel, which it still opens and closes.
     """
 
     def __init__(
@@ -425,11 +429,12 @@ class VoxgateClient:
         token: str | None = None,
         *,
         options: Sequence[tuple[str, Any]] = (),
+        stub: VoiceGatewayStub | None = None,
     ) -> None:
         self.target = target
         self._channel = open_channel(target, tls, options=options)
         self._metadata = auth_metadata(token)
-        self._stub = VoiceGatewayStub(self._channel)
+        self._stub = stub if stub is not None else VoiceGatewayStub(self._channel)
         self._calls: set[Call] = set()
 
     async def __aenter__(self) -> Self:
