@@ -13,18 +13,25 @@ from typing import Any
 __all__ = ["being_cancelled", "cancel_and_wait"]
 
 
-async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
-    """Cancel ``task`` and wait until it has finished, never swallowing our own cancellation.
+async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
+    """Cancel ``tasks`` and wait until all have finished, never swallowing our own cancellation.
 
     ``with suppress(CancelledError): await task`` is the classic way to lose a cancellation:
     when the *awaiting* task is cancelled during that await, the suppress eats its
     CancelledError and it runs on (v0.1's zombie calls). ``asyncio.wait`` raises only for the
-    caller's own cancellation and never for the awaited task's outcome.
+    caller's own cancellation and never for the awaited tasks' outcomes. Every task is
+    cancelled before any is awaited, so several end concurrently (LiveKit's
+    ``utils.aio.cancel_and_wait(*futures)`` has the same shape); a task already done is only
+    looked at.
     """
-    task.cancel()
-    await asyncio.wait({task})
-    if not task.cancelled():
-        task.exception()  # retrieved here; whoever owns the task reports it
+    if not tasks:
+        return
+    for task in tasks:
+        task.cancel()
+    await asyncio.wait(set(tasks))
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()  # retrieved here; whoever owns the task reports it
 
 
 def being_cancelled() -> bool:

@@ -50,6 +50,7 @@ from voxgate_client import (
     VoxgateClient,
     VoxgateError,
 )
+from voxgate_client._common.aio import cancel_and_wait
 
 from ._dialect import (
     CLOSE_POLICY,
@@ -310,16 +311,12 @@ class _Stream:
             else:
                 await self._bot_side_end(link_task, sender)
         finally:
-            for task in (reader, sender):
-                task.cancel()
-            await asyncio.wait([reader, sender])
+            await cancel_and_wait(reader, sender)
             if not sender.cancelled() and sender.exception() is not None:
                 # The socket went away under a send; the reader has reported how.
                 log.debug("stream %s: sender ended: %r", self.record.stream_id, sender.exception())
             await self.link.aclose()
-            if not link_task.done():
-                link_task.cancel()
-            await asyncio.wait([link_task])
+            await cancel_and_wait(link_task)  # a link that has ended is only looked at
             if not link_task.cancelled() and link_task.exception() is not None:
                 log.error(
                     "stream %s: bot link failed",

@@ -37,6 +37,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from voxgate_client import encode_pcm16, read_wav
+from voxgate_client._common.aio import cancel_and_wait
 
 from ._dialect import DialectName
 from ._timing import CHUNK_BYTES, CHUNK_MS
@@ -163,10 +164,7 @@ class ReplayClient:
         if self._ws is not None:
             with contextlib.suppress(Exception):
                 await self._ws.close()
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(self._tasks)
+        await cancel_and_wait(*self._tasks)
 
     async def wait_closed(self, timeout_s: float = 30.0) -> tuple[int | None, str]:
         """Wait until the adapter closes the socket; its close code and reason."""

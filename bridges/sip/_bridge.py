@@ -34,7 +34,6 @@ releases the RTP port):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 from collections import Counter, deque
@@ -73,6 +72,7 @@ from voxgate_client import (
     VoxgateError,
     tls_credentials,
 )
+from voxgate_client._common.aio import cancel_and_wait
 
 __all__ = ["BridgeConfig", "ReferOutcome", "SipBridge", "SipTransport", "gateway_client"]
 
@@ -246,11 +246,11 @@ class SipBridge:
             await asyncio.wait(set(supervisors), timeout=self.config.grace_s + 2)
         if byes:
             await asyncio.wait(set(byes), timeout=self.config.grace_s)
-        for task in [*supervisors, *byes]:
-            task.cancel()
-        for task in [*supervisors, *byes]:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        tasks = [*supervisors, *byes]
+        await cancel_and_wait(*tasks)
+        for task in tasks:  # one that failed (a bug) still fails the shutdown
+            if not task.cancelled() and (exc := task.exception()) is not None:
+                raise exc
         self._tx.close()
         if self._transport is not None:
             self._transport.close()

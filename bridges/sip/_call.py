@@ -9,7 +9,6 @@ public (re-exported by :mod:`voxgate.bridges.sip`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from voxgate.bridges.sip._session_timer import SessionTimer
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate_client import BotLink
 from voxgate_client import Call as GatewayCall
+from voxgate_client._common.aio import cancel_and_wait
 
 __all__ = [
     "ALLOW",
@@ -157,9 +157,7 @@ async def until_ended(call: SipCall, aw: Awaitable[T], timeout_s: float | None) 
         ender.cancel()
     if task in done:
         return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
+    await cancel_and_wait(task)
     raise Ended(call.end_reason or "timed out")
 
 

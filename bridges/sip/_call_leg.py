@@ -48,6 +48,7 @@ from voxgate_client import (
     VoxgateClient,
     VoxgateError,
 )
+from voxgate_client._common.aio import cancel_and_wait
 
 __all__ = ["CallLeg"]
 
@@ -333,11 +334,7 @@ class CallLeg:
             if call.link is not None:
                 await call.link.aclose()
             await call.gw.aclose()
-        for t in call.tasks:
-            t.cancel()
-        for t in call.tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait(*call.tasks)
         if call.media is not None:
             st = call.media.stats
             log.info(

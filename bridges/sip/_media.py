@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import random
@@ -21,6 +20,7 @@ from voxgate.bridges.sip._rtp import (
     RtpPacket,
     RtpPacketizer,
 )
+from voxgate_client._common.aio import cancel_and_wait
 
 __all__ = ["MediaStats", "RtpSession", "bind_rtp_socket"]
 
@@ -203,11 +203,10 @@ class RtpSession(asyncio.DatagramProtocol):
 
     async def aclose(self) -> None:
         """Stop the clocks and close the socket."""
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait(*self._tasks)
+        for t in self._tasks:  # a clock that failed (a bug) still fails the close
+            if not t.cancelled() and (exc := t.exception()) is not None:
+                raise exc
         self._tasks = []
         if self._transport is not None:
             self._transport.close()

@@ -29,6 +29,7 @@ from voxgate.bridges.sip._message import (
     reply_address,
 )
 from voxgate.bridges.sip._rtp import DTMF_EVENTS, RtpError, RtpPacket, RtpPacketizer, dtmf_payload
+from voxgate_client._common.aio import cancel_and_wait
 
 __all__ = [
     "KAMAILIO_CFG",
@@ -568,9 +569,7 @@ class Baresip:
 
     async def __aexit__(self, *exc: object) -> None:
         if self._pump is not None:
-            self._pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._pump
+            await cancel_and_wait(self._pump)
         if self._writer is not None:
             self._writer.close()
             with contextlib.suppress(OSError):
