@@ -16,12 +16,13 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, get_args
 
 import grpc
 
 from voxgate_client import (
     TOKEN_ENV,
+    EchoHandlingName,
     TurnDetectionName,
     TurnOptions,
     read_token,
@@ -30,6 +31,7 @@ from voxgate_client import (
 
 __all__ = [
     "TURN_CHOICES",
+    "add_call_arguments",
     "add_connection_arguments",
     "add_door_arguments",
     "add_turn_arguments",
@@ -141,6 +143,25 @@ def connection_from_args(
 
 #: ``--turns`` values: the call's end-of-turn detection (docs/turns.md).
 TURN_CHOICES: tuple[TurnDetectionName, ...] = ("off", "silence", "smart")
+
+
+def add_call_arguments(
+    parser: argparse.ArgumentParser, *, echo_default: str | None, echo_help: str
+) -> None:
+    """What the daemon doors (``voxgate sip``, ``voxgate media-streams``) ask of each call.
+
+    The caller's language, the reply voice, the echo handling (its help names the door's line:
+    a trunk or a provider's stream) and the turn-detection flags, in that order.
+    """
+    parser.add_argument("--language", default="", help="caller language hint, e.g. en")
+    parser.add_argument("--voice", default="", help="gateway voice name (default: its default)")
+    parser.add_argument(
+        "--echo-handling",
+        choices=get_args(EchoHandlingName),
+        default=echo_default,
+        help=echo_help,
+    )
+    add_turn_arguments(parser)
 
 
 def add_turn_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,17 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import get_args
 
 from voxgate.bridges.bots import add_bot_policy_arguments, bot_policy_from_args
 from voxgate.bridges.door_args import (
+    add_call_arguments,
     add_door_arguments,
-    add_turn_arguments,
     connection_from_args,
     serve_door,
     turn_options_from_args,
 )
-from voxgate_client import EchoHandlingName
 
 from ._dialect import DIALECTS
 
@@ -59,17 +57,13 @@ def add_media_streams_arguments(parser: argparse.ArgumentParser) -> None:
         default="twilio",
         help="message format when the URL path does not end in /twilio or /telnyx (default twilio)",
     )
-    parser.add_argument("--language", default="", help="caller language hint, e.g. en")
-    parser.add_argument("--voice", default="", help="gateway voice name (default: its default)")
-    parser.add_argument(
-        "--echo-handling",
-        choices=get_args(EchoHandlingName),
-        default=None,
-        help="how the gateway keeps the line's echo of the bot from barging in: gate, "
+    add_call_arguments(
+        parser,
+        echo_default=None,
+        echo_help="how the gateway keeps the line's echo of the bot from barging in: gate, "
         "gate_aec3 (soft callers over a loud echo heard sooner) or aec3 (a carrier leg that "
         "echoes through an analogue hybrid); default: the gateway's",
     )
-    add_turn_arguments(parser)
     parser.add_argument(
         "--lead-ms",
         type=int,

@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import logging
 import sys
-from typing import get_args
 
 from pydantic import SecretStr, ValidationError
 
@@ -28,14 +27,13 @@ from voxgate.bridges.bots import (
     load_bot,
 )
 from voxgate.bridges.door_args import (
+    add_call_arguments,
     add_door_arguments,
-    add_turn_arguments,
     connection_from_args,
     serve_door,
     turn_options_from_args,
 )
 from voxgate.bridges.sip._bridge import BridgeConfig, SipBridge
-from voxgate_client import EchoHandlingName
 
 __all__ = ["add_sip_arguments", "main", "run_sip"]
 
@@ -85,18 +83,14 @@ def add_sip_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--jitter-ms", type=int, default=60, help="receive jitter buffer delay (default 60)"
     )
-    parser.add_argument("--language", default="", help="caller language hint, e.g. en")
-    parser.add_argument("--voice", default="", help="gateway voice name (default: its default)")
-    parser.add_argument(
-        "--echo-handling",
-        choices=get_args(EchoHandlingName),
-        default="",
-        help="how the gateway keeps this trunk's echo of the bot from barging in: gate (flat "
+    add_call_arguments(
+        parser,
+        echo_default="",
+        echo_help="how the gateway keeps this trunk's echo of the bot from barging in: gate (flat "
         "echo: digital and four-wire lines), gate_aec3 (flat echo, soft-spoken callers heard "
         "sooner, twice the CPU on a trunk that echoes) or aec3 (echo through an analogue hybrid); "
         "default: the gateway's",
     )
-    add_turn_arguments(parser)
     parser.add_argument(
         "--log-content",
         action="store_true",
