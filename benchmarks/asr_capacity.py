@@ -68,9 +68,9 @@ printed as ``alt / gateway``. The table and the JSON (``sides``) name each side'
 buckets.
 
 ``--tune`` first measures the CPU plan in-process on a fixed workload (8 utterances queued at
-once into a :class:`~voxgate.gateway.batcher.Batcher`, real Whisper engine): workers x
+once into a :class:`~voxgate.gateway.scheduling.Batcher`, real Whisper engine): workers x
 max_batch_size x CTranslate2 (inter_threads, intra_threads), through
-:func:`voxgate.gateway.batcher.choose_plan`.
+:func:`voxgate.gateway.scheduling.choose_plan`.
 
     .venv/bin/python -m benchmarks.asr_capacity --out capacity.json
     .venv/bin/python -m benchmarks.asr_capacity --duration 30 --gateway-start 4 --max-minutes 20
@@ -754,7 +754,7 @@ def tune(
     from voxgate.engines.asr._whisper import WhisperEngine
     from voxgate.engines.asr.base import AsrOptions, AsrRequest
     from voxgate.engines.asr.config import WhisperConfig
-    from voxgate.gateway.batcher import Batcher, BatchPlan, BatchPolicy, choose_plan
+    from voxgate.gateway.scheduling import Batcher, BatchPlan, BatchPolicy, choose_plan
     from voxgate.gateway.testing.signals import stats_for
 
     step = max(1, len(clips) // n_items)

@@ -51,7 +51,7 @@ from voxgate.engines.asr._model_files import resolve_model_dir  # noqa: E402
 from voxgate.engines.asr._processors import SuppressBlank, SuppressTokens  # noqa: E402
 from voxgate.engines.asr._whisper import WhisperEngine  # noqa: E402
 from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult  # noqa: E402
-from voxgate.gateway.batcher import Batcher, BatchPolicy  # noqa: E402
+from voxgate.gateway.scheduling import Batcher, BatchPolicy  # noqa: E402
 from voxgate.gateway.testing.signals import (  # noqa: E402
     hallucination_set,
     mulaw_decode,

@@ -63,10 +63,10 @@ from voxgate.engines.asr._whisper import WhisperEngine
 from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult
 from voxgate.engines.asr.config import WhisperConfig
 from voxgate.gateway.base import ModelDescription
-from voxgate.gateway.batcher import Batcher, BatchPolicy, default_plan
 from voxgate.gateway.config import BatcherConfig
 from voxgate.gateway.models import LoadedModel, ModelRegistry
 from voxgate.gateway.runtime import ModelRouter
+from voxgate.gateway.scheduling import Batcher, BatchPolicy, default_plan
 from voxgate.gateway.testing.signals import stats_for
 
 ARRANGEMENTS = ("shared", "per-model", "split", "one-model")

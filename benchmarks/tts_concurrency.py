@@ -71,7 +71,7 @@ from voxgate.engines.tts._voice import resolve_voice  # noqa: E402
 from voxgate.gateway.events import SpeakIn  # noqa: E402
 from voxgate.gateway.metrics import GatewayMetrics  # noqa: E402
 from voxgate.gateway.runtime import TtsSynthesizer  # noqa: E402
-from voxgate.gateway.synthesis_policy import SynthPolicy  # noqa: E402
+from voxgate.gateway.scheduling.synthesis_policy import SynthPolicy  # noqa: E402
 
 T = TypeVar("T")
 NS = (1, 2, 4, 8, 12, 16)

@@ -8,8 +8,9 @@ Run::
 
 Why: a real probe of 8 four-sentence replies takes a quarter of a minute and, on a shared
 machine, its figures move with whatever else runs. The scheduler's outcome is decided by the
-policy (:func:`voxgate.gateway.synthesis_policy.next_work`, the real one, called here exactly as
-``voxgate.gateway.synthesis`` calls it) and by what each step costs, so this replays the driver's
+policy (:func:`voxgate.gateway.scheduling.synthesis_policy.next_work`, the real one, called
+here exactly as ``voxgate.gateway.synthesis`` calls it) and by what each step costs, so this
+replays the driver's
 bookkeeping (workers, the first-audio lane, two steps in flight per reply, a reply's first front
 end fused with its first window, playout clocks, lateness) against a cost model measured on
 the bundled voice (``--calibrate`` measures it here), on cores shared by processor sharing
@@ -38,7 +39,7 @@ from benchmarks._stats import median, percentile  # noqa: E402
 from benchmarks.tts_concurrency import Stream, previous_policy  # noqa: E402
 from voxgate.engines.tts import window_bounds  # noqa: E402
 from voxgate.gateway.scheduling import WaitUntil  # noqa: E402
-from voxgate.gateway.synthesis_policy import (  # noqa: E402
+from voxgate.gateway.scheduling.synthesis_policy import (  # noqa: E402
     CostModel,
     Dispatch,
     SynthItem,

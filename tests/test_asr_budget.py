@@ -22,9 +22,9 @@ from voxgate.engines.asr._whisper import WhisperEngine
 from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult
 from voxgate.engines.asr.config import DecodingPolicyConfig, EncoderWindowConfig, WhisperConfig
 from voxgate.engines.base import UtteranceStats
-from voxgate.gateway.batcher import Batcher, BatchPolicy
 from voxgate.gateway.metrics import GatewayMetrics
 from voxgate.gateway.runtime import AsrTranscriber, BatchMetrics
+from voxgate.gateway.scheduling import Batcher, BatchPolicy
 
 pytestmark = pytest.mark.unit
 

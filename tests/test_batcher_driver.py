@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from voxgate.gateway.batcher import (
+from voxgate.gateway.scheduling import (
     Batcher,
     BatcherClosedError,
     BatchObserver,

@@ -1,4 +1,4 @@
-"""Iteration-level batching (``join_running``): the Batcher driver over a FAKE continuous engine.
+"""Iteration-level batching (``join_running``): the Batcher driver over a FAKE step engine.
 
 The fake is not a recogniser: an item is an int saying how many decode steps it takes, and its
 result is ``item * 10``. What is real is the batcher: its hand-over of queued items to a running
@@ -11,16 +11,14 @@ tests/test_decode_loop_join.py.
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
-from collections.abc import AsyncIterator, Callable, Collection, Hashable, Sequence
+from collections.abc import AsyncIterator, Hashable
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from voxgate.gateway.batcher import (
+from voxgate.gateway.scheduling import (
     Batcher,
     BatcherClosedError,
     BatchObserver,
@@ -29,124 +27,13 @@ from voxgate.gateway.batcher import (
     BatchTimeoutError,
 )
 from voxgate.gateway.testing.fake_engines import FakeBatchEngine
+from voxgate.gateway.testing.fake_engines import FakeEngineError as FakeError
+from voxgate.gateway.testing.fake_engines import FakeStepEngine as FakeContinuousEngine
 
 pytestmark = pytest.mark.unit
 
 #: Only bounds how long a broken test hangs; never part of what is asserted.
 HANG_S = 10.0
-
-
-class FakeError(RuntimeError):
-    """What the fake raises when told to fail."""
-
-
-class FakeContinuousEngine:
-    """A FAKE ``ContinuousEngine``: item n takes n steps; result n * 10; thread-safe.
-
-    Args:
-        gated: each step waits for a permit from :meth:`allow` (the test paces the steps).
-        capacity: the most items it decodes at once (what it passes to ``pull``).
-        delay_s: sleep per step (only for the "long run that keeps stepping" test).
-        hang_at_step: block at this step (counting from 1) until :meth:`release`.
-        fail_at_step: raise :class:`FakeError` at this step.
-        forget: items it never emits (a contract breach).
-        rounds: item -> extra rounds (a fallback re-decode: the item runs again for n steps
-            before its one result).
-
-    Attributes:
-        steps: the live items of every step, in order.
-        seen: every item that reached the engine (``first`` and pulled), in order.
-        runs: how many ``run_continuous`` calls started.
-    """
-
-    def __init__(
-        self,
-        *,
-        gated: bool = False,
-        capacity: int = 64,
-        delay_s: float = 0.0,
-        hang_at_step: int | None = None,
-        fail_at_step: int | None = None,
-        forget: Collection[int] = (),
-        rounds: dict[int, int] | None = None,
-    ) -> None:
-        self._gated = gated
-        self._permits = threading.Semaphore(0)
-        self._capacity = capacity
-        self._delay_s = delay_s
-        self._hang_at = hang_at_step
-        self._fail_at = fail_at_step
-        self._forget = set(forget)
-        self._rounds = dict(rounds or {})
-        self._released = threading.Event()
-        self._cond = threading.Condition()
-        self._waiting = 0
-        self.steps: list[tuple[int, ...]] = []
-        self.seen: list[int] = []
-        self.runs = 0
-        self.thread_ids: list[int] = []
-
-    def allow(self, steps: int = 1) -> None:
-        """Let ``steps`` more steps run."""
-        for _ in range(steps):
-            self._permits.release()
-
-    def release(self) -> None:
-        """Unblock a hung step (call at the end of a test)."""
-        self._released.set()
-        self.allow(1000)
-
-    def wait_for_waiting(self, n: int, timeout_s: float = HANG_S) -> bool:
-        """Block until the engine has waited for a step permit ``n`` times in all."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._waiting >= n, timeout_s)
-
-    def run_continuous(
-        self,
-        first: Sequence[int],
-        pull: Callable[[int], list[int]],
-        emit: Callable[[int, int], None],
-    ) -> None:
-        with self._cond:
-            self.runs += 1
-            self.thread_ids.append(threading.get_ident())
-            self.seen.extend(first)
-        live = [[x, x, self._rounds.get(x, 0)] for x in first]  # item, steps left, rounds left
-        while True:
-            new = pull(max(0, self._capacity - len(live)))
-            with self._cond:
-                self.seen.extend(new)
-            live += [[x, x, self._rounds.get(x, 0)] for x in new]
-            if not live:
-                if new:
-                    continue
-                return
-            if self._gated:
-                with self._cond:
-                    self._waiting += 1
-                    self._cond.notify_all()
-                if not self._permits.acquire(timeout=HANG_S):
-                    raise FakeError("the test never allowed the next step")
-            with self._cond:
-                self.steps.append(tuple(e[0] for e in live))
-                step = len(self.steps)
-            if step == self._hang_at:
-                self._released.wait()
-            if step == self._fail_at:
-                raise FakeError(f"scripted failure at step {step}")
-            if self._delay_s:
-                time.sleep(self._delay_s)
-            keep = []
-            for e in live:
-                e[1] -= 1
-                if e[1] > 0:
-                    keep.append(e)
-                elif e[2] > 0:  # another round of the same item, still one result at the end
-                    e[1], e[2] = e[0], e[2] - 1
-                    keep.append(e)
-                elif e[0] not in self._forget:
-                    emit(e[0], e[0] * 10)
-            live = keep
 
 
 async def settle(rounds: int = 20) -> None:
@@ -385,7 +272,7 @@ async def test_closing_gives_every_handed_over_item_an_outcome(loop_errors: list
 
 
 def test_join_running_needs_continuous_engines() -> None:
-    with pytest.raises(ValueError, match="run_continuous"):
+    with pytest.raises(ValueError, match="StepEngine"):
         Batcher([FakeBatchEngine(lambda x: x)], BatchPolicy(), join_running=True)
 
 

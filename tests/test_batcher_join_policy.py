@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from voxgate.gateway.batcher import Batch, BatchPolicy
+from voxgate.gateway.scheduling import Batch, BatchPolicy
 
 pytestmark = pytest.mark.unit
 

@@ -10,17 +10,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from voxgate.gateway.batcher import (
+from voxgate.gateway.scheduling import (
     DEFAULT_PLANS,
     Batch,
     BatchPlan,
     BatchPolicy,
     QueueFullError,
+    WaitUntil,
     choose_plan,
     default_candidates,
     default_plan,
 )
-from voxgate.gateway.scheduling import WaitUntil
 
 pytestmark = pytest.mark.unit
 

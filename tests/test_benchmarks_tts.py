@@ -91,7 +91,7 @@ def test_the_policy_keeps_eight_replies_fed_where_the_previous_one_fell_behind()
     shrank together until they needed more than the cores), for first audio about as soon."""
     from benchmarks.tts_concurrency import previous_policy
     from benchmarks.tts_schedule_sim import FOUR_SENTENCES, simulate
-    from voxgate.gateway.synthesis_policy import SynthPolicy
+    from voxgate.gateway.scheduling.synthesis_policy import SynthPolicy
 
     now = simulate(SynthPolicy(), n=8, units=FOUR_SENTENCES)
     before = simulate(previous_policy(SynthPolicy()), n=8, units=FOUR_SENTENCES)

@@ -2,16 +2,16 @@
 
 A second utterance submitted while the first is decoding joins the running decode batch (the
 engine's ``loop_joined`` and its step/row counters show it shared steps) and both transcripts
-are right. The only test shim is a pause: the engine's ``pull`` is held once, after its third
-decode step, until the test has submitted the second utterance, so "while the first decodes"
-never depends on the machine's speed.
+are right. The only test shim is a pause: the engine is held once, after its third decode step,
+until the test has submitted the second utterance, so "while the first decodes" never depends
+on the machine's speed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from benchmarks import _wer
 from tests.conftest import read_wav_int16
 from voxgate.engines.asr._whisper import WhisperEngine
 from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult
-from voxgate.gateway.batcher import Batcher, BatchPolicy
+from voxgate.gateway.scheduling import Batcher, BatchPolicy
 from voxgate.gateway.testing.signals import stats_for
 
 pytestmark = pytest.mark.model
@@ -32,30 +32,43 @@ LONG, SHORT = "jfk_inaugural_1961.wav", "ljspeech_LJ001-0004.wav"
 
 
 class HeldAfterStep:
-    """The real engine; its ``pull`` after decode step ``step`` waits for :attr:`go` once."""
+    """The real engine; after its decode step ``step`` it waits for :attr:`go` once.
+
+    The batcher's step loop takes what was handed over right after a step returns, so what
+    the test submits while this waits joins before the next step.
+    """
 
     def __init__(self, engine: WhisperEngine, step: int) -> None:
         self.engine = engine
-        self.step = step
+        self.step_no = step
+        self.steps = 0
         self.reached = threading.Event()
         self.go = threading.Event()
 
-    def run_continuous(
-        self,
-        first: Sequence[AsrRequest],
-        pull: Callable[[int], list[AsrRequest]],
-        emit: Callable[[AsrRequest, AsrResult], None],
-    ) -> None:
-        calls = [0]
+    @property
+    def capacity(self) -> int:
+        return self.engine.capacity
 
-        def held(n: int) -> list[AsrRequest]:
-            calls[0] += 1  # pull 1 comes before step 1, pull k + 1 after step k
-            if calls[0] == self.step + 1 and not self.reached.is_set():
-                self.reached.set()
-                self.go.wait(HANG_S)
-            return pull(n)
+    @property
+    def open_count(self) -> int:
+        return self.engine.open_count
 
-        self.engine.run_continuous(first, held, emit)
+    def has_unfinished(self) -> bool:
+        return self.engine.has_unfinished()
+
+    def add(self, items: Sequence[tuple[Hashable, AsrRequest]]) -> None:
+        self.engine.add(items)
+
+    def abort(self, keys: Iterable[Hashable]) -> None:
+        self.engine.abort(keys)
+
+    def step(self) -> list[tuple[Hashable, AsrResult]]:
+        done = self.engine.step()
+        self.steps += 1
+        if self.steps == self.step_no and not self.reached.is_set():
+            self.reached.set()
+            self.go.wait(HANG_S)
+        return done
 
 
 @pytest.fixture(scope="module")

@@ -15,11 +15,11 @@ import pytest
 from test_session import Call, drive, silence, tone
 
 from voxgate.engines.asr.base import AsrRequest, AsrResult
-from voxgate.gateway.batcher import Batcher, BatchPolicy
 from voxgate.gateway.errors import CallError, ErrorKind
 from voxgate.gateway.events import ErrorOut, TranscriptOut
 from voxgate.gateway.metrics import GatewayMetrics
 from voxgate.gateway.runtime import AsrTranscriber, BatchMetrics
+from voxgate.gateway.scheduling import Batcher, BatchPolicy
 from voxgate.gateway.testing.fake_engines import FakeTranscriber
 
 pytestmark = pytest.mark.component

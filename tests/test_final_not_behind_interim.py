@@ -20,11 +20,11 @@ import pytest
 
 from voxgate.common.pcm import WireEncoding
 from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult
-from voxgate.gateway.batcher import Batcher, BatchPolicy, WithdrawnError
 from voxgate.gateway.config import LimitsConfig, VadConfig
 from voxgate.gateway.events import AudioIn, InboundEvent, OutboundEvent, TranscriptOut
 from voxgate.gateway.metrics import GatewayMetrics
 from voxgate.gateway.runtime import AsrTranscriber, BatchMetrics
+from voxgate.gateway.scheduling import Batcher, BatchPolicy, WithdrawnError
 from voxgate.gateway.session import CallConfig, CallSession
 from voxgate.gateway.testing.batched import fake_result
 from voxgate.gateway.testing.fake_engines import (

@@ -195,7 +195,8 @@ def test_phrase_start_needs_a_stricter_floor_than_a_continuation() -> None:
 
 @pytest.mark.unit
 def test_a_transcript_of_only_hotwords_on_silent_looking_audio_is_recited() -> None:
-    from voxgate.engines.asr._whisper import WhisperEngine, _Attempt
+    from voxgate.engines.asr._jobs import Attempt as _Attempt
+    from voxgate.engines.asr._whisper import WhisperEngine
 
     silent = _Attempt(1000, "en", 0.0, [], no_speech_prob=0.6, degenerate=False)
     clear = _Attempt(1000, "en", 0.0, [], no_speech_prob=0.05, degenerate=False)

@@ -4,7 +4,7 @@
   alone; an item leaves on the step of its end of text.
 * ``TorchWhisperEngine`` (chosen by ``asr.engine='torch'``) returns the CTranslate2 engine's
   results with every logits processor on (its NumPy loop in float32), words included, and
-  joins utterances in ``run_continuous``.
+  joins utterances between its steps (``add`` / ``step``).
 * A Hugging Face checkpoint and its CTranslate2 conversion load to the same tensors and
   decode to ``generate``'s tokens (a tiny random Whisper built by transformers).
 """
@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -188,14 +188,19 @@ def test_engine_joins_an_utterance_in_run_continuous(
     ct2, tor = engines_pair
     reqs = requests(audio)
     want = {id(r): res for r, res in zip(reqs, ct2.infer_batch(reqs), strict=True)}
-    calls = [0]
-
-    def pull(n: int) -> list[AsrRequest]:
-        calls[0] += 1
-        return reqs[1:] if calls[0] == 5 else []  # two join after four steps
-
-    got: dict[int, AsrResult] = {}
-    tor.run_continuous(reqs[:1], pull, lambda r, res: got.__setitem__(id(r), res))
+    assert isinstance(tor, TorchWhisperEngine)
+    # As the batcher's step loop drives it: add, then before every step add what joins.
+    tor.add([(id(reqs[0]), reqs[0])])
+    got: dict[Hashable, AsrResult] = {}
+    calls = 0
+    while True:
+        calls += 1
+        if calls == 5:  # two join after four steps
+            tor.add([(id(r), r) for r in reqs[1:]])
+        if not tor.has_unfinished():
+            break
+        got.update(tor.step())
+    tor.abort(())
     assert tor.counters.loop_joined == 2
     assert set(got) == set(want)
     for k, res in got.items():

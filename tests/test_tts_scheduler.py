@@ -32,8 +32,7 @@ from voxgate.gateway.events import SpeakIn
 from voxgate.gateway.metrics import GatewayMetrics
 from voxgate.gateway.runtime import TtsSynthesizer
 from voxgate.gateway.scheduling import WaitUntil
-from voxgate.gateway.synthesis import ReplyStats, SynthesisScheduler, policy_for
-from voxgate.gateway.synthesis_policy import (
+from voxgate.gateway.scheduling.synthesis_policy import (
     CostModel,
     Dispatch,
     SynthItem,
@@ -42,6 +41,7 @@ from voxgate.gateway.synthesis_policy import (
     default_synth_plan,
     next_work,
 )
+from voxgate.gateway.synthesis import ReplyStats, SynthesisScheduler, policy_for
 
 # The logic tests' fixed cost model and slacks were laid out for 24 frames of context each side;
 # the rules they check do not depend on that number (the served default is 28, tts.context_frames).

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult
-from voxgate.gateway.batcher import Batcher, BatchPolicy
 from voxgate.gateway.errors import CallError, ErrorKind
 from voxgate.gateway.metrics import GatewayMetrics
 from voxgate.gateway.runtime import AsrTranscriber, BatchMetrics
+from voxgate.gateway.scheduling import Batcher, BatchPolicy
 from voxgate.gateway.testing.batched import fake_result
 from voxgate.gateway.testing.fake_engines import FakeBatchEngine
 from voxgate.gateway.testing.signals import stats_for

@@ -42,7 +42,7 @@ What it measures, in this order, within ``--budget-s`` (default 450 s, so the wh
    ``max_length - prompt``); the tokens it really yields are reported under
    ``asr_model.ct2_max_length`` (a mismatch is an error of the run).
 4. **Capacity**: K simulated callers, each submitting an utterance about every ``--period-s``
-   (3 s, jittered) through :class:`voxgate.gateway.batcher.Batcher` with the real
+   (3 s, jittered) through :class:`voxgate.gateway.scheduling.Batcher` with the real
    :class:`voxgate.engines.asr._whisper.WhisperEngine` laid out as ``voxgate.gateway.runtime`` does
    it: one model with one CTranslate2 replica per worker (on CPU ``inter_threads`` = workers,
    ``intra_threads`` = cores // workers) and one engine object per worker from
@@ -51,7 +51,7 @@ What it measures, in this order, within ``--budget-s`` (default 450 s, so the wh
    30 s window, word timestamps on. Latency runs from submission to transcript; the search
    starts near half of what the batch throughput suggests, doubles K while the p95 stays
    within ``--target-p95-ms`` (500) and then bisects. The batch plan is
-   :func:`voxgate.gateway.batcher.default_plan` for the device unless ``--sim-batch`` /
+   :func:`voxgate.gateway.scheduling.default_plan` for the device unless ``--sim-batch`` /
    ``--sim-workers`` override it. With random weights the engine runs one decode at
    temperature 0 and no silence gates (a random decoder always "loops", which would otherwise
    trigger five sampled retries per item and drop every text before alignment); real weights

@@ -50,7 +50,7 @@ ENTRY_MODULES = (
     "benchmarks.gpu_check.tts",
     "voxgate.engines.asr",
     "voxgate.engines.asr._torch.engine",
-    "voxgate.gateway.batcher",
+    "voxgate.gateway.scheduling",
     "faster_whisper",
     "ctranslate2.specs",
 )

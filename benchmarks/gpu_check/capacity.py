@@ -170,7 +170,7 @@ async def run_trial(
     regardless of whether its previous transcript has come back (people keep talking). The
     trial stops early once any latency exceeds ``abort_s`` (the replica is clearly full).
     """
-    from voxgate.gateway.batcher import Batcher, BatchPolicy, QueueFullError
+    from voxgate.gateway.scheduling import Batcher, BatchPolicy, QueueFullError
 
     rng = np.random.default_rng(seed)
     loop = asyncio.get_running_loop()

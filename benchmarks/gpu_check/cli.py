@@ -350,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # -- capacity
         if "capacity" not in skip:
             from voxgate.engines.asr.base import AsrOptions, AsrRequest
-            from voxgate.gateway.batcher import default_plan
+            from voxgate.gateway.scheduling import default_plan
 
             plan = default_plan(device, threads)
             workers = args.sim_workers or plan.workers

@@ -29,20 +29,24 @@ One BLAS thread is the measured best on shared cores (the caller sets it; see do
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from voxgate.engines.asr._ct2_weights import DecoderWeights, Linear
+from voxgate.engines.asr._ct2_weights import DecoderWeights, Linear, load_decoder_weights
 
 __all__ = [
     "DecodeItem",
     "DecodeLoop",
     "DecodeResult",
     "LogitsProcessor",
+    "SharedDecoder",
     "StepLoop",
     "WhisperDecoder",
 ]
@@ -94,6 +98,10 @@ class StepLoop(Protocol):
 
     def step(self) -> list[DecodeItem]:
         """One decode step; the items that finished on it."""
+        ...
+
+    def abort(self, item: DecodeItem) -> bool:
+        """Take ``item`` out of the batch (its ``result`` stays None); False if not in it."""
         ...
 
     def run(self, items: Sequence[DecodeItem]) -> list[DecodeResult]:
@@ -472,6 +480,13 @@ class DecodeLoop:
         self._live = keep
         return done
 
+    def abort(self, item: DecodeItem) -> bool:
+        """Take ``item`` out of the batch (its ``result`` stays None); False if not in it."""
+        kept = [lv for lv in self._live if lv.item is not item]
+        found = len(kept) < len(self._live)
+        self._live = kept
+        return found
+
     def run(self, items: Sequence[DecodeItem]) -> list[DecodeResult]:
         """Decode ``items`` together to the end (all join at the first step)."""
         return run_to_end(self, items)
@@ -556,3 +571,40 @@ class DecodeLoop:
         lv.cum = np.asarray([scores[j] for j in active])
         lv.inputs = np.asarray([toks[j] for j in active], np.int64)
         return False
+
+
+class SharedDecoder:
+    """The decode loop's decoder weights, loaded on first use and shared by sibling engines.
+
+    Reading and quantizing the decoder takes seconds and ~250 MB, so it happens only when an
+    item first needs a processor, once per process-wide model (siblings share this object).
+    """
+
+    def __init__(self, model_dir: Path | None, weights: str) -> None:
+        self.model_dir = model_dir
+        self.weights = weights
+        self._lock = threading.Lock()
+        self._decoder: WhisperDecoder | None = None
+        self._config: dict[str, Any] | None = None
+
+    def decoder(self) -> WhisperDecoder:
+        """The decoder, read from the model directory the first time it is asked for."""
+        with self._lock:
+            if self._decoder is None:
+                if self.model_dir is None:
+                    raise RuntimeError("the decode loop needs the model directory (use load())")
+                weights = load_decoder_weights(
+                    self.model_dir, "int8" if self.weights == "int8" else "none"
+                )
+                self._decoder = WhisperDecoder(weights)
+            return self._decoder
+
+    def model_config(self) -> dict[str, Any]:
+        """The model directory's ``config.json`` ({} without a directory)."""
+        with self._lock:
+            if self._config is None:
+                cfg: dict[str, Any] = {}
+                if self.model_dir is not None:
+                    cfg = json.loads((self.model_dir / "config.json").read_text())
+                self._config = cfg
+            return self._config

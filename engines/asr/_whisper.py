@@ -9,7 +9,7 @@ sampling) and issues one ``encode`` / ``generate`` per group:
    its language where the call did not fix one;
 3. decode; an item whose decode loops or fails Whisper's gates is re-encoded on the full 30 s
    window, then retried at rising temperatures, each time re-batched with the others that need
-   the same retry, while its own latency budget lasts (see :meth:`WhisperEngine._next_step`);
+   the same retry, while its own latency budget lasts (``voxgate.engines.asr._jobs.next_step``);
 4. gate, pick the output (best or MBR), align words with cross-attention, build the results.
 
 When a logits processor applies to an item (a boosted phrase, the silence-aware end of text,
@@ -21,19 +21,18 @@ Word timestamps come from CTranslate2's ``align`` (cross-attention + DTW, as fas
 ``find_alignment``) rather than timestamp tokens: timestamp tokens would change the number of
 task tokens (a batch key), only give segment-level times, and cost decode steps; ``align`` is one
 extra decoder pass per batch over the already-encoded audio.
+
+The step path (:meth:`WhisperEngine.add` / :meth:`~WhisperEngine.step` /
+:meth:`~WhisperEngine.abort`, ``voxgate.engines.asr._step_batch``) runs the same rounds in one
+open decode loop that requests join and leave between steps; the scheduler drives it.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import math
 import re
-import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -46,14 +45,24 @@ from faster_whisper.tokenizer import _LANGUAGE_CODES, Tokenizer
 
 from voxgate.engines.asr import _policy as policy
 from voxgate.engines.asr._align import word_times
-from voxgate.engines.asr._ct2_weights import load_decoder_weights
 from voxgate.engines.asr._decode import (
     DecodeItem,
     DecodeLoop,
     DecodeResult,
     LogitsProcessor,
+    SharedDecoder,
     StepLoop,
-    WhisperDecoder,
+)
+from voxgate.engines.asr._jobs import (
+    Attempt,
+    EngineCounters,
+    Hyp,
+    Job,
+    chosen_attempt,
+    merge,
+    next_step,
+    plan_jobs,
+    refusal,
 )
 from voxgate.engines.asr._model_files import resolve_model_dir
 from voxgate.engines.asr._phrases import PhraseBoost, PhraseTree, parse_hotwords
@@ -66,16 +75,13 @@ from voxgate.engines.asr._processors import (
     TimestampRules,
     hallucination_strength,
 )
-from voxgate.engines.asr.base import AsrAlternative, AsrOptions, AsrRequest, AsrResult, AsrWord
-from voxgate.engines.asr.config import FULL_WINDOW_FRAMES, MEL_FRAMES_PER_S, WhisperConfig
+from voxgate.engines.asr._step_batch import StepBatch
+from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult, AsrWord
+from voxgate.engines.asr.config import FULL_WINDOW_FRAMES, WhisperConfig
 from voxgate.engines.base import ASR_SAMPLE_RATE_HZ, FloatArray, UtteranceStats
 
 __all__ = ["EngineCounters", "WhisperEngine"]
 
-_log = logging.getLogger(__name__)
-
-#: Samples in Whisper's 30 s window.
-_WINDOW_SAMPLES = 30 * ASR_SAMPLE_RATE_HZ
 #: Encoder output positions per second (mel frames are strided by 2).
 _MAX_PROMPT_TOKENS = 223
 #: A detected language's runner-up with at least this probability is tried when the first fails.
@@ -83,144 +89,6 @@ _ALT_LANGUAGE_MIN_PROB = 0.2
 #: No-speech probability from which a transcript made only of hotwords is taken as recited.
 _RECITED_HOTWORD_NO_SPEECH = 0.3
 _WORD_RE = re.compile(r"[\w']+")
-
-
-@dataclass(slots=True)
-class EngineCounters:
-    """Cumulative cost counters, for benchmarks and metrics (reset with ``reset()``).
-
-    Attributes:
-        encode_s: wall time inside ``encode``.
-        generate_s: wall time inside ``generate``.
-        align_s: wall time inside ``align``.
-        detect_s: wall time inside ``detect_language``.
-        encoded_frames: mel frames sent through the encoder.
-        window_fallbacks: items re-encoded on the full window.
-        temperature_fallbacks: decode retries at a higher temperature.
-        language_fallbacks: decode retries in the runner-up detected language.
-        budget_cuts: items whose retry ladder stopped because the next step would have ended
-            after their latency budget (``DecodingPolicyConfig.decode_budget_s``).
-        loop_s: wall time inside our own decode loop.
-        loop_items: decodes run by the loop instead of ``generate``.
-        loop_steps: decoder steps the loop ran (one step serves every live item).
-        loop_rows: rows those steps decoded (one per live item and beam); with items decoding
-            together, ``loop_rows`` exceeds ``loop_steps``.
-        loop_joined: loop decodes that joined a batch mid-run (``run_continuous``: after the
-            batch's first step, while another item was still decoding).
-    """
-
-    encode_s: float = 0.0
-    generate_s: float = 0.0
-    align_s: float = 0.0
-    detect_s: float = 0.0
-    encoded_frames: int = 0
-    window_fallbacks: int = 0
-    temperature_fallbacks: int = 0
-    language_fallbacks: int = 0
-    budget_cuts: int = 0
-    loop_s: float = 0.0
-    loop_items: int = 0
-    loop_steps: int = 0
-    loop_rows: int = 0
-    loop_joined: int = 0
-
-    def reset(self) -> None:
-        """Zero every counter."""
-        for name in self.__slots__:
-            setattr(self, name, type(getattr(self, name))())
-
-
-@dataclass(slots=True)
-class _Hyp:
-    tokens: list[int]
-    text: str
-    avg_logprob: float
-    cum_logprob: float
-
-
-@dataclass(slots=True)
-class _Attempt:
-    frames: int
-    language: str
-    temperature: float
-    hyps: list[_Hyp]
-    no_speech_prob: float
-    degenerate: bool
-
-
-@dataclass(slots=True)
-class _Job:
-    """One ≤30 s chunk of one request, with its decoding state across rounds."""
-
-    req: int
-    offset_s: float
-    audio: FloatArray
-    options: AsrOptions
-    stats: UtteranceStats
-    plan: policy.DecodingPlan
-    language: str | None
-    frames: int
-    temp_idx: int = 0
-    #: Runner-up detected languages worth a decode if the detected one fails (see _detect).
-    alt_languages: list[str] = field(default_factory=list)
-    #: Detection probabilities of the detected language and its runners-up; empty when the
-    #: language was given (the request's, or the only one of an English-only model).
-    language_probs: dict[str, float] = field(default_factory=dict)
-    encoder_out: dict[int, npt.NDArray[Any]] = field(default_factory=dict)
-    #: The VAD's voiced spans (ms), for the silence-aware end of text; single-chunk jobs only.
-    voiced_spans_ms: tuple[tuple[int, int], ...] = ()
-    attempts: list[_Attempt] = field(default_factory=list)
-    #: The retry steps taken, in order (``AsrResult.fallbacks``).
-    fallbacks: list[str] = field(default_factory=list)
-    encoded_frames: int = 0
-    done: bool = False
-    #: When the job's latency budget ends, on the engine's clock (``plan.budget_s`` after the
-    #: engine started on it); no retry starts that would end after it.
-    deadline: float = math.inf
-    #: How long the job's last decode round took (the whole round: the job waits for all of
-    #: it), the estimate of what its next retry costs.
-    decode_s: float = 0.0
-    #: When its decode in our loop began (``run_continuous``), on the engine's clock.
-    round_started: float = 0.0
-
-    @property
-    def content_frames(self) -> int:
-        return min(FULL_WINDOW_FRAMES, len(self.audio) // (ASR_SAMPLE_RATE_HZ // MEL_FRAMES_PER_S))
-
-
-class _LoopShared:
-    """The decode loop's decoder weights, loaded on first use and shared by sibling engines.
-
-    Reading and quantizing the decoder takes seconds and ~250 MB, so it happens only when an
-    item first needs a processor, once per process-wide model (siblings share this object).
-    """
-
-    def __init__(self, model_dir: Path | None, weights: str) -> None:
-        self.model_dir = model_dir
-        self.weights = weights
-        self._lock = threading.Lock()
-        self._decoder: WhisperDecoder | None = None
-        self._config: dict[str, Any] | None = None
-
-    def decoder(self) -> WhisperDecoder:
-        with self._lock:
-            if self._decoder is None:
-                if self.model_dir is None:
-                    raise RuntimeError("the decode loop needs the model directory (use load())")
-                weights = load_decoder_weights(
-                    self.model_dir, "int8" if self.weights == "int8" else "none"
-                )
-                self._decoder = WhisperDecoder(weights)
-            return self._decoder
-
-    def model_config(self) -> dict[str, Any]:
-        with self._lock:
-            if self._config is None:
-                cfg: dict[str, Any] = {}
-                if self.model_dir is not None:
-                    cfg = json.loads((self.model_dir / "config.json").read_text())
-                self._config = cfg
-            return self._config
 
 
 class WhisperEngine:
@@ -261,8 +129,10 @@ class WhisperEngine:
         self._suppress_cache: tuple[int, ...] | None = None
         # How CTranslate2 reads `max_length` (measured in warmup(); see _max_length).
         self._halved_max_length = False
-        self._loop_shared = _LoopShared(None, config.decode_loop.weights)
+        self._loop_shared = SharedDecoder(None, config.decode_loop.weights)
         self._phrase_trees: dict[tuple[str, ...], PhraseTree] = {}
+        #: The open decode batch of the step path (add / step / abort); None when idle.
+        self._batch: StepBatch | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -300,7 +170,7 @@ class WhisperEngine:
         )
         hf_tok = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         engine = cls(model, hf_tok, cfg, clock=clock)
-        engine._loop_shared = _LoopShared(model_dir, cfg.decode_loop.weights)
+        engine._loop_shared = SharedDecoder(model_dir, cfg.decode_loop.weights)
         return engine
 
     def sibling(self) -> Self:
@@ -404,14 +274,14 @@ class WhisperEngine:
             return ()
         return tuple(self._hf_tokenizer.encode(" " + context, add_special_tokens=False).ids)
 
-    def _context(self, job: _Job) -> list[int]:
+    def _context(self, job: Job) -> list[int]:
         """The call's initial prompt and hotwords as previous-text tokens (may be empty)."""
         tokens = job.options.context_tokens
         if tokens is None:
             tokens = self.encode_context(job.options.initial_prompt, job.options.hotwords)
         return list(tokens[-_MAX_PROMPT_TOKENS:])
 
-    def _prompt(self, job: _Job) -> list[int]:
+    def _prompt(self, job: Job) -> list[int]:
         assert job.language is not None
         tok = self._tokenizer(job.language, job.options.task)
         ctx = self._context(job)
@@ -434,9 +304,9 @@ class WhisperEngine:
 
     # ------------------------------------------------------------------ rounds
 
-    def _encode(self, jobs: list[_Job]) -> None:
+    def _encode(self, jobs: list[Job]) -> None:
         """Encode every job that lacks an encoder output at its current frame count."""
-        by_frames: dict[int, list[_Job]] = defaultdict(list)
+        by_frames: dict[int, list[Job]] = defaultdict(list)
         for j in jobs:
             if j.frames not in j.encoder_out:
                 by_frames[j.frames].append(j)
@@ -458,7 +328,7 @@ class WhisperEngine:
                 if undetected:
                     self._detect([j for j in part if j.language is None], frames)
 
-    def _detect(self, jobs: list[_Job], frames: int) -> None:
+    def _detect(self, jobs: list[Job], frames: int) -> None:
         if not self._multilingual:
             for j in jobs:
                 j.language = "en"
@@ -477,7 +347,7 @@ class WhisperEngine:
                 code[2:-2] for code, prob in p[1:3] if prob >= _ALT_LANGUAGE_MIN_PROB
             ]
 
-    def _decode(self, jobs: list[_Job]) -> None:
+    def _decode(self, jobs: list[Job]) -> None:
         """One generate per group of jobs that agree on every call-wide option.
 
         Jobs a logits processor applies to go through our own loop instead, all together
@@ -487,7 +357,7 @@ class WhisperEngine:
         if looped:
             self._loop_decode(looped)
             jobs = [j for j in jobs if not any(j is x for x in looped)]
-        groups: dict[tuple[Any, ...], list[tuple[_Job, list[int]]]] = defaultdict(list)
+        groups: dict[tuple[Any, ...], list[tuple[Job, list[int]]]] = defaultdict(list)
         for j in jobs:
             prompt = self._prompt(j)
             temp = j.plan.temperatures[j.temp_idx]
@@ -545,7 +415,7 @@ class WhisperEngine:
             self._phrase_trees[hotwords] = tree
         return tree if tree else None
 
-    def _wants_loop(self, job: _Job) -> bool:
+    def _wants_loop(self, job: Job) -> bool:
         """Whether a processor applies to ``job`` (else ``generate`` is faster and identical)."""
         cfg = self.config.decode_loop
         if job.plan.no_repeat_ngram_size > 0:
@@ -555,7 +425,7 @@ class WhisperEngine:
         return job.options.silence_aware and (cfg.silence_end or cfg.hallucination_bias > 0.0)
 
     def _loop_processors(
-        self, job: _Job, tok: Tokenizer, timestamps: bool
+        self, job: Job, tok: Tokenizer, timestamps: bool
     ) -> tuple[list[LogitsProcessor], Any]:
         """Whisper's rules plus ours for one job; the second item adds no-speech-aware ones."""
         mcfg = self._model_config()
@@ -636,7 +506,7 @@ class WhisperEngine:
             no_speech=tok.no_speech,
         )
 
-    def _loop_item(self, job: _Job) -> tuple[float, DecodeItem]:
+    def _loop_item(self, job: Job) -> tuple[float, DecodeItem]:
         """The loop item for ``job``'s next decode (its temperature and processors)."""
         assert job.language is not None
         tok = self._tokenizer(job.language, job.options.task)
@@ -662,7 +532,7 @@ class WhisperEngine:
         )
         return temp, item
 
-    def _loop_record(self, job: _Job, temp: float, res: DecodeResult) -> None:
+    def _loop_record(self, job: Job, temp: float, res: DecodeResult) -> None:
         """Record a loop decode in ``generate``'s shape."""
         eot = self._tokenizer("en", "transcribe").eot
         # With timestamp tokens the score is per token of every kind; _record reads it as per
@@ -673,7 +543,7 @@ class WhisperEngine:
                 res.scores[h] *= len(ids) / n_text
         self._record(job, temp, res)
 
-    def _loop_decode(self, jobs: list[_Job]) -> None:
+    def _loop_decode(self, jobs: list[Job]) -> None:
         """Decode ``jobs`` with our loop: one batch, per-item processors, beams and lengths."""
         for sl in self._chunks(len(jobs)):
             part = jobs[sl]
@@ -688,7 +558,7 @@ class WhisperEngine:
             for (j, temp, _), res in zip(items, results, strict=True):
                 self._loop_record(j, temp, res)
 
-    def _record(self, job: _Job, temperature: float, res: Any) -> None:
+    def _record(self, job: Job, temperature: float, res: Any) -> None:
         """Store one decode and decide the job's next step (done, full window, hotter)."""
         assert job.language is not None
         tok = self._tokenizer(job.language, job.options.task)
@@ -703,7 +573,7 @@ class WhisperEngine:
                 tokens = tokens[len(ctx) :]
             n = len(tokens)
             cum = float(score) * n
-            hyps.append(_Hyp(tokens, tok.decode(tokens).strip(), cum / (n + 1), cum))
+            hyps.append(Hyp(tokens, tok.decode(tokens).strip(), cum / (n + 1), cum))
         if temperature > 0.0:
             # Sampling returns best_of draws; Whisper keeps the most likely one first.
             hyps.sort(key=lambda h: h.avg_logprob, reverse=True)
@@ -722,122 +592,19 @@ class WhisperEngine:
             )
         )
         job.attempts.append(
-            _Attempt(
+            Attempt(
                 job.frames, job.language, temperature, hyps, float(res.no_speech_prob), degenerate
             )
         )
 
-    def _retry_step(self, job: _Job) -> str | None:
-        """The ladder's next step for a job whose last decode failed, or None at its end.
+    def _after_decode(self, job: Job, now: float) -> None:
+        """The retry ladder's verdict on ``job``'s last decode (see :func:`next_step`)."""
+        next_step(job, now, self.config, self.counters, self._encode_cost_s)
 
-        The order: the runner-up detected language, the full window, a hotter temperature;
-        short speech stops after ``plan.max_fallbacks`` steps.
-        """
-        if len(job.fallbacks) >= job.plan.max_fallbacks:
-            return None
-        if job.alt_languages:
-            return "language"
-        if (
-            job.frames < FULL_WINDOW_FRAMES
-            and self.config.encoder.fallback_to_full_window
-            and job.plan.window_fallback
-        ):
-            return "window"
-        if job.temp_idx + 1 < len(job.plan.temperatures):
-            return "temperature"
-        return None
-
-    def _retry_fits(self, job: _Job, step: str, now: float) -> bool:
-        """Whether ``step`` is expected to end before the job's deadline.
-
-        A retry costs about what the job's last round did (the same decode at another
-        language or temperature), plus a full-window encode for a ``window`` step. Measured,
-        not configured, so a loaded machine or a slow device retries less by itself.
-        """
-        if now >= job.deadline:
-            return False
-        plan = job.plan
-        rows = (plan.beam_size if job.temp_idx == 0 else plan.best_of, plan.best_of)
-        if step == "temperature" and rows[0] < rows[1]:
-            # Sampling decodes best_of rows where greedy decoded one: the first hotter round
-            # took 2.3x the greedy one for best_of 5 on the 2-core CPU (15 s of speech);
-            # sqrt(rows) is that ratio, and on a GPU an overestimate.
-            cost = job.decode_s * math.sqrt(rows[1] / rows[0])
-        else:
-            cost = job.decode_s
-        if step == "window" and FULL_WINDOW_FRAMES not in job.encoder_out:
-            cost += self._encode_cost(FULL_WINDOW_FRAMES)
-        return now + cost <= job.deadline
-
-    def _encode_cost(self, frames: int) -> float:
-        """Expected seconds to encode one item on ``frames``: measured, else scaled up.
-
-        ``warmup`` measures the full window; an engine that was not warmed up scales its
-        largest measured encode by the frame ratio (an underestimate: the cost grows faster).
-        """
-        if frames in self._encode_cost_s:
-            return self._encode_cost_s[frames]
-        if not self._encode_cost_s:
-            return 0.0
-        known = max(self._encode_cost_s)
-        return self._encode_cost_s[known] * frames / known
-
-    def _next_step(self, job: _Job, now: float) -> None:
-        """After a decode: the job is done, or takes the ladder's next step if it fits.
-
-        A step that would end after the job's deadline is not taken: the job leaves with its
-        best attempt so far (:meth:`_chosen_attempt`) and ``budget`` ends its fallbacks.
-        """
-        if not job.attempts[-1].degenerate:
-            job.done = True
-            return
-        step = self._retry_step(job)
-        if step is None:
-            job.done = True
-            return
-        if not self._retry_fits(job, step, now):
-            job.done = True
-            job.fallbacks.append("budget")
-            self.counters.budget_cuts += 1
-            return
-        if step == "language":
-            job.language = job.alt_languages.pop(0)
-            job.temp_idx = 0
-            self.counters.language_fallbacks += 1
-        elif step == "window":
-            job.frames = FULL_WINDOW_FRAMES
-            job.temp_idx = 0
-            self.counters.window_fallbacks += 1
-        else:
-            job.temp_idx += 1
-            self.counters.temperature_fallbacks += 1
-        job.fallbacks.append(step)
-
-    @staticmethod
-    def _chosen_attempt(job: _Job, ratio_threshold: float) -> _Attempt:
-        """The attempt to keep: the last one if it passed, else the best of all so far.
-
-        Whisper's rule when every temperature failed: prefer non-looping text, then log-prob.
-        Attempts on the latest window (the full one after a ``window`` step) come before those
-        on the short bucket it replaced, among texts that do not loop; a ladder cut by the
-        budget gets the same choice over the attempts it had time for.
-        """
-        last = job.attempts[-1]
-        if not last.degenerate:
-            return last
-
-        def rank(a: _Attempt) -> tuple[bool, bool, float]:
-            best = a.hyps[0]
-            loops = policy.compression_ratio(best.text) > ratio_threshold
-            loops = loops or policy.has_repetition_loop(best.tokens)
-            return (not loops, a.frames == job.frames, best.avg_logprob)
-
-        return max(job.attempts, key=rank)
-
-    def _align(self, items: list[tuple[_Job, _Attempt, _Hyp]]) -> dict[int, list[AsrWord]]:
+    def _align(self, items: list[tuple[Job, Attempt, Hyp]]) -> dict[int, list[AsrWord]]:
         """Word times from cross-attention for each (job, attempt, hyp); keyed by ``id(job)``."""
         out: dict[int, list[AsrWord]] = {}
-        groups: dict[tuple[int, tuple[int, ...]], list[tuple[_Job, _Hyp]]] = defaultdict(list)
+        groups: dict[tuple[int, tuple[int, ...]], list[tuple[Job, Hyp]]] = defaultdict(list)
         for job, att, hyp in items:
             if not hyp.tokens:
                 continue
@@ -861,7 +628,7 @@ class WhisperEngine:
                     out[id(job)] = self._words(job, hyp, res)
         return out
 
-    def _words(self, job: _Job, hyp: _Hyp, res: Any) -> list[AsrWord]:
+    def _words(self, job: Job, hyp: Hyp, res: Any) -> list[AsrWord]:
         assert job.language is not None
         tok = self._tokenizer(job.language, job.options.task)
         return word_times(
@@ -884,7 +651,7 @@ class WhisperEngine:
         """
         started = self._clock()
         results: list[AsrResult | None] = [None] * len(items)
-        jobs: list[_Job] = []
+        jobs: list[Job] = []
         for i, req in enumerate(items):
             refused = self._refusal(req)
             if refused is not None:
@@ -899,111 +666,68 @@ class WhisperEngine:
             if j.options.word_timestamps and not chosen[id(j)][2]
         ]
         words = self._align(to_align) if to_align else {}
-        per_req: dict[int, list[_Job]] = defaultdict(list)
+        per_req: dict[int, list[Job]] = defaultdict(list)
         for job in jobs:
             per_req[job.req].append(job)
         for i, req_jobs in per_req.items():
-            results[i] = self._merge(req_jobs, chosen, words)
+            results[i] = merge(req_jobs, chosen, words)
         assert all(r is not None for r in results)
         return [r for r in results if r is not None]
 
     @property
     def continuous(self) -> bool:
-        """Whether :meth:`run_continuous` batches at the decode-step level.
+        """Whether :meth:`add` / :meth:`step` batch at the decode-step level.
 
         Only our decode loop can take an utterance into a batch that has started, so this is
         ``decode_loop.always``: with it every utterance is decoded by the loop.
         """
         return self.config.decode_loop.always
 
-    def run_continuous(
-        self,
-        first: Sequence[AsrRequest],
-        pull: Callable[[int], list[AsrRequest]],
-        emit: Callable[[AsrRequest, AsrResult], None],
-    ) -> None:
-        """Transcribe ``first`` and whatever ``pull`` hands over, in one running decode batch.
+    @property
+    def capacity(self) -> int:
+        """The most requests decoding at once (``max_batch_size``, the scheduler's too)."""
+        return self.config.max_batch_size
 
-        Iteration-level batching (the batcher's ``join_running``): between two decode steps
-        the engine asks ``pull`` for up to ``max_batch_size - open utterances`` new ones,
-        encodes them with CTranslate2 and adds them to the running :class:`DecodeLoop`; an
-        utterance leaves the batch the step it ends. A fallback (full window, other language,
-        higher temperature) re-enters the loop as a new decode of the same utterance, so each
-        utterance gets exactly one ``emit``, when its last round is done (gates, alignment and
-        merging as in :meth:`infer_batch`). Returns when nothing is decoding and ``pull`` gave
-        nothing. Jobs the loop cannot decode (``no_repeat_ngram_size``) run through
-        ``generate`` at once, blocking the step they join at. An utterance's latency budget
-        starts when it is admitted, so the utterances of one run each have their own deadline.
+    @property
+    def open_count(self) -> int:
+        """Requests added and not yet finished."""
+        return self._batch.open_count if self._batch is not None else 0
+
+    def has_unfinished(self) -> bool:
+        """Whether a request is open or a finished one waits to be returned by :meth:`step`."""
+        return self._batch is not None and self._batch.has_unfinished()
+
+    def add(self, requests: Sequence[tuple[Hashable, AsrRequest]]) -> None:
+        """Start decoding ``requests`` (key, request) in the open decode batch.
+
+        Iteration-level batching (the scheduler's ``join_running``): the newcomers are encoded
+        together with CTranslate2 and their decodes join the running step loop at the next
+        :meth:`step`. Each request's latency budget starts now. Jobs the loop cannot decode
+        (``no_repeat_ngram_size``) run through ``generate`` at once. See
+        :mod:`voxgate.engines.asr._step_batch` for the rules.
         """
-        loop = self._new_loop()
-        live: dict[int, tuple[_Job, float, DecodeItem]] = {}
-        open_reqs: dict[int, tuple[AsrRequest, list[_Job]]] = {}
-        counter = [0, 0]  # next request number, steps run
+        if self._batch is None:
+            self._batch = StepBatch(self, self._new_loop())
+        self._batch.add(requests)
 
-        def finished(job: _Job) -> None:
-            req, jobs = open_reqs[job.req]
-            if all(j.done for j in jobs):
-                del open_reqs[job.req]
-                emit(req, self._finish_request(jobs))
+    def step(self) -> list[tuple[Hashable, AsrResult]]:
+        """One decode step of every open request; the (key, result) of each that finished.
 
-        def advance(job: _Job) -> None:
-            if not job.done and not self._wants_loop(job):
-                self._run_rounds([job])
-            if job.done:
-                finished(job)
-                return
-            self._encode([job])  # a window fallback needs the full-window encoding
-            temp, item = self._loop_item(job)
-            job.round_started = self._clock()
-            if counter[1] and loop.active:
-                self.counters.loop_joined += 1
-            loop.add(item)
-            live[id(item)] = (job, temp, item)
-            self.counters.loop_items += 1
+        A fallback (full window, other language, higher temperature) re-enters the loop as the
+        request's next round, so each request is returned once, when its last round is done
+        (gates, alignment and merging as in :meth:`infer_batch`).
+        """
+        return self._batch.step() if self._batch is not None else []
 
-        def admit(reqs: Sequence[AsrRequest]) -> None:
-            jobs: list[_Job] = []
-            started = self._clock()
-            for req in reqs:
-                refused = self._refusal(req)
-                if refused is not None:
-                    emit(req, refused)
-                    continue
-                index = counter[0]
-                counter[0] += 1
-                planned = self._plan_jobs(index, req, started)
-                open_reqs[index] = (req, planned)
-                jobs.extend(planned)
-            self._encode(jobs)  # the newcomers' encodes are batched
-            for job in jobs:
-                advance(job)
+    def abort(self, keys: Iterable[Hashable]) -> None:
+        """Drop the requests of ``keys``; nothing left open closes the batch (next add: new)."""
+        if self._batch is None:
+            return
+        self._batch.abort(keys)
+        if not self._batch.has_unfinished():
+            self._batch = None
 
-        admit(first)
-        while True:
-            new = pull(max(0, self.config.max_batch_size - len(open_reqs)))
-            if new:
-                admit(new)
-            if not loop.active:
-                if new:
-                    continue  # all of them were refused or done at once; ask again
-                break
-            rows = loop.rows
-            t0 = time.perf_counter()
-            done = loop.step()
-            self.counters.loop_s += time.perf_counter() - t0
-            self.counters.loop_steps += 1
-            self.counters.loop_rows += loop.rows - rows
-            counter[1] += 1
-            for item in done:
-                job, temp, _ = live.pop(id(item))
-                assert item.result is not None
-                self._loop_record(job, temp, item.result)
-                now = self._clock()
-                job.decode_s = now - job.round_started
-                self._next_step(job, now)
-                advance(job)
-
-    def _finish_request(self, jobs: list[_Job]) -> AsrResult:
+    def _finish_request(self, jobs: list[Job]) -> AsrResult:
         """Choose, gate, align and merge the finished jobs of one request."""
         chosen = {id(job): self._choose(job) for job in jobs}
         to_align = [
@@ -1012,79 +736,17 @@ class WhisperEngine:
             if j.options.word_timestamps and not chosen[id(j)][2]
         ]
         words = self._align(to_align) if to_align else {}
-        return self._merge(jobs, chosen, words)
+        return merge(jobs, chosen, words)
 
     def _refusal(self, req: AsrRequest) -> AsrResult | None:
         """The result of an item that is not decoded at all (language, policy skip), or None."""
-        opts = req.options
-        if opts.language is not None and (
-            opts.language not in _LANGUAGE_CODES
-            or (not self._multilingual and opts.language != "en")
-        ):
-            return AsrResult(text="", dropped_reason="unsupported_language")
-        reason = (
-            policy.skip_reason(req.stats, opts, self.config.policy)
-            if len(req.audio)
-            else "too_short"
-        )
-        if reason:
-            return AsrResult(
-                text="",
-                dropped_reason=reason,
-                language=opts.language or "",
-                language_probability=1.0 if opts.language else 0.0,
-            )
-        return None
+        return refusal(req, self.config, multilingual=self._multilingual)
 
-    def _plan_jobs(self, index: int, req: AsrRequest, started: float) -> list[_Job]:
-        """One job per 30 s chunk of the request's audio, each with its decoding plan.
+    def _plan_jobs(self, index: int, req: AsrRequest, started: float) -> list[Job]:
+        """One job per 30 s chunk of the request's audio (see :func:`plan_jobs`)."""
+        return plan_jobs(index, req, started, self.config, multilingual=self._multilingual)
 
-        ``started`` is when the engine took the request: its budget counts from there.
-        """
-        cfg = self.config
-        audio = np.asarray(req.audio, dtype=np.float32).reshape(-1)
-        limit = int(cfg.max_utterance_s * ASR_SAMPLE_RATE_HZ)
-        if len(audio) > limit:
-            _log.warning(
-                "utterance of %.1f s exceeds max_utterance_s=%.1f s; the rest is ignored",
-                len(audio) / ASR_SAMPLE_RATE_HZ,
-                cfg.max_utterance_s,
-            )
-            audio = audio[:limit]
-        jobs = []
-        for start in range(0, len(audio), _WINDOW_SAMPLES):
-            chunk = audio[start : start + _WINDOW_SAMPLES]
-            stats = req.stats
-            if len(audio) > _WINDOW_SAMPLES:
-                dur = round(1000 * len(chunk) / ASR_SAMPLE_RATE_HZ)
-                stats = replace(
-                    req.stats,
-                    duration_ms=dur,
-                    speech_ms=min(dur, req.stats.speech_ms),
-                    leading_silence_ms=0,
-                    trailing_silence_ms=0,
-                )
-            plan = policy.plan_decoding(
-                stats, req.options, cfg.policy, cfg.encoder, is_final=req.is_final
-            )
-            lang = req.options.language if self._multilingual else "en"
-            job = _Job(
-                index,
-                start / ASR_SAMPLE_RATE_HZ,
-                chunk,
-                req.options,
-                stats,
-                plan,
-                lang,
-                plan.encoder_frames,
-                deadline=started + plan.budget_s,
-            )
-            if len(audio) <= _WINDOW_SAMPLES:
-                job.voiced_spans_ms = req.voiced_spans_ms
-            jobs.append(job)
-        return jobs
-
-    def _run_rounds(self, jobs: list[_Job]) -> None:
+    def _run_rounds(self, jobs: list[Job]) -> None:
         """Encode and decode until every job is done (fallbacks add rounds).
 
         After each round every job decides its own next step against its own deadline, so a
@@ -1098,13 +760,13 @@ class WhisperEngine:
             now = self._clock()
             for job in pending:
                 job.decode_s = now - began
-                self._next_step(job, now)
+                self._after_decode(job, now)
             pending = [j for j in jobs if not j.done]
 
-    def _choose(self, job: _Job) -> tuple[_Attempt, _Hyp, str]:
+    def _choose(self, job: Job) -> tuple[Attempt, Hyp, str]:
         """The job's chosen attempt and hypothesis (MBR when asked) and its gate verdict."""
         cfg = self.config
-        att = self._chosen_attempt(job, cfg.policy.compression_ratio_threshold)
+        att = chosen_attempt(job, cfg.policy.compression_ratio_threshold)
         job.frames, job.language = att.frames, att.language
         idx = 0
         if job.plan.mbr_candidates > 1:
@@ -1131,7 +793,7 @@ class WhisperEngine:
         return att, hyp, dropped
 
     @staticmethod
-    def _recites_hotwords(text: str, hotwords: tuple[str, ...], att: _Attempt) -> bool:
+    def _recites_hotwords(text: str, hotwords: tuple[str, ...], att: Attempt) -> bool:
         """Whether ``text`` is nothing but the call's hotwords on audio that looks silent.
 
         On noise Whisper recites the last words of its prompt ("Kowalczyk," on pink noise,
@@ -1145,57 +807,3 @@ class WhisperEngine:
         vocab = {w.lower() for h in words for w in _WORD_RE.findall(h)}
         said = _WORD_RE.findall(text.lower())
         return bool(said) and all(w in vocab for w in said)
-
-    @staticmethod
-    def _language_probability(job: _Job) -> float:
-        """How sure the engine is of the job's (final) language: 1.0 unless it was detected."""
-        if not job.language_probs:
-            return 1.0
-        return job.language_probs.get(job.language or "", 0.0)
-
-    def _merge(
-        self,
-        jobs: list[_Job],
-        chosen: dict[int, tuple[_Attempt, _Hyp, str]],
-        words: dict[int, list[AsrWord]],
-    ) -> AsrResult:
-        """Combine the chunks of one request into its result."""
-        texts, all_words, reasons = [], [], []
-        n_tok = 0
-        sum_lp = 0.0
-        for job in jobs:
-            att, hyp, dropped = chosen[id(job)]
-            if dropped:
-                reasons.append(dropped)
-                continue
-            texts.append(hyp.text)
-            all_words.extend(words.get(id(job), []))
-            n_tok += len(hyp.tokens) + 1
-            sum_lp += hyp.avg_logprob * (len(hyp.tokens) + 1)
-        first_att, first_hyp, _ = chosen[id(jobs[0])]
-        text = " ".join(t for t in texts if t)
-        avg_lp = sum_lp / n_tok if n_tok else first_hyp.avg_logprob
-        alternatives: tuple[AsrAlternative, ...] = ()
-        k = jobs[0].options.num_alternatives
-        if len(jobs) == 1 and text and k > 0:
-            seen = {text}
-            alts = []
-            for h in first_att.hyps:
-                if h.text and h.text not in seen:
-                    seen.add(h.text)
-                    alts.append(AsrAlternative(h.text, math.exp(min(0.0, h.avg_logprob))))
-            alternatives = tuple(alts[:k])
-        return AsrResult(
-            text=text,
-            words=tuple(all_words),
-            confidence=math.exp(min(0.0, avg_lp)) if text else 0.0,
-            no_speech_prob=float(np.mean([chosen[id(j)][0].no_speech_prob for j in jobs])),
-            avg_logprob=avg_lp,
-            compression_ratio=policy.compression_ratio(text),
-            language=jobs[0].language or "",
-            language_probability=self._language_probability(jobs[0]),
-            alternatives=alternatives,
-            dropped_reason="" if text else (reasons[0] if reasons else "no_speech"),
-            encoded_frames=sum(j.encoded_frames for j in jobs),
-            fallbacks=tuple(step for j in jobs for step in j.fallbacks),
-        )

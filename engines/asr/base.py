@@ -3,12 +3,12 @@
 Threading: an :class:`AsrEngine` is used from one worker thread at a time; the gateway's batcher
 owns those threads. ``infer_batch`` is eager (no lazy generators cross the thread boundary) and
 returns exactly one :class:`AsrResult` per :class:`AsrRequest`, in order. An engine may also be a
-:class:`ContinuousAsrEngine` (iteration-level batching: utterances join a running batch).
+:class:`StepAsrEngine` (iteration-level batching: utterances join a running batch).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, Self
 
@@ -21,7 +21,7 @@ __all__ = [
     "AsrRequest",
     "AsrResult",
     "AsrWord",
-    "ContinuousAsrEngine",
+    "StepAsrEngine",
 ]
 
 
@@ -209,28 +209,46 @@ class AsrEngine(Protocol):
         ...
 
 
-class ContinuousAsrEngine(AsrEngine, Protocol):
-    """An engine that can also keep one decode batch open while utterances join and leave.
+class StepAsrEngine(AsrEngine, Protocol):
+    """An engine that keeps one decode batch open while utterances join and leave (vLLM-shaped).
 
     The gateway's batcher drives it with ``batcher.join_running`` (it matches
-    ``voxgate.gateway.batcher.ContinuousEngine`` structurally; engines do not import the gateway).
+    ``voxgate.gateway.scheduling.StepEngine`` structurally; engines do not import the gateway):
+    the scheduler decides which utterances run and join; the engine only adds, steps and
+    aborts what it is given and never calls back into the scheduler. Keys are the
+    scheduler's names for its requests (any hashable, unique among the open ones).
     """
 
     @property
     def continuous(self) -> bool:
-        """Whether :meth:`run_continuous` really joins utterances at decode steps."""
+        """Whether :meth:`add` / :meth:`step` really join utterances at decode steps."""
         ...
 
-    def run_continuous(
-        self,
-        first: Sequence[AsrRequest],
-        pull: Callable[[int], list[AsrRequest]],
-        emit: Callable[[AsrRequest, AsrResult], None],
-    ) -> None:
-        """Decode ``first`` and what ``pull`` hands over, emitting each result when it is done.
+    @property
+    def capacity(self) -> int:
+        """The most requests decoding at once."""
+        ...
 
-        Between steps take up to n more from ``pull(n)``; ``emit`` each utterance's one result
-        the moment it is done; return when nothing is left (voxgate.gateway.batcher.ContinuousEngine
-        has the whole contract).
+    @property
+    def open_count(self) -> int:
+        """Requests added and not yet finished."""
+        ...
+
+    def has_unfinished(self) -> bool:
+        """Whether a request is open or a finished one waits to be returned by :meth:`step`."""
+        ...
+
+    def add(self, requests: Sequence[tuple[Hashable, AsrRequest]]) -> None:
+        """Start decoding ``requests`` (key, request); they join the next step."""
+        ...
+
+    def step(self) -> list[tuple[Hashable, AsrResult]]:
+        """Advance every open request one decode step; (key, result) of those that finished.
+
+        A request is returned once, when its last round (fallbacks included) is done.
         """
+        ...
+
+    def abort(self, keys: Iterable[Hashable]) -> None:
+        """Drop the requests of ``keys``; no result comes for them."""
         ...

@@ -2,7 +2,7 @@
 
 Both the engine (to slice the latent, :mod:`voxgate.engines.tts._streamer`) and the gateway's
 synthesis policy (to know which windows of several replies share an input length and can be batched,
-:mod:`voxgate.gateway.synthesis_policy`) use it, so it lives with the engine.
+:mod:`voxgate.gateway.scheduling.synthesis_policy`) use it, so it lives with the engine.
 """
 
 from __future__ import annotations

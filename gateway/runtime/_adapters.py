@@ -13,9 +13,10 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable, Iterable, Sequence
+from typing import cast
 
-from voxgate.engines.asr.base import AsrEngine, AsrRequest, AsrResult
+from voxgate.engines.asr.base import AsrEngine, AsrRequest, AsrResult, StepAsrEngine
 from voxgate.engines.tts import (
     SpeakOptions,
     TtsChunk,
@@ -27,19 +28,19 @@ from voxgate.engines.tts import (
 from voxgate.gateway.base import (
     TtsPiece,
 )
-from voxgate.gateway.batcher import (
-    Batcher,
-    BatchObserver,
-    BatchTimeoutError,
-    QueueFullError,
-    WithdrawnError,
-)
 from voxgate.gateway.errors import CallError, ErrorKind
 from voxgate.gateway.events import SpeakIn
 from voxgate.gateway.metrics import GatewayMetrics
 from voxgate.gateway.models import (
     ModelRegistry,
     model_name_of,
+)
+from voxgate.gateway.scheduling import (
+    Batcher,
+    BatchObserver,
+    BatchTimeoutError,
+    QueueFullError,
+    WithdrawnError,
 )
 from voxgate.gateway.synthesis import ReplyStats, SynthesisScheduler, policy_for
 
@@ -213,9 +214,10 @@ class AsrTranscriber:
 
     A final never waits behind an interim of its own utterance (``AsrRequest.utterance``):
     submitting it withdraws that utterance's interims still queued (they fail with
-    :class:`~voxgate.gateway.batcher.WithdrawnError`, which the session takes as "no interim"), so
-    none runs before it or shares its batch. One already running finishes on its worker; with
-    more than one worker it cannot hold the final, since interims never take the last one.
+    :class:`~voxgate.gateway.scheduling.WithdrawnError`, which the session takes as "no
+    interim"), so none runs before it or shares its batch. One already running finishes on its
+    worker; with more than one worker it cannot hold the final, since interims never take the
+    last one.
     """
 
     def __init__(
@@ -349,6 +351,8 @@ class ModelRouter:
         self._default = default
         self._registry = registry
         self._engines: dict[str, AsrEngine] = {}
+        #: The engine of the running step batch (join_running), None between runs.
+        self._running: StepAsrEngine | None = None
 
     def engine_for(self, key: str) -> AsrEngine:
         """This worker's engine for routing key ``key`` ("" = the default model)."""
@@ -378,12 +382,45 @@ class ModelRouter:
         """Whether the default model's engine joins utterances at decode steps."""
         return bool(getattr(self._default, "continuous", False))
 
-    def run_continuous(
-        self,
-        first: Sequence[AsrRequest],
-        pull: Callable[[int], list[AsrRequest]],
-        emit: Callable[[AsrRequest, AsrResult], None],
-    ) -> None:
-        """A running batch of ``first``'s model; ``pull`` hands over the same key only."""
-        engine = self.engine_for(first[0].options.model)
-        engine.run_continuous(first, pull, emit)  # type: ignore[attr-defined]
+    # The step path (batcher.join_running): one running batch per worker, of one model (the
+    # batch key), on that model's engine; the driver ends each run with an abort.
+
+    @property
+    def capacity(self) -> int:
+        """The running model's engine's capacity (the default model's between runs)."""
+        return self._stepping(self._running or self._default).capacity
+
+    @property
+    def open_count(self) -> int:
+        """Requests open in the running batch."""
+        return self._running.open_count if self._running is not None else 0
+
+    def has_unfinished(self) -> bool:
+        """Whether the running batch has a request not yet returned."""
+        return self._running is not None and self._running.has_unfinished()
+
+    def add(self, items: Sequence[tuple[Hashable, AsrRequest]]) -> None:
+        """Add to the running batch; the first add of a run picks its model's engine."""
+        if not items:
+            return
+        if self._running is None:
+            self._running = self._stepping(self.engine_for(items[0][1].options.model))
+        self._running.add(items)
+
+    def step(self) -> list[tuple[Hashable, AsrResult]]:
+        """One step of the running batch."""
+        return self._running.step() if self._running is not None else []
+
+    def abort(self, keys: Iterable[Hashable]) -> None:
+        """Drop requests of the running batch; the run ends once nothing is left."""
+        if self._running is None:
+            return
+        self._running.abort(keys)
+        if not self._running.has_unfinished():
+            self._running = None
+
+    @staticmethod
+    def _stepping(engine: AsrEngine) -> StepAsrEngine:
+        if not callable(getattr(engine, "step", None)):
+            raise TypeError(f"{engine.name} has no add / step / abort (join_running needs it)")
+        return cast(StepAsrEngine, engine)

@@ -1,9 +1,9 @@
 """The production engine hub: loads the configured engines and adapts them for sessions.
 
 Engines are synchronous classes (``engines/``); this module owns their threads. Recognition goes
-through the cross-call :class:`~voxgate.gateway.batcher.Batcher` (one or more engine workers), and
-speech synthesis through a small pool of threads that each advance one reply's generator a window at
-a time, so that no model work ever runs on the event loop.
+through the cross-call :class:`~voxgate.gateway.scheduling.Batcher` (one or more engine
+workers), and speech synthesis through a small pool of threads that each advance one reply's
+generator a window at a time, so that no model work ever runs on the event loop.
 """
 
 from __future__ import annotations
@@ -44,13 +44,6 @@ from voxgate.gateway.base import (
     Transcriber,
     VoiceDescription,
 )
-from voxgate.gateway.batcher import (
-    BatchEngine,
-    Batcher,
-    BatchPlan,
-    BatchPolicy,
-    default_plan,
-)
 from voxgate.gateway.config import GatewayConfig
 from voxgate.gateway.errors import CallError
 from voxgate.gateway.metrics import GatewayMetrics
@@ -67,7 +60,14 @@ from voxgate.gateway.runtime._adapters import (
     ModelRouter,
     TtsSynthesizer,
 )
-from voxgate.gateway.synthesis_policy import default_synth_plan
+from voxgate.gateway.scheduling import (
+    BatchEngine,
+    Batcher,
+    BatchPlan,
+    BatchPolicy,
+    default_plan,
+)
+from voxgate.gateway.scheduling.synthesis_policy import default_synth_plan
 
 __all__ = ["EngineHubImpl", "EngineLoadError", "build_hub", "read_reference_utterance"]
 

@@ -1,7 +1,7 @@
 """A FAKE recogniser behind the REAL batcher: for admission, overload and hung-engine tests.
 
 :class:`FakeBatchedAsrHub` runs :class:`~voxgate.gateway.testing.fake_engines.FakeBatchEngine`
-workers through the production :class:`~voxgate.gateway.batcher.Batcher` and
+workers through the production :class:`~voxgate.gateway.scheduling.Batcher` and
 :class:`~voxgate.gateway.runtime.AsrTranscriber` with the production metrics observer, so queueing,
 batch timeouts, worker replacement and the measurements admission reads are all real; only the
 model is fake (its latency is whatever the test sets). Never evidence that recognition works.
@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 from voxgate.engines.asr.base import AsrRequest, AsrResult
 from voxgate.gateway.base import EngineInfo, ModelDescription, Synthesizer, Transcriber
-from voxgate.gateway.batcher import Batcher, BatchPolicy
 from voxgate.gateway.metrics import GatewayMetrics
 from voxgate.gateway.runtime import AsrTranscriber, BatchMetrics
+from voxgate.gateway.scheduling import Batcher, BatchPolicy
 from voxgate.gateway.testing.fake_engines import FakeBatchEngine
 
 __all__ = ["FakeBatchedAsrHub", "fake_result"]

@@ -3,6 +3,8 @@
 :class:`FakeBatchEngine` stands in for any engine with ``infer_batch`` so that the batcher can be
 tested without a model: it can be slowed, held at a gate until the test releases it, made to
 raise on a chosen call or return the wrong number of results, and it records what it saw.
+:class:`FakeStepEngine` stands in for a step engine (``add`` / ``step`` / ``abort``, the
+batcher's ``join_running``), with step-by-step gating and the same kind of knobs.
 """
 
 from __future__ import annotations
@@ -10,8 +12,17 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Container, Mapping, Sequence
-from typing import Generic, TypeVar
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Collection,
+    Container,
+    Hashable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +36,7 @@ __all__ = [
     "EnergyVoiceDetector",
     "FakeBatchEngine",
     "FakeEngineError",
+    "FakeStepEngine",
     "FakeToneHub",
     "FakeToneSynthesizer",
     "FakeTranscriber",
@@ -173,6 +185,156 @@ class FakeBatchEngine(Generic[T, R]):
         finally:
             with self._cond:
                 self._active -= 1
+
+
+class _StepBatch:
+    """One worker thread's open batch in a :class:`FakeStepEngine`."""
+
+    def __init__(self) -> None:
+        #: [key, item, steps left, rounds left] per open item.
+        self.live: list[list[Any]] = []
+        self.open = False
+
+
+class FakeStepEngine:
+    """A FAKE step engine (``add`` / ``step`` / ``abort``): item n takes n steps, result n * 10.
+
+    Thread-safe. Each worker thread has its own open batch, as if each had its own engine
+    object: a hung worker's replacement thread starts empty while the stuck one keeps its own.
+
+    Args:
+        gated: each step waits for a permit from :meth:`allow` (the test paces the steps).
+        capacity: the most items it decodes at once (what the driver may fill).
+        delay_s: sleep per step (only for a "long run that keeps stepping" test).
+        hang_at_step: block at this step (counting from 1, across threads) until
+            :meth:`release`.
+        fail_at_step: raise :class:`FakeEngineError` at this step.
+        forget: items it never returns (a contract breach).
+        rounds: item -> extra rounds (a fallback re-decode: the item runs again for n steps
+            before its one result).
+        hang_s: how long a gated step waits for its permit before raising (a broken test then
+            ends instead of hanging).
+
+    Attributes:
+        steps: the live items of every step, in order.
+        seen: every item that reached the engine, in order.
+        runs: how many batches started (an ``add`` into a closed batch; the driver closes one
+            with the ``abort`` that ends each run).
+        thread_ids: the thread that started each batch.
+    """
+
+    def __init__(
+        self,
+        *,
+        gated: bool = False,
+        capacity: int = 64,
+        delay_s: float = 0.0,
+        hang_at_step: int | None = None,
+        fail_at_step: int | None = None,
+        forget: Collection[int] = (),
+        rounds: dict[int, int] | None = None,
+        hang_s: float = 10.0,
+    ) -> None:
+        self._gated = gated
+        self._permits = threading.Semaphore(0)
+        self._capacity = capacity
+        self._delay_s = delay_s
+        self._hang_at = hang_at_step
+        self._fail_at = fail_at_step
+        self._forget = set(forget)
+        self._rounds = dict(rounds or {})
+        self._hang_s = hang_s
+        self._released = threading.Event()
+        self._cond = threading.Condition()
+        self._batches: dict[int, _StepBatch] = {}
+        self._waiting = 0
+        self.steps: list[tuple[int, ...]] = []
+        self.seen: list[int] = []
+        self.runs = 0
+        self.thread_ids: list[int] = []
+
+    def _mine(self) -> _StepBatch:
+        with self._cond:
+            return self._batches.setdefault(threading.get_ident(), _StepBatch())
+
+    def allow(self, steps: int = 1) -> None:
+        """Let ``steps`` more steps run."""
+        for _ in range(steps):
+            self._permits.release()
+
+    def release(self) -> None:
+        """Unblock a hung step (call at the end of a test)."""
+        self._released.set()
+        self.allow(1000)
+
+    def wait_for_waiting(self, n: int, timeout_s: float = 10.0) -> bool:
+        """Block until the engine has waited for a step permit ``n`` times in all."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._waiting >= n, timeout_s)
+
+    @property
+    def capacity(self) -> int:
+        """The ``capacity`` knob."""
+        return self._capacity
+
+    @property
+    def open_count(self) -> int:
+        """Items open in this thread's batch."""
+        return len(self._mine().live)
+
+    def has_unfinished(self) -> bool:
+        """Whether this thread's batch has open items."""
+        return bool(self._mine().live)
+
+    def add(self, items: Sequence[tuple[Hashable, int]]) -> None:
+        """Open the items; the first add after a close starts a new batch (a run)."""
+        batch = self._mine()
+        with self._cond:
+            if not batch.open:
+                batch.open = True
+                self.runs += 1
+                self.thread_ids.append(threading.get_ident())
+            self.seen.extend(x for _, x in items)
+        batch.live += [[key, x, x, self._rounds.get(x, 0)] for key, x in items]
+
+    def step(self) -> list[tuple[Hashable, int]]:
+        """One step of every open item of this thread's batch; (key, n * 10) of those done."""
+        batch = self._mine()
+        if self._gated:
+            with self._cond:
+                self._waiting += 1
+                self._cond.notify_all()
+            if not self._permits.acquire(timeout=self._hang_s):
+                raise FakeEngineError("the test never allowed the next step")
+        with self._cond:
+            self.steps.append(tuple(e[1] for e in batch.live))
+            step = len(self.steps)
+        if step == self._hang_at:
+            self._released.wait()
+        if step == self._fail_at:
+            raise FakeEngineError(f"scripted failure at step {step}")
+        if self._delay_s:
+            time.sleep(self._delay_s)
+        keep, done = [], []
+        for e in batch.live:
+            e[2] -= 1
+            if e[2] > 0:
+                keep.append(e)
+            elif e[3] > 0:  # another round of the same item, still one result at the end
+                e[2], e[3] = e[1], e[3] - 1
+                keep.append(e)
+            elif e[1] not in self._forget:
+                done.append((e[0], e[1] * 10))
+        batch.live = keep
+        return done
+
+    def abort(self, keys: Iterable[Hashable]) -> None:
+        """Drop the items of ``keys``; a batch left empty closes (the next add is a new run)."""
+        batch = self._mine()
+        gone = set(keys)
+        batch.live = [e for e in batch.live if e[0] not in gone]
+        if not batch.live:
+            batch.open = False
 
 
 class FakeToneSynthesizer:

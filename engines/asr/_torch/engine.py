@@ -2,13 +2,13 @@
 
 Everything above the decoder is the CTranslate2 engine's, inherited unchanged: planning (the
 encoder window, the length cap, the latency budget), the retry ladder (runner-up language, full
-window, temperatures), the gates, MBR, merging chunks and ``run_continuous``'s joins. What
-changes is below: the encoder is :class:`WhisperTorchModel`'s (SDPA, on its own CUDA stream),
-language detection is one decoder step on it, every decode runs in :class:`TorchDecodeLoop`
-(there is no ``generate`` to fall back to: with only Whisper's own rules the loop returns
-``generate``'s tokens), and word times come from the alignment heads' cross-attention with the
-same median filter and DTW CTranslate2's ``align`` uses (faster-whisper's and OpenAI's
-``find_alignment``), computed here.
+window, temperatures), the gates, MBR, merging chunks and the step path's joins (``add`` /
+``step`` / ``abort``). What changes is below: the encoder is :class:`WhisperTorchModel`'s
+(SDPA, on its own CUDA stream), language detection is one decoder step on it, every decode
+runs in :class:`TorchDecodeLoop` (there is no ``generate`` to fall back to: with only
+Whisper's own rules the loop returns ``generate``'s tokens), and word times come from the
+alignment heads' cross-attention with the same median filter and DTW CTranslate2's ``align``
+uses (faster-whisper's and OpenAI's ``find_alignment``), computed here.
 
 Device and precision: float32 on CPU (tests; CTranslate2 stays the CPU engine), float16 or
 bfloat16 on CUDA (``compute_type``: ``auto`` means float16 there). ``no_repeat_ngram_size``
@@ -32,17 +32,12 @@ import torch
 
 from voxgate.engines.asr._align import word_times
 from voxgate.engines.asr._decode import StepLoop
+from voxgate.engines.asr._jobs import Attempt, Hyp, Job
 from voxgate.engines.asr._model_files import resolve_model_dir
 from voxgate.engines.asr._torch.loop import TorchDecodeLoop
 from voxgate.engines.asr._torch.model import DeviceMemory, WhisperTorchModel
 from voxgate.engines.asr._torch.weights import is_hf_checkpoint, load_tensors
-from voxgate.engines.asr._whisper import (
-    _ALT_LANGUAGE_MIN_PROB,
-    WhisperEngine,
-    _Attempt,
-    _Hyp,
-    _Job,
-)
+from voxgate.engines.asr._whisper import _ALT_LANGUAGE_MIN_PROB, WhisperEngine
 from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrWord
 from voxgate.engines.asr.config import FULL_WINDOW_FRAMES, WhisperConfig
 from voxgate.engines.base import ASR_SAMPLE_RATE_HZ, UtteranceStats
@@ -133,7 +128,7 @@ def dtw(cost: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.int64], npt.NDArr
 
 
 class TorchWhisperEngine(WhisperEngine):
-    """Whisper on PyTorch behind the ``AsrEngine`` / ``ContinuousAsrEngine`` contracts.
+    """Whisper on PyTorch behind the ``AsrEngine`` / ``StepAsrEngine`` contracts.
 
     Threading: as :class:`WhisperEngine`: one worker thread calls every method; each sibling
     (another worker) has its own KV cache over the shared weights.
@@ -235,7 +230,7 @@ class TorchWhisperEngine(WhisperEngine):
     def _vocab_size(self) -> int:
         return self._torch.vocab_size
 
-    def _wants_loop(self, job: _Job) -> bool:
+    def _wants_loop(self, job: Job) -> bool:
         return True
 
     def _new_loop(self) -> StepLoop:
@@ -252,9 +247,9 @@ class TorchWhisperEngine(WhisperEngine):
         if t.device.type == "cuda":
             torch.cuda.synchronize(t.device)
 
-    def _encode(self, jobs: list[_Job]) -> None:
+    def _encode(self, jobs: list[Job]) -> None:
         """Encode every job lacking an encoder output at its frame count (batched per count)."""
-        by_frames: dict[int, list[_Job]] = defaultdict(list)
+        by_frames: dict[int, list[Job]] = defaultdict(list)
         for j in jobs:
             if j.frames not in j.encoder_out:
                 by_frames[j.frames].append(j)
@@ -278,7 +273,7 @@ class TorchWhisperEngine(WhisperEngine):
                 if undetected:
                     self._detect(undetected, frames)
 
-    def _detect(self, jobs: list[_Job], frames: int) -> None:
+    def _detect(self, jobs: list[Job], frames: int) -> None:
         if not self._multilingual:
             for j in jobs:
                 j.language = "en"
@@ -298,11 +293,11 @@ class TorchWhisperEngine(WhisperEngine):
             j.language_probs = {codes[k]: float(p[k]) for k in order}
             j.alt_languages = [codes[k] for k in order[1:] if float(p[k]) >= _ALT_LANGUAGE_MIN_PROB]
 
-    def _decode(self, jobs: list[_Job]) -> None:
+    def _decode(self, jobs: list[Job]) -> None:
         """Every decode runs in the loop: one batch, per-item processors, beams and lengths."""
         self._loop_decode(jobs)
 
-    def _align(self, items: list[tuple[_Job, _Attempt, _Hyp]]) -> dict[int, list[AsrWord]]:
+    def _align(self, items: list[tuple[Job, Attempt, Hyp]]) -> dict[int, list[AsrWord]]:
         """Word times from the alignment heads' cross-attention (CTranslate2's ``align``)."""
         heads = [(int(a), int(b)) for a, b in self._torch.meta.config.get("alignment_heads", [])]
         if not heads:
