@@ -14,7 +14,8 @@ it starts that goes on over it (a caller still talking when the bot starts is ta
 much): under ``immediate`` it cuts once the reply plays, when the speech is ``min_speech_ms``
 old counted from its start and the caller still talks; under ``after_words`` all its words
 count, those said before the reply too. A caller in a pause when the reply starts is taken to
-be done and is not cut off unless they talk again (``CallSession._check_speech_in_progress``).
+be done and is not cut off unless they talk again (``BargeIn.speech_in_progress`` in
+:mod:`voxgate.gateway.call.barge_in`).
 
 The interims that only ``after_words`` reads need a word count in time, not the call's
 transcript, so a server may decode them with a smaller model (``asr.barge_in_model``,

@@ -1,0 +1,294 @@
+"""The caller's turns on one call: their books, for gateway/turns.py to decide on.
+
+End of speech (the segmenter's SPEECH_END) and end of turn (the caller has finished) are
+separate events. A turn opens at the SPEECH_BEGIN of its first utterance and gathers its
+utterances and their finals; between utterances, on the call's own audio clock, the call's
+:class:`~voxgate.gateway.turns.TurnDetector` decides from the silence, the words so far and
+(``smart`` with an audio model) the end-of-turn model's probability whether it is over. A
+closed turn's EndOfTurn goes out after its finals (recognition sends it when it takes the
+marker off its queue); later utterances of a turn are decoded with its earlier words as their
+prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from voxgate.common.aio import cancel_and_wait
+from voxgate.engines.asr.base import AsrOptions
+from voxgate.engines.base import ASR_SAMPLE_RATE_HZ
+from voxgate.gateway.base import Transcriber
+from voxgate.gateway.events import EndOfTurnOut, OutboundEvent
+from voxgate.gateway.segmenter import Segmenter, SegmenterState, Utterance
+from voxgate.gateway.turns import TurnDecision, TurnDetector, TurnInput, TurnOptions
+
+__all__ = ["EndOfTurnModel", "Turn", "TurnEnd", "TurnTaking"]
+
+log = logging.getLogger("voxgate.session")
+
+
+@dataclass
+class Turn:
+    """The caller's open turn: its utterances and the finals that came back so far."""
+
+    index: int
+    first_utterance: int
+    last_utterance: int = -1
+    speech_end_ms: int = 0
+    #: Loop time of its last SPEECH_END (EndOfTurn's latency counts from there).
+    speech_end_at: float = 0.0
+    #: Utterances queued for recognition (a turn of none, only too-short noises, is no turn).
+    queued: int = 0
+    #: Utterances queued for a final that has not come back yet.
+    pending: set[int] = field(default_factory=set)
+    #: Utterance index -> its final's text.
+    texts: dict[int, str] = field(default_factory=dict)
+    #: Utterance index -> the audio model's probability at its end (absent while it runs).
+    audio: dict[int, float] = field(default_factory=dict)
+
+    def text(self, before: int | None = None) -> str:
+        """The turn's finals joined, in order (only those of utterances before ``before``)."""
+        return " ".join(
+            t.strip()
+            for i, t in sorted(self.texts.items())
+            if t.strip() and (before is None or i < before)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnd:
+    """Recognition queue marker: the turn is over; the asr task sends EndOfTurn after its finals."""
+
+    turn: Turn
+    decision: TurnDecision
+    silence_ms: int
+
+
+class EndOfTurnModel(Protocol):
+    """An audio end-of-turn model (voxgate.engines.turn.SmartTurn): thread-safe, run on a worker."""
+
+    def probability(self, audio: npt.NDArray[np.float32]) -> float:
+        """How likely the speech that ends ``audio`` (16 kHz float) completes a turn."""
+        ...
+
+
+#: Utterances of a turn shorter than this (speech, ms) are decoded without its earlier words.
+_PROMPT_MIN_SPEECH_MS = 1_000
+
+#: Caller audio the turn model reads, samples (its 8 s window).
+_TURN_AUDIO_SAMPLES = 8 * ASR_SAMPLE_RATE_HZ
+
+
+class TurnTaking:
+    """The turns of one call.
+
+    Args:
+        options: the call's turn detection (off: only :meth:`options_for` and the books of
+            utterances, which then stay empty).
+        segmenter: the call's segmenter (its state and audio clock).
+        transcriber: the recogniser (it encodes a turn's words as a prompt), if any.
+        turn_model: the audio end-of-turn model ``smart`` detection consults, if any.
+        emit: queues an event for the client.
+        log_id: the call's id in log lines.
+    """
+
+    def __init__(
+        self,
+        options: TurnOptions,
+        segmenter: Segmenter,
+        transcriber: Transcriber | None,
+        turn_model: EndOfTurnModel | None,
+        *,
+        emit: Callable[[OutboundEvent], Awaitable[None]],
+        log_id: str,
+    ) -> None:
+        self._segmenter = segmenter
+        self._transcriber = transcriber
+        self._emit = emit
+        self.log_id = log_id
+        # The open turn, the turns of utterances whose finals have not been sent, and the
+        # next turn's index.
+        self._turns = TurnDetector(options) if options.on else None
+        self._turn: Turn | None = None
+        self._turn_of: dict[int, Turn] = {}
+        self._next_turn = 0
+        self._pending_turn_ends: list[TurnEnd] = []
+        self._turn_model = turn_model if options.mode == "smart" and options.audio_model else None
+        # The last seconds of the caller's audio (what the turn model reads), newest last.
+        self._recent: deque[np.ndarray] = deque()
+        self._recent_samples = 0
+        self._turn_model_tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def on(self) -> bool:
+        """Whether the call detects the end of turns."""
+        return self._turns is not None
+
+    @property
+    def hears_audio(self) -> bool:
+        """Whether :meth:`remember` wants the caller's audio (an audio model reads it)."""
+        return self._turn_model is not None
+
+    def speech_began(self, index: int) -> None:
+        """SPEECH_BEGIN of utterance ``index``: it opens a turn unless one is open."""
+        if self._turns is not None and self._turn is None:
+            self._turn = Turn(self._next_turn, index)
+            self._next_turn += 1
+
+    def speech_ended(self, index: int, offset_ms: int, at: float) -> None:
+        """SPEECH_END of utterance ``index`` at call offset ``offset_ms``, loop time ``at``."""
+        if self._turn is not None:
+            self._turn.last_utterance = index
+            self._turn.speech_end_ms = offset_ms
+            self._turn.speech_end_at = at
+            self._ask_turn_model(self._turn, index)
+
+    def queued(self, index: int) -> None:
+        """Utterance ``index`` was queued for its final."""
+        if self._turn is not None:
+            self._turn.pending.add(index)
+            self._turn.queued += 1
+            self._turn_of[index] = self._turn
+
+    def speculating(self, index: int) -> bool:
+        """Utterance ``index``'s final decode starts early: it belongs to the open turn.
+
+        Returns:
+            Whether a turn is open (then its earlier words are the decode's prompt).
+        """
+        if self._turn is None:
+            return False
+        self._turn_of.setdefault(index, self._turn)
+        return True
+
+    def final_came(self, index: int, text: str) -> Turn | None:
+        """Utterance ``index``'s final came back with ``text``: its turn, if it has one."""
+        turn = self._turn_of.pop(index, None)
+        if turn is not None:
+            turn.texts[index] = text
+            turn.pending.discard(index)
+        return turn
+
+    def take_ends(self) -> list[TurnEnd]:
+        """The turns closed since last asked, for recognition's queue (after their utterances)."""
+        ends, self._pending_turn_ends = self._pending_turn_ends, []
+        return ends
+
+    async def aclose(self) -> None:
+        """Cancel the turn model's runs in flight (the call ends)."""
+        for model_task in list(self._turn_model_tasks):
+            await cancel_and_wait(model_task)
+
+    def check(self) -> None:
+        """Whether the open turn is over, now that more of the call's audio has been heard.
+
+        Decided between utterances only (the caller silent since the turn's last SPEECH_END),
+        on the call's own audio clock, by the call's :class:`~voxgate.gateway.turns.TurnDetector`:
+        the turn's words are known once every final of it has come back.
+        """
+        turn, detector = self._turn, self._turns
+        if turn is None or detector is None or turn.last_utterance < 0:
+            return
+        if self._segmenter.state is not SegmenterState.QUIET:
+            return  # the caller is talking (or may be) again: the turn goes on
+        silence = self._segmenter.offset_ms - turn.speech_end_ms
+        text = None if turn.pending else turn.text()
+        audio = turn.audio.get(turn.last_utterance)
+        if self._turn_model is not None and audio is None:
+            text = None  # the model still runs: wait for it as for the words
+        decision = detector.decide(TurnInput(silence, text, audio))
+        if decision.end:
+            self._end_turn(decision, silence)
+
+    def _end_turn(self, decision: TurnDecision, silence_ms: int) -> None:
+        """Close the open turn; its EndOfTurn goes out after its finals (recognition sends it)."""
+        turn, self._turn = self._turn, None
+        if turn is None:
+            return
+        if turn.queued == 0:
+            # Nothing in it was long enough to transcribe: no turn; its index is reused.
+            if turn.index == self._next_turn - 1:
+                self._next_turn -= 1
+            return
+        self._pending_turn_ends.append(TurnEnd(turn, decision, silence_ms))
+
+    def ended_by(self, reason: str) -> None:
+        """End the open turn at once (the client flushed, or the call is ending)."""
+        if self._turn is not None and self._turn.last_utterance >= 0:
+            silence = max(0, self._segmenter.offset_ms - self._turn.speech_end_ms)
+            self._end_turn(TurnDecision(True, 1.0, reason), silence)
+
+    def remember(self, samples: np.ndarray) -> None:
+        """Keep the last 8 s of the caller's (16 kHz, gated) audio for the turn model."""
+        self._recent.append(samples)
+        self._recent_samples += len(samples)
+        while self._recent and self._recent_samples - len(self._recent[0]) >= _TURN_AUDIO_SAMPLES:
+            self._recent_samples -= len(self._recent.popleft())
+
+    def _ask_turn_model(self, turn: Turn, index: int) -> None:
+        """Run the audio end-of-turn model on the audio up to now, on a worker thread."""
+        model = self._turn_model
+        if model is None:
+            return
+        audio = np.concatenate(list(self._recent)) if self._recent else np.zeros(0, np.float32)
+
+        async def run() -> None:
+            loop = asyncio.get_running_loop()
+            try:
+                p = await loop.run_in_executor(None, model.probability, audio)
+            except Exception:  # the words and the silence still decide
+                log.exception("call %s: the end-of-turn model failed", self.log_id)
+                p = 0.5
+            turn.audio[index] = p
+
+        task = asyncio.create_task(run(), name="turn-model")
+        self._turn_model_tasks.add(task)
+        task.add_done_callback(self._turn_model_tasks.discard)
+
+    def options_for(self, options: AsrOptions, utt: Utterance) -> AsrOptions:
+        """An utterance's decoding options with its turn's earlier words as its prompt.
+
+        A pause inside a sentence ends an utterance but not its turn; the next part is
+        decoded knowing what came before it, as Whisper decodes a long file window after
+        window. Not a fragment of under ``_PROMPT_MIN_SPEECH_MS``: with the sentence before
+        it as its prompt Whisper gave JFK's "ask" and "not" (0.3-0.4 s each) no text at all;
+        without, "ASK!" and "Not!".
+        """
+        turn = self._turn_of.get(utt.index)
+        if turn is None or self._transcriber is None:
+            return options
+        if utt.speech_end_ms - utt.speech_start_ms < _PROMPT_MIN_SPEECH_MS:
+            return options
+        before = turn.text(before=utt.index)
+        if not before:
+            return options
+        prompt = f"{options.initial_prompt.strip()} {before}".strip()
+        tokens = self._transcriber.encode_context(prompt, options.hotwords)
+        return replace(options, initial_prompt=prompt, context_tokens=tokens)
+
+    async def send_end(self, end: TurnEnd) -> None:
+        """Send a closed turn's EndOfTurn (after its finals)."""
+        turn = end.turn
+        loop = asyncio.get_running_loop()
+        latency = int((loop.time() - turn.speech_end_at) * 1000) if turn.speech_end_at else 0
+        await self._emit(
+            EndOfTurnOut(
+                turn_index=turn.index,
+                probability=end.decision.probability,
+                offset_ms=turn.speech_end_ms,
+                text=turn.text(),
+                first_utterance_index=turn.first_utterance,
+                last_utterance_index=turn.last_utterance,
+                reason=end.decision.reason,
+                silence_ms=end.silence_ms,
+                latency_ms=max(0, latency),
+            )
+        )
