@@ -24,13 +24,13 @@ from dataclasses import dataclass, replace
 from voxgate.common.aio import cancel_and_wait
 from voxgate.engines.asr.base import AsrRequest
 from voxgate.gateway.base import Transcriber
-from voxgate.gateway.batcher import WithdrawnError
 from voxgate.gateway.call.barge_in import BargeIn
 from voxgate.gateway.call.options import CallConfig, InterimOptions
 from voxgate.gateway.call.recognition import Recognition
 from voxgate.gateway.degrade import QualityLevel
 from voxgate.gateway.errors import CallError
 from voxgate.gateway.events import OutboundEvent, TranscriptOut
+from voxgate.gateway.scheduling import WithdrawnError
 from voxgate.gateway.segmenter import Segmenter, Utterance
 
 __all__ = [
