@@ -9,11 +9,13 @@ owns the state that the policy reads and the threads that do the work:
   ``first_audio + s / rate`` (plus any starvation so far, since a starved player resumes
   later), exactly as the session paces frames out from the first one;
 * a dispatcher task asks the policy whenever a worker is free or a reply changes, runs the
-  chosen step on a worker thread, or a reply's first audio on one extra first-audio thread
-  when that is free (also while every worker is busy) (``engine.decode_windows`` for
-  windows, batched where the policy said so) and delivers the chunks to the reply's queue on
-  the event loop; the workers run below the loop's and the first-audio thread's CPU
-  priority (:mod:`voxgate.gateway.priority`);
+  chosen step on a worker thread, or a reply's first audio on a thread of the first-audio
+  lane (``first_audio_lanes``, one by default) when one is free (also while every worker is busy)
+  (``engine.decode_windows`` for windows, batched where the policy said so) and delivers the
+  chunks to the reply's queue on the event loop; the workers run below the loop's and the
+  first-audio lane's CPU priority (:mod:`voxgate.gateway.priority`);
+* a window's estimated decode takes at most ``SLACK_USE`` of its reply's slack, so that it
+  is still in time when another reply's first steps start beside it;
 * a reply that starts while nothing else is synthesised runs its front end and first window
   on the streamer's first-audio pair (sessions with ``tts.first_audio_threads`` intra-op
   threads, the idle cores), and nothing else of it until that window is out
@@ -60,6 +62,21 @@ log = logging.getLogger("voxgate.synthesis")
 DEFAULT_GUARD_S = 0.025
 
 
+#: Threads of the first-audio lane (``SynthesisScheduler(first_audio_lanes=...)``). Two let two
+#: replies that start at once both run their first steps at the loop's priority (with one, the
+#: second runs them on a worker, below it); measured through Converse at N = 8
+#: (benchmarks.calls.replies, 2026-12-05, 7 rows each side) that cut first audio p95 (median of
+#: the rows 184 against 232 ms) but added late frames (38 against 31): a second thread at the
+#: loop's priority preempts the windows of replies already playing. One stays the default.
+FIRST_AUDIO_LANES = 1
+
+#: A window's estimated decode may take at most this fraction of its reply's slack
+#: (``SynthPolicy.slack_use``): the estimate is a moving average, and a window that starts with
+#: the cores free shares them as soon as another reply's first steps (the first-audio thread, at
+#: the loop's priority) or the caller's recognition start beside it.
+SLACK_USE = 0.6
+
+
 def policy_for(streamer: VitsStreamer, max_batch_size: int = 1) -> SynthPolicy:
     """The scheduling policy for ``streamer``'s voice and window settings.
 
@@ -80,6 +97,7 @@ def policy_for(streamer: VitsStreamer, max_batch_size: int = 1) -> SynthPolicy:
         # window would have built beside it: 16 frames (186 ms of audio) cost about as much
         # as 8 on two threads (20 against 18 ms on 2 cores).
         alone_first_window_frames=2 * cfg.first_window_frames if streamer.has_wide else 0,
+        slack_use=SLACK_USE,
         frame_s=streamer.hop_length / streamer.sample_rate_hz,
     )
 
@@ -220,6 +238,8 @@ class SynthesisScheduler:
             further than this ahead of its player waits: above the recogniser's CPU priority,
             synthesis of audio due seconds later would otherwise take the cores from finals
             due now. Unpaced replies (``Synthesize``) run as far ahead as the device allows.
+        first_audio_lanes: threads at the loop's priority for replies' first steps (and for a
+            started reply about to starve while every worker is busy).
         clock: the event loop's clock unless a test passes its own.
     """
 
@@ -235,6 +255,7 @@ class SynthesisScheduler:
         inline_open_chars: int = 1000,
         nice: int = 0,
         max_lead_s: float = math.inf,
+        first_audio_lanes: int = FIRST_AUDIO_LANES,
         clock: Callable[[], float] | None = None,
     ) -> None:
         self.streamer = streamer
@@ -256,14 +277,18 @@ class SynthesisScheduler:
             initializer=lower_current_thread,
             initargs=(nice,),
         )
-        # And one thread more, at the loop's priority: the first-audio lane. A reply's first
-        # steps run there whenever it is free (on an idle worker otherwise), so that first
+        # And threads at the loop's priority: the first-audio lane. A reply's first steps run
+        # there whenever a lane thread is free (on an idle worker otherwise), so that first
         # audio takes a core ahead of the workers' windows; and while every worker runs a
         # window, a new reply's first steps still start at once (see next_work's
         # urgent_only) and the OS preempts the windows for them (ONNX Runtime cannot).
-        self._lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-first")
+        # Replies whose callers' turns end together start together (their finals come out of
+        # one recognition batch): with one lane thread the second one's first steps run on a
+        # worker, below the loop and the first one's steps (FIRST_AUDIO_LANES weighs a second).
+        self._lanes = max(1, first_audio_lanes)
+        self._lane = ThreadPoolExecutor(max_workers=self._lanes, thread_name_prefix="tts-first")
         self._idle = workers
-        self._lane_idle = True
+        self._lanes_idle = self._lanes
         self._active: dict[int, _Reply] = {}  # every reply not yet complete nor cancelled
         self._ids = itertools.count()
         self._wake: asyncio.Event | None = None
@@ -386,7 +411,7 @@ class SynthesisScheduler:
         loop = asyncio.get_running_loop()
         wait: float | None = None
         release = math.inf  # when the next paced reply held at max_lead_s may go on
-        while self._idle > 0 or self._lane_idle:
+        while self._idle > 0 or self._lanes_idle > 0:
             ready: list[_Reply] = []
             waiting: list[_Reply] = []
             alone = self.policy.alone_first_window_frames > 0 and len(self._active) == 1
@@ -431,12 +456,12 @@ class SynthesisScheduler:
         """Plan the chosen steps here (planning is serial per reply), run them on a worker.
 
         ``urgent``: only the first-audio lane is free. A reply's first audio chosen for a
-        worker runs on the lane instead while the lane is free (the worker stays free).
+        worker runs on the lane instead while a lane thread is free (the worker stays free).
         """
         replies = [self._active[w.key] for w in decision.work]
         self.dispatches.append(tuple((w.key, w.kind, w.frames) for w in decision.work))
         lane = urgent or (
-            self._lane_idle
+            self._lanes_idle > 0
             and len(replies) == 1
             and replies[0].origin is None
             and replies[0].job.samples_planned == 0
@@ -467,10 +492,11 @@ class SynthesisScheduler:
             and self.policy.alone_first_window_frames > 0
             and len(self._active) == 1
             and self._idle == self.workers
+            and self._lanes_idle == self._lanes
             and replies[0].origin is None
         )
         if lane:
-            self._lane_idle = False
+            self._lanes_idle -= 1
         else:
             self._idle -= 1
         first = decision.work[0].frames or self.policy.first_window_frames
@@ -559,7 +585,7 @@ class SynthesisScheduler:
         faster than the workers' runs the policy plans.
         """
         if lane:
-            self._lane_idle = True
+            self._lanes_idle += 1
         else:
             self._idle += 1
         if self._wake is not None:

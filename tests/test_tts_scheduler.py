@@ -41,7 +41,7 @@ from voxgate.gateway.scheduling.synthesis_policy import (
     default_synth_plan,
     next_work,
 )
-from voxgate.gateway.synthesis import ReplyStats, SynthesisScheduler, policy_for
+from voxgate.gateway.synthesis import SLACK_USE, ReplyStats, SynthesisScheduler, policy_for
 
 # The logic tests' fixed cost model and slacks were laid out for 24 frames of context each side;
 # the rules they check do not depend on that number (the served default is 28, tts.context_frames).
@@ -130,6 +130,26 @@ def test_window_size_grows_with_slack() -> None:
     # Every chosen window is decoded before its deadline when the slack allows it.
     for slack, size in zip((0.1, 0.2, 0.3), sizes[3:6], strict=True):
         assert COST.window_s(size + 2 * POLICY.context_frames) <= slack
+
+
+@pytest.mark.unit
+def test_the_served_slack_use_leaves_a_window_room_to_run_slower_than_its_estimate() -> None:
+    """A lone reply's second window (its 16-frame first window, 186 ms, just out): with the
+    whole slack a window estimated to end just in time took it all, and ran late by 70-110 ms
+    once the next caller's reply started beside it (benchmarks.calls.replies, N = 8); with the
+    served ``slack_use`` its estimate takes at most that fraction of the slack."""
+    slack = 16 * POLICY.frame_s - 0.025
+    ctx = 2 * POLICY.context_frames
+    whole = dispatch(next_work([window(1, 10.0 + slack)], 10.0, POLICY, COST))[0].frames
+    served = _policy(slack_use=SLACK_USE)
+    (work,) = dispatch(next_work([window(1, 10.0 + slack)], 10.0, served, COST))
+    assert 0.0 < SLACK_USE < 1.0
+    assert COST.window_s(work.frames + ctx) <= SLACK_USE * slack < COST.window_s(whole + ctx)
+    assert work.frames >= served.min_window_frames
+    # Far ahead, the window is as large as ever: the margin costs context only while the
+    # reply builds its lead.
+    far = dispatch(next_work([window(1, 12.0)], 10.0, served, COST))[0].frames
+    assert far == dispatch(next_work([window(1, 12.0)], 10.0, POLICY, COST))[0].frames
 
 
 @pytest.mark.unit
@@ -579,6 +599,37 @@ async def test_a_reply_starting_alone_runs_its_first_steps_on_the_first_audio_pa
         await asyncio.gather(*(_collect(scheduler, t) for t in ("Okay then.", "One moment.")))
         # The first of two may start alone (the second is not queued yet); the second never.
         assert sum(wide for kind, wide, _, _ in calls if kind == "front") <= 1
+    finally:
+        await scheduler.aclose()
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("lanes", [1, 2])
+async def test_replies_starting_together_run_their_first_steps_on_the_first_audio_lane(
+    streamer: VitsStreamer, monkeypatch: pytest.MonkeyPatch, lanes: int
+) -> None:
+    """Two replies queued at once (their callers' finals came out of one recognition batch):
+    with two lane threads both first steps run at the loop's priority; with one (the
+    default, FIRST_AUDIO_LANES), the second runs on a worker."""
+    scheduler = SynthesisScheduler(streamer, 2, policy_for(streamer), first_audio_lanes=lanes)
+    threads: list[str] = []  # the thread of each first front end, in start order
+    front = ReplyJob.run_front_end
+
+    def front_seen(job: ReplyJob, **kw: Any) -> Any:
+        if job.samples_planned == 0:
+            threads.append(threading.current_thread().name)
+        return front(job, **kw)
+
+    monkeypatch.setattr(ReplyJob, "run_front_end", front_seen)
+    try:
+        texts = ("Order 104 has shipped from Leeds.", "Order 105 has shipped from Porto.")
+        audio = await asyncio.gather(*(_collect(scheduler, t) for t in texts))
+        for text, got in zip(texts, audio, strict=True):
+            ref = streamer.synthesize_oneshot(text, QUIET).samples
+            assert len(got) == len(ref) and snr_db(ref, got) >= 60.0
+        assert len(threads) == 2
+        on_lane = [name.startswith("tts-first") for name in threads]
+        assert on_lane == ([True, True] if lanes == 2 else [True, False])
     finally:
         await scheduler.aclose()
 
