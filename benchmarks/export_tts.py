@@ -336,8 +336,8 @@ def prebuild_trt(
     assert latent is not None
     total = int(latent[exported.split.latent].shape[-1])
     # The synthesis scheduler's largest window is twice window_frames, and on a GPU it batches
-    # up to 8 windows (gateway/synthesis.py): widest first, at the largest batch, so that one
-    # profile covers every later shape.
+    # up to 8 windows (gateway/scheduling/synthesis.py): widest first, at the largest batch, so
+    # that one profile covers every later shape.
     widest = 2 * cfg.window_frames + 2 * cfg.context_frames
     shapes = [(widest, batch), (1, 1)]
     shapes += [(n, 1) for n in sorted(set(decoder_window_lengths(min(total, 400), cfg)))]

@@ -9,8 +9,8 @@ Run::
 Why: a real probe of 8 four-sentence replies takes a quarter of a minute and, on a shared
 machine, its figures move with whatever else runs. The scheduler's outcome is decided by the
 policy (:func:`voxgate.gateway.scheduling.synthesis_policy.next_work`, the real one, called
-here exactly as ``voxgate.gateway.synthesis`` calls it) and by what each step costs, so this
-replays the driver's
+here exactly as ``voxgate.gateway.scheduling.synthesis`` calls it) and by what each step
+costs, so this replays the driver's
 bookkeeping (workers, the first-audio lane, two steps in flight per reply, a reply's first front
 end fused with its first window, playout clocks, lateness) against a cost model measured on
 the bundled voice (``--calibrate`` measures it here), on cores shared by processor sharing
@@ -322,7 +322,8 @@ def simulate(
         while waiting and waiting[0].arrival <= now + 1e-12:
             r = waiting.pop(0)
             active[r.key] = r
-        # The dispatch loop, as in voxgate.gateway.synthesis.SynthesisScheduler._dispatch_loop.
+        # The dispatch loop, as in the driver's SynthesisScheduler._dispatch_loop
+        # (voxgate.gateway.scheduling.synthesis).
         wake_at = math.inf
         while idle > 0 or urgent_idle:
             alone = policy.alone_first_window_frames > 0 and len(active) == 1

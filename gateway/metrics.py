@@ -230,7 +230,7 @@ class GatewayMetrics:
             buckets=(0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0),
             registry=r,
         )
-        # -- the synthesis scheduler (gateway/synthesis.py) --
+        # -- the synthesis scheduler (gateway/scheduling/synthesis.py) --
         self.tts_playout_slack = Histogram(
             "voxgate_tts_playout_slack_seconds",
             "Per reply chunk after the first: its play time minus the time it was ready "

@@ -39,7 +39,7 @@ from voxgate.engines.tts import (
 from voxgate.gateway.config import load_config
 from voxgate.gateway.priority import thread_nice
 from voxgate.gateway.runtime import build_hub
-from voxgate.gateway.synthesis import SynthesisScheduler, policy_for
+from voxgate.gateway.scheduling.synthesis import SynthesisScheduler, policy_for
 from voxgate.gateway.testing.server import running_server
 from voxgate_client import CallConfig, PlaybackFinished, VoxgateClient
 

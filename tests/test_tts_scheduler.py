@@ -32,6 +32,12 @@ from voxgate.gateway.events import SpeakIn
 from voxgate.gateway.metrics import GatewayMetrics
 from voxgate.gateway.runtime import TtsSynthesizer
 from voxgate.gateway.scheduling import WaitUntil
+from voxgate.gateway.scheduling.synthesis import (
+    SLACK_USE,
+    ReplyStats,
+    SynthesisScheduler,
+    policy_for,
+)
 from voxgate.gateway.scheduling.synthesis_policy import (
     CostModel,
     Dispatch,
@@ -41,7 +47,6 @@ from voxgate.gateway.scheduling.synthesis_policy import (
     default_synth_plan,
     next_work,
 )
-from voxgate.gateway.synthesis import SLACK_USE, ReplyStats, SynthesisScheduler, policy_for
 
 # The logic tests' fixed cost model and slacks were laid out for 24 frames of context each side;
 # the rules they check do not depend on that number (the served default is 28, tts.context_frames).

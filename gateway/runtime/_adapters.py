@@ -42,7 +42,7 @@ from voxgate.gateway.scheduling import (
     QueueFullError,
     WithdrawnError,
 )
-from voxgate.gateway.synthesis import ReplyStats, SynthesisScheduler, policy_for
+from voxgate.gateway.scheduling.synthesis import ReplyStats, SynthesisScheduler, policy_for
 
 __all__ = ["AsrTranscriber", "BatchMetrics", "ModelRouter", "TtsSynthesizer"]
 
@@ -52,10 +52,10 @@ log = logging.getLogger("voxgate.runtime")
 class TtsSynthesizer:
     """The VITS streamer as sessions see it: an async stream of audio pieces per Speak.
 
-    :class:`~voxgate.gateway.synthesis.SynthesisScheduler` runs every reply's front-end runs
-    and decoder windows on ``threads`` workers, earliest playout deadline first, first audio
-    ahead of everything, window sizes from each reply's slack. (The earlier plain FIFO pool
-    left production code in v0.3; the TTS benchmarks keep it as their baseline,
+    :class:`~voxgate.gateway.scheduling.synthesis.SynthesisScheduler` runs every reply's
+    front-end runs and decoder windows on ``threads`` workers, earliest playout deadline first,
+    first audio ahead of everything, window sizes from each reply's slack. (The earlier plain
+    FIFO pool left production code in v0.3; the TTS benchmarks keep it as their baseline,
     ``benchmarks/_fifo_pool.py``.)
 
     Args:

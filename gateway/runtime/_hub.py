@@ -148,7 +148,7 @@ class EngineHubImpl:
         scfg = self.config.session
         streamer = VitsStreamer.load(self.config.tts)
         streamer.warmup()
-        # Workers and batch size by device, as measured (gateway/synthesis_policy.py).
+        # Workers and batch size by device, as measured (gateway/scheduling/synthesis_policy.py).
         workers, batch = default_synth_plan(streamer.device, os.cpu_count() or 1)
         threads = scfg.tts_threads or workers
         self._streamer = streamer

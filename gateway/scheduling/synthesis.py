@@ -1,8 +1,7 @@
 """The synthesis scheduler's driver: replies' steps on engine workers, in deadline order.
 
-:mod:`voxgate.gateway.synthesis_policy` decides what runs (a pure policy over a snapshot); this
-module
-owns the state that the policy reads and the threads that do the work:
+:mod:`voxgate.gateway.scheduling.synthesis_policy` decides what runs (a pure policy over a
+snapshot); this module owns the state that the policy reads and the threads that do the work:
 
 * every reply is a :class:`~voxgate.engines.tts.ReplyJob` with one next step (front end or window)
   and, once its first chunk is out, a playout clock: the chunk at reply sample ``s`` is due at
@@ -44,8 +43,8 @@ from dataclasses import dataclass, field
 from voxgate.engines.tts import ReplyJob, SpeakOptions, TtsChunk, VitsStreamer, WindowPlan
 from voxgate.gateway.metrics import GatewayMetrics
 from voxgate.gateway.priority import lower_current_thread
-from voxgate.gateway.scheduling import WaitUntil
-from voxgate.gateway.synthesis_policy import (
+from voxgate.gateway.scheduling.base import WaitUntil
+from voxgate.gateway.scheduling.synthesis_policy import (
     CostModel,
     Dispatch,
     SynthItem,
