@@ -255,7 +255,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
 
     def _audio_model(self, cfg: CallConfig) -> str:
         """The audio end-of-turn model a call's turns consult (its file name), or ''."""
-        t = cfg.turns
+        t = cfg.recognition.turns
         if self.turn_model is None or t.mode != "smart" or not t.audio_model:
             return ""
         return self.turn_model.name

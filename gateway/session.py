@@ -164,7 +164,7 @@ class CallSession:
         )
         self._barge_in = BargeIn(config, self._segmenter, self._player)
         self._turns = TurnTaking(
-            config.turns,
+            config.recognition.turns,
             self._segmenter,
             transcriber,
             turn_model,
@@ -399,7 +399,7 @@ class CallSession:
         """Finals in order; interims beside them while the call may want any."""
         # Interims also serve the after_words barge-in policy, which any Speak may ask for.
         if self._interims is not None and (
-            self.config.interim_results or self.config.mode == "converse"
+            self.config.interims.results or self.config.mode == "converse"
         ):
             self._interims.start()
         await self._recognition.run()

@@ -21,6 +21,14 @@ from voxgate.engines.asr import MAX_BOOST
 from voxgate.engines.asr.base import AsrOptions
 from voxgate.gateway.barge_in import BargeInMode, BargeInModel, BargeInPolicy
 from voxgate.gateway.base import EngineInfo, Synthesizer, Transcriber
+from voxgate.gateway.call.options import (
+    BargeInOptions,
+    CallConfig,
+    IngressOptions,
+    InterimOptions,
+    PlaybackOptions,
+    RecognitionOptions,
+)
 from voxgate.gateway.config import (
     EchoCancellerName,
     GatewayConfig,
@@ -51,7 +59,6 @@ from voxgate.gateway.events import (
     TranscriptOut,
 )
 from voxgate.gateway.models import ModelLease, ModelRegistry
-from voxgate.gateway.session import CallConfig
 from voxgate.gateway.turns import TurnMode, TurnOptions
 from voxgate.v1 import voxgate_pb2 as pb
 
@@ -334,36 +341,46 @@ def call_config(
             f"config.voice={echo(cfg.voice)} is not loaded; ListVoices has "
             f"{', '.join(v.name for v in served.info.voices)}"
         )
+    session = served.config.session
     return CallConfig(
-        input_encoding=in_enc,
-        input_rate_hz=in_rate,
-        output_encoding=out_enc,
-        output_rate_hz=out_rate,
-        vad=vad,
-        dtmf=served.config.dtmf if served.config.dtmf.inband else None,
-        asr_options=asr_options,
-        interim_results=cfg.interim_results,
-        interim_interval_ms=cfg.interim_interval_ms or served.config.session.interim_interval_ms,
-        barge_in=not cfg.barge_in.disabled,
-        barge_in_min_speech_ms=cfg.barge_in.min_speech_ms,
-        barge_in_policy=_barge_in_policy(served, cfg.barge_in),
-        barge_in_interim_ms=served.config.session.barge_in.interim_interval_ms,
-        barge_in_first_interim_speech_ms=served.config.session.barge_in.first_interim_speech_ms,
-        barge_in_urgent_interims=served.config.session.barge_in.urgent_interims,
-        barge_in_overlap_ms=served.config.session.barge_in.overlap_interim_ms,
-        barge_in_model=_barge_in_model(served),
-        reply_language=_reply_language(served, cfg.voice),
-        echo_guard=served.config.session.barge_in.echo_guard
-        and not cfg.barge_in.echo_guard_disabled,
-        echo_canceller=_echo_handling(
-            cfg.barge_in.echo_handling, served.config.session.barge_in.echo_canceller
+        ingress=IngressOptions(
+            encoding=in_enc,
+            rate_hz=in_rate,
+            dtmf=served.config.dtmf if served.config.dtmf.inband else None,
+            echo_guard=session.barge_in.echo_guard and not cfg.barge_in.echo_guard_disabled,
+            echo_canceller=_echo_handling(
+                cfg.barge_in.echo_handling, session.barge_in.echo_canceller
+            ),
         ),
+        playback=PlaybackOptions(
+            encoding=out_enc,
+            rate_hz=out_rate,
+            lead_ms=session.playout_lead_ms,
+            prebuffer_ms=session.playout_prebuffer_ms,
+        ),
+        vad=vad,
         mode=mode,
-        speculative_finals=served.config.session.speculative_finals,
-        language=served.config.session.language,
-        playout_lead_ms=served.config.session.playout_lead_ms,
-        playout_prebuffer_ms=served.config.session.playout_prebuffer_ms,
-        turns=turns,
+        recognition=RecognitionOptions(
+            asr_options=asr_options,
+            speculative_finals=session.speculative_finals,
+            language=session.language,
+            turns=turns,
+        ),
+        interims=InterimOptions(
+            results=cfg.interim_results,
+            interval_ms=cfg.interim_interval_ms or session.interim_interval_ms,
+            barge_in_interval_ms=session.barge_in.interim_interval_ms,
+            barge_in_overlap_ms=session.barge_in.overlap_interim_ms,
+            barge_in_urgent=session.barge_in.urgent_interims,
+        ),
+        barge_in=BargeInOptions(
+            enabled=not cfg.barge_in.disabled,
+            min_speech_ms=cfg.barge_in.min_speech_ms,
+            policy=_barge_in_policy(served, cfg.barge_in),
+            first_interim_speech_ms=session.barge_in.first_interim_speech_ms,
+            model=_barge_in_model(served),
+            reply_language=_reply_language(served, cfg.voice),
+        ),
     )
 
 
@@ -625,19 +642,19 @@ def effective_config(
     """What ``SessionStarted.effective_config`` says: the request with every default filled in."""
     eff = pb.SessionConfig()
     eff.CopyFrom(req)
-    eff.input_audio.encoding = _PB_ENCODING[cfg.input_encoding]
-    eff.input_audio.sample_rate_hertz = cfg.input_rate_hz
-    eff.output_audio.encoding = _PB_ENCODING[cfg.output_encoding]
-    eff.output_audio.sample_rate_hertz = cfg.output_rate_hz
+    eff.input_audio.encoding = _PB_ENCODING[cfg.ingress.encoding]
+    eff.input_audio.sample_rate_hertz = cfg.ingress.rate_hz
+    eff.output_audio.encoding = _PB_ENCODING[cfg.playback.encoding]
+    eff.output_audio.sample_rate_hertz = cfg.playback.rate_hz
     fill(eff.vad, cfg.vad)  # VadConfig names the contract's fields (and has more)
-    eff.interim_interval_ms = cfg.interim_interval_ms
-    policy = cfg.barge_in_policy
-    eff.barge_in.policy = _PB_BARGE_IN[policy.mode if cfg.barge_in else "never"]
+    eff.interim_interval_ms = cfg.interims.interval_ms
+    policy = cfg.barge_in.policy
+    eff.barge_in.policy = _PB_BARGE_IN[policy.mode if cfg.barge_in.enabled else "never"]
     eff.barge_in.min_words = policy.min_words
     eff.barge_in.backchannels[:] = list(policy.backchannels)
-    eff.barge_in.echo_guard_disabled = not cfg.echo_guard
-    eff.barge_in.echo_handling = _PB_ECHO_HANDLING[cfg.echo_canceller]
-    t = cfg.turns
+    eff.barge_in.echo_guard_disabled = not cfg.ingress.echo_guard
+    eff.barge_in.echo_handling = _PB_ECHO_HANDLING[cfg.ingress.echo_canceller]
+    t = cfg.recognition.turns
     if t.on or req.HasField("turn_detection"):
         eff.turn_detection.mode = PB_TURN_MODE[t.mode]
         eff.turn_detection.eagerness = t.eagerness

@@ -9,7 +9,7 @@ with the bundled Piper voice and the real VAD, the reply fed back into the calle
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
@@ -31,6 +31,13 @@ from voxgate.gateway.barge_in import (
     BargeInModel,
     BargeInPolicy,
     content_words,
+)
+from voxgate.gateway.call.options import (
+    BargeInOptions,
+    IngressOptions,
+    InterimOptions,
+    PlaybackOptions,
+    RecognitionOptions,
 )
 from voxgate.gateway.config import LanguageConfig, LimitsConfig, VadConfig, load_config
 from voxgate.gateway.echo import EchoGuard, GatedEchoCanceller, LineEchoCanceller, echo_similarity
@@ -167,23 +174,36 @@ def silence(ms: int) -> bytes:
     return bytes(32 * ms)
 
 
+def recognition(**kw: Any) -> RecognitionOptions:
+    """A test call's recognition: speculative finals off; ``kw``: its other options."""
+    return RecognitionOptions(speculative_finals=False, **kw)
+
+
+def ingress(**kw: Any) -> IngressOptions:
+    """A test call's input, 16 kHz linear PCM; ``kw``: its other options."""
+    return IngressOptions(WireEncoding.LINEAR16, 16000, **kw)
+
+
 @dataclass
 class Call:
     """One session driven from a test: ``inbox`` feeds it, ``out`` records (time, event)."""
 
     transcriber: FakeTranscriber | None = None
-    options: dict[str, Any] = field(default_factory=dict)
+    barge_in: BargeInOptions = field(default_factory=BargeInOptions)
+    interims: InterimOptions = field(default_factory=InterimOptions)
+    #: Speculative finals off, so every final a test counts is its utterance's one decode.
+    recognition: RecognitionOptions = field(default_factory=recognition)
+    ingress: IngressOptions = field(default_factory=ingress)
     out: list[tuple[float, OutboundEvent]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         cfg = CallConfig(
-            input_encoding=WireEncoding.LINEAR16,
-            input_rate_hz=16000,
-            output_encoding=WireEncoding.LINEAR16,
-            output_rate_hz=16000,
+            ingress=self.ingress,
+            playback=PlaybackOptions(WireEncoding.LINEAR16, 16000),
             vad=VadConfig(),
-            speculative_finals=False,
-            **self.options,
+            recognition=self.recognition,
+            interims=self.interims,
+            barge_in=self.barge_in,
         )
         self.inbox: asyncio.Queue[InboundEvent | None] = asyncio.Queue()
         self.session = CallSession(
@@ -234,8 +254,9 @@ def talk_over_reply(call: Call, speak: SpeakIn, speech_ms: int = 1200) -> None:
 REPLY = SpeakIn("x" * 50, "s1")
 
 
-def after_words(**kw: Any) -> dict[str, Any]:
-    return {"barge_in_policy": BargeInPolicy("after_words", **kw)}
+def after_words(**kw: Any) -> BargeInOptions:
+    """Barge-in under ``after_words``; ``kw``: the policy's own fields."""
+    return BargeInOptions(policy=BargeInPolicy("after_words", **kw))
 
 
 @pytest.mark.component
@@ -252,17 +273,17 @@ def test_immediate_interrupts_right_behind_speech_begin() -> None:
 @pytest.mark.parametrize(
     ("options", "speak"),
     [
-        ({"barge_in_policy": BargeInPolicy("never")}, REPLY),
+        ({"barge_in": BargeInOptions(policy=BargeInPolicy("never"))}, REPLY),
         ({}, SpeakIn("x" * 50, "s1", barge_in="never")),
-        ({"barge_in": False}, REPLY),
-        (after_words(), SpeakIn("x" * 50, "s1", barge_in="never")),
+        ({"barge_in": BargeInOptions(enabled=False)}, REPLY),
+        ({"barge_in": after_words()}, SpeakIn("x" * 50, "s1", barge_in="never")),
     ],
     ids=["call-never", "speak-never", "call-disabled", "speak-never-over-after-words"],
 )
 def test_never_plays_to_the_end_while_the_caller_talks(
     options: dict[str, Any], speak: SpeakIn
 ) -> None:
-    call = Call(FakeTranscriber(["wait stop that please"] * 20, delay_s=0.1), options)
+    call = Call(FakeTranscriber(["wait stop that please"] * 20, delay_s=0.1), **options)
     talk_over_reply(call, speak)
     call.begin()  # the caller's speech was heard and reported
     assert not call.of(InterruptedOut)
@@ -274,7 +295,11 @@ def test_never_plays_to_the_end_while_the_caller_talks(
 @pytest.mark.component
 def test_after_words_interrupts_on_the_first_interim_with_words() -> None:
     texts = lambda r: "wait, stop" if not r.is_final else "x"  # noqa: E731
-    call = Call(FakeTranscriber(texts, delay_s=0.1), {**after_words(), "barge_in_interim_ms": 250})
+    call = Call(
+        FakeTranscriber(texts, delay_s=0.1),
+        barge_in=after_words(),
+        interims=InterimOptions(barge_in_interval_ms=250),
+    )
     talk_over_reply(call, REPLY)
     t_begin, begin = call.begin()
     ((t_int, intr),) = call.of(InterruptedOut)
@@ -301,8 +326,11 @@ def test_after_words_interrupts_on_the_first_interim_with_words() -> None:
 @pytest.mark.component
 def test_urgent_interims_can_be_turned_off() -> None:
     texts = lambda r: "wait, stop" if not r.is_final else "x"  # noqa: E731
-    cfg = {**after_words(), "barge_in_urgent_interims": False}
-    call = Call(FakeTranscriber(texts, delay_s=0.1), cfg)
+    call = Call(
+        FakeTranscriber(texts, delay_s=0.1),
+        barge_in=after_words(),
+        interims=InterimOptions(barge_in_urgent=False),
+    )
     talk_over_reply(call, REPLY)
     assert call.of(InterruptedOut)
     assert call.transcriber is not None
@@ -312,7 +340,9 @@ def test_urgent_interims_can_be_turned_off() -> None:
 
 @pytest.mark.component
 def test_interims_with_no_reply_to_stop_are_not_urgent() -> None:
-    call = Call(FakeTranscriber(["wait stop"] * 20, delay_s=0.1), {"interim_results": True})
+    call = Call(
+        FakeTranscriber(["wait stop"] * 20, delay_s=0.1), interims=InterimOptions(results=True)
+    )
 
     async def main() -> None:
         runner = asyncio.create_task(call.run())
@@ -331,7 +361,7 @@ def test_after_words_first_interim_waits_for_the_configured_voiced_time() -> Non
     texts = lambda r: "wait, stop" if not r.is_final else "x"  # noqa: E731
     call = Call(
         FakeTranscriber(texts, delay_s=0.1),
-        {**after_words(), "barge_in_first_interim_speech_ms": 400},
+        barge_in=replace(after_words(), first_interim_speech_ms=400),
     )
     talk_over_reply(call, REPLY)
     t_begin, _ = call.begin()
@@ -345,7 +375,11 @@ def test_after_words_first_interim_waits_for_the_configured_voiced_time() -> Non
 @pytest.mark.component
 def test_interims_the_client_asked_for_keep_their_word_times_over_an_after_words_reply() -> None:
     texts = lambda r: "mm-hmm" if not r.is_final else "x"  # noqa: E731
-    call = Call(FakeTranscriber(texts, delay_s=0.1), {**after_words(), "interim_results": True})
+    call = Call(
+        FakeTranscriber(texts, delay_s=0.1),
+        barge_in=after_words(),
+        interims=InterimOptions(results=True),
+    )
     talk_over_reply(call, REPLY)
     assert call.transcriber is not None
     interims = [r for r in call.transcriber.requests if not r.is_final]
@@ -366,7 +400,11 @@ def test_after_words_interims_follow_each_other_at_the_interval_not_interval_plu
         interims += 1
         return "mm-hmm" if interims == 1 else "wait, stop"
 
-    call = Call(FakeTranscriber(texts, delay_s=0.4), {**after_words(), "barge_in_interim_ms": 250})
+    call = Call(
+        FakeTranscriber(texts, delay_s=0.4),
+        barge_in=after_words(),
+        interims=InterimOptions(barge_in_interval_ms=250),
+    )
     talk_over_reply(call, REPLY, speech_ms=2000)
     t_begin, _ = call.begin()
     ((t_int, intr),) = call.of(InterruptedOut)
@@ -391,7 +429,11 @@ def test_a_spare_worker_starts_the_next_barge_in_interim_while_one_decodes() -> 
     # come 125 + 400 ms after the first started (not 400 + 400 as one at a time).
     counter = [0]
     fake = FakeTranscriber(lambda r: _first_empty_then_words(r, counter), delay_s=0.4, workers=2)
-    call = Call(fake, {**after_words(), "barge_in_interim_ms": 250, "barge_in_overlap_ms": 125})
+    call = Call(
+        fake,
+        barge_in=after_words(),
+        interims=InterimOptions(barge_in_interval_ms=250, barge_in_overlap_ms=125),
+    )
     talk_over_reply(call, REPLY, speech_ms=2000)
     t_begin, _ = call.begin()
     ((t_int, intr),) = call.of(InterruptedOut)
@@ -411,7 +453,11 @@ def test_with_two_interims_in_flight_the_next_starts_when_the_first_of_them_ends
     fake = FakeTranscriber(
         lambda r: _first_empty_then_words(r, counter, empty=2), delay_s=0.4, workers=2
     )
-    call = Call(fake, {**after_words(), "barge_in_interim_ms": 250, "barge_in_overlap_ms": 125})
+    call = Call(
+        fake,
+        barge_in=after_words(),
+        interims=InterimOptions(barge_in_interval_ms=250, barge_in_overlap_ms=125),
+    )
     talk_over_reply(call, REPLY, speech_ms=2000)
     t_begin, _ = call.begin()
     ((t_int, _),) = call.of(InterruptedOut)
@@ -431,7 +477,9 @@ def test_barge_in_interims_run_one_at_a_time_without_a_spare_worker_or_with_over
         lambda r: _first_empty_then_words(r, counter), delay_s=0.4, workers=workers
     )
     call = Call(
-        fake, {**after_words(), "barge_in_interim_ms": 250, "barge_in_overlap_ms": overlap_ms}
+        fake,
+        barge_in=after_words(),
+        interims=InterimOptions(barge_in_interval_ms=250, barge_in_overlap_ms=overlap_ms),
     )
     talk_over_reply(call, REPLY, speech_ms=2000)
     t_begin, _ = call.begin()
@@ -450,8 +498,9 @@ def test_overlapping_interims_reach_the_client_in_order() -> None:
     fake = FakeTranscriber(
         texts, delay_s=lambda n: delays[n] if n < len(delays) else 0.0, workers=2
     )
-    options = {**after_words(), "interim_results": True, "barge_in_overlap_ms": 125}
-    call = Call(fake, options)
+    call = Call(
+        fake, barge_in=after_words(), interims=InterimOptions(results=True, barge_in_overlap_ms=125)
+    )
     talk_over_reply(call, REPLY, speech_ms=2000)
     assert len(call.of(InterruptedOut)) == 1
     assert fake.most_in_flight == 2
@@ -485,7 +534,7 @@ class _PairedTranscriber(FakeTranscriber):
 @pytest.mark.component
 def test_two_overlapping_interims_with_words_cut_the_reply_once() -> None:
     fake = _PairedTranscriber()
-    call = Call(fake, {**after_words(), "barge_in_overlap_ms": 125})
+    call = Call(fake, barge_in=after_words(), interims=InterimOptions(barge_in_overlap_ms=125))
     talk_over_reply(call, REPLY, speech_ms=2000)
     t_begin, _ = call.begin()
     ((t_int, intr),) = call.of(InterruptedOut)  # one report for one reply, not one per interim
@@ -497,8 +546,8 @@ def test_two_overlapping_interims_with_words_cut_the_reply_once() -> None:
 @pytest.mark.component
 def test_only_the_interims_barge_in_alone_reads_go_to_the_barge_in_model() -> None:
     texts = lambda r: "wait, stop" if not r.is_final else "x"  # noqa: E731
-    word = {"barge_in_model": BargeInModel("_barge-in", ("en",))}
-    call = Call(FakeTranscriber(texts, delay_s=0.1), {**after_words(), **word})
+    word = replace(after_words(), model=BargeInModel("_barge-in", ("en",)))
+    call = Call(FakeTranscriber(texts, delay_s=0.1), barge_in=word)
     talk_over_reply(call, REPLY)
     ((_, intr),) = call.of(InterruptedOut)
     assert intr.caller_text == "wait, stop"
@@ -508,17 +557,17 @@ def test_only_the_interims_barge_in_alone_reads_go_to_the_barge_in_model() -> No
     assert interims and all(r.options.model == "_barge-in" for r in interims)
     assert finals and all(r.options.model == "" for r in finals)
 
-    def models_of(extra: dict[str, Any]) -> set[str]:
+    def models_of(**extra: Any) -> set[str]:
         """The models every request of such a call went to (the call was interrupted)."""
-        other = Call(FakeTranscriber(texts, delay_s=0.1), {**after_words(), **word, **extra})
+        other = Call(FakeTranscriber(texts, delay_s=0.1), barge_in=word, **extra)
         talk_over_reply(other, REPLY)
         assert other.of(InterruptedOut) and other.transcriber is not None
         return {r.options.model for r in other.transcriber.requests}
 
     # Interims the client asked for are its transcript: the call's model decodes them.
-    assert models_of({"interim_results": True}) == {""}
+    assert models_of(interims=InterimOptions(results=True)) == {""}
     # A call in a language the barge-in model does not speak keeps its own model.
-    assert models_of({"asr_options": AsrOptions(language="de")}) == {""}
+    assert models_of(recognition=recognition(asr_options=AsrOptions(language="de"))) == {""}
 
 
 @pytest.mark.component
@@ -528,29 +577,34 @@ def test_barge_in_interims_of_a_call_with_no_language_decode_in_the_voices() -> 
     the interims the client asked for, and a call's own language, are left alone."""
     texts = lambda r: "wait, stop" if not r.is_final else "x"  # noqa: E731
 
-    def languages_of(extra: dict[str, Any]) -> set[str | None]:
+    def languages_of(
+        reply_language: str | None = None,
+        interim_results: bool = False,
+        language: str | None = None,
+    ) -> set[str | None]:
         # No language set (AsrOptions' own default is English), none learnt from finals.
-        unlearnt = {
-            "language": LanguageConfig(learn=False),
-            "asr_options": AsrOptions(language=None),
-        }
-        call = Call(FakeTranscriber(texts, delay_s=0.1), {**after_words(), **unlearnt, **extra})
+        call = Call(
+            FakeTranscriber(texts, delay_s=0.1),
+            barge_in=replace(after_words(), reply_language=reply_language),
+            interims=InterimOptions(results=interim_results),
+            recognition=recognition(
+                language=LanguageConfig(learn=False), asr_options=AsrOptions(language=language)
+            ),
+        )
         talk_over_reply(call, REPLY)
         assert call.of(InterruptedOut) and call.transcriber is not None
         return {r.options.language for r in call.transcriber.requests if not r.is_final}
 
-    assert languages_of({"reply_language": "en"}) == {"en"}
-    assert languages_of({}) == {None}  # no voice language known: detect, as before
-    assert languages_of({"reply_language": "en", "interim_results": True}) == {None}
-    assert languages_of({"reply_language": "en", "asr_options": AsrOptions(language="de")}) == {
-        "de"
-    }
+    assert languages_of(reply_language="en") == {"en"}
+    assert languages_of() == {None}  # no voice language known: detect, as before
+    assert languages_of(reply_language="en", interim_results=True) == {None}
+    assert languages_of(reply_language="en", language="de") == {"de"}
 
 
 @pytest.mark.component
 def test_after_words_ignores_backchannels() -> None:
     texts = lambda r: "Mm-hmm, yeah." if not r.is_final else "Okay."  # noqa: E731
-    call = Call(FakeTranscriber(texts, delay_s=0.1), after_words())
+    call = Call(FakeTranscriber(texts, delay_s=0.1), barge_in=after_words())
     talk_over_reply(call, REPLY, speech_ms=1500)
     call.begin()
     assert not call.of(InterruptedOut)
@@ -563,10 +617,10 @@ def test_after_words_ignores_backchannels() -> None:
 @pytest.mark.component
 def test_after_words_needs_min_words_content_words() -> None:
     texts = lambda r: "yeah wait stop" if not r.is_final else "yeah wait stop"  # noqa: E731
-    few = Call(FakeTranscriber(texts, delay_s=0.1), after_words(min_words=3))
+    few = Call(FakeTranscriber(texts, delay_s=0.1), barge_in=after_words(min_words=3))
     talk_over_reply(few, REPLY)
     assert not few.of(InterruptedOut)  # two content words of three needed
-    enough = Call(FakeTranscriber(texts, delay_s=0.1), after_words(min_words=2))
+    enough = Call(FakeTranscriber(texts, delay_s=0.1), barge_in=after_words(min_words=2))
     talk_over_reply(enough, REPLY)
     assert enough.of(InterruptedOut)
 
@@ -574,7 +628,7 @@ def test_after_words_needs_min_words_content_words() -> None:
 @pytest.mark.component
 def test_after_words_per_speak_min_words() -> None:
     texts = lambda r: "wait stop"  # noqa: E731
-    call = Call(FakeTranscriber(texts, delay_s=0.1), after_words(min_words=1))
+    call = Call(FakeTranscriber(texts, delay_s=0.1), barge_in=after_words(min_words=1))
     talk_over_reply(call, SpeakIn("x" * 50, "s1", barge_in_min_words=3))
     assert not call.of(InterruptedOut)
 
@@ -583,7 +637,7 @@ def test_after_words_per_speak_min_words() -> None:
 def test_after_words_a_short_answer_interrupts_on_its_final() -> None:
     """ "No." ends before any interim is due: the final transcript decides."""
     texts = lambda r: "No." if r.is_final else ""  # noqa: E731  (no words heard yet)
-    call = Call(FakeTranscriber(texts, delay_s=0.1), after_words())
+    call = Call(FakeTranscriber(texts, delay_s=0.1), barge_in=after_words())
     talk_over_reply(call, REPLY, speech_ms=200)
     _, begin = call.begin()
     ((t_int, intr),) = call.of(InterruptedOut)
@@ -594,7 +648,7 @@ def test_after_words_a_short_answer_interrupts_on_its_final() -> None:
 
 @pytest.mark.component
 def test_speak_immediate_overrides_an_after_words_call() -> None:
-    call = Call(FakeTranscriber(["mm-hmm"] * 20, delay_s=0.1), after_words())
+    call = Call(FakeTranscriber(["mm-hmm"] * 20, delay_s=0.1), barge_in=after_words())
     talk_over_reply(call, SpeakIn("x" * 50, "s1", barge_in="immediate"))
     t_begin, _ = call.begin()
     ((t_int, _),) = call.of(InterruptedOut)
@@ -671,7 +725,7 @@ def test_min_speech_counts_from_the_start_of_speech_in_progress_while_the_caller
     """``barge_in_min_speech_ms: 800``, speech from 0 s, the reply from 0.3 s: cut when the
     speech is 800 ms old, not 800 ms after the reply started; a caller who stops at 600 ms
     (before the minimum, in the reply's first moments) lets it play to the end."""
-    call = Call(FakeTranscriber(delay_s=0.1), {"barge_in_min_speech_ms": 800})
+    call = Call(FakeTranscriber(delay_s=0.1), barge_in=BargeInOptions(min_speech_ms=800))
     reply_over_speech(call, tone(speech_ms) + silence(1000), speak_at_s=0.3)
     _, begin = call.begin()
     if cut:
@@ -712,7 +766,7 @@ def test_after_words_counts_the_words_of_speech_in_progress() -> None:
     already holds more than 200 ms voiced), over the whole utterance, words said before the
     reply included."""
     texts = lambda r: "wait stop" if not r.is_final else "x"  # noqa: E731
-    call = Call(FakeTranscriber(texts, delay_s=0.1), after_words())
+    call = Call(FakeTranscriber(texts, delay_s=0.1), barge_in=after_words())
     reply_over_speech(call, tone(1500) + silence(1000), speak_at_s=0.5)
     _, begin = call.begin()
     ((t_int, intr),) = call.of(InterruptedOut)
@@ -730,7 +784,9 @@ def test_after_words_counts_the_words_of_speech_in_progress() -> None:
     ("said", "min_words"), [("Mm-hmm, yeah.", 1), ("wait stop", 3)], ids=["backchannel", "few"]
 )
 def test_after_words_speech_in_progress_needs_min_words_too(said: str, min_words: int) -> None:
-    call = Call(FakeTranscriber(lambda r: said, delay_s=0.1), after_words(min_words=min_words))
+    call = Call(
+        FakeTranscriber(lambda r: said, delay_s=0.1), barge_in=after_words(min_words=min_words)
+    )
     reply_over_speech(call, tone(1500) + silence(1000), speak_at_s=0.5)
     assert not call.of(InterruptedOut)
     assert call.of(PlaybackFinishedOut)
@@ -742,13 +798,13 @@ def test_after_words_speech_in_progress_needs_min_words_too(said: str, min_words
 @pytest.mark.parametrize(
     ("options", "speak"),
     [
-        ({"barge_in_policy": BargeInPolicy("never")}, REPLY),
-        (after_words(), SpeakIn("x" * 50, "s1", barge_in="never")),
+        ({"barge_in": BargeInOptions(policy=BargeInPolicy("never"))}, REPLY),
+        ({"barge_in": after_words()}, SpeakIn("x" * 50, "s1", barge_in="never")),
     ],
     ids=["call-never", "speak-never"],
 )
 def test_never_plays_on_over_speech_in_progress(options: dict[str, Any], speak: SpeakIn) -> None:
-    call = Call(FakeTranscriber(["wait stop"] * 20, delay_s=0.1), options)
+    call = Call(FakeTranscriber(["wait stop"] * 20, delay_s=0.1), **options)
     reply_over_speech(call, tone(1500) + silence(1000), speak_at_s=0.5, speak=speak)
     assert not call.of(InterruptedOut)
     ((_, fin),) = call.of(PlaybackFinishedOut)
@@ -766,8 +822,11 @@ def test_the_replys_echo_does_not_carry_speech_in_progress_over_it(
     and the reply plays on; without it the echo would go on with the caller's utterance and
     cut the reply (the case the guard is for)."""
     texts = lambda r: "wait stop"  # noqa: E731  (an echo heard as words, should it reach ASR)
-    options = {"barge_in_policy": BargeInPolicy(policy), "echo_guard": guard}
-    call = Call(FakeTranscriber(texts, delay_s=0.1), options)
+    call = Call(
+        FakeTranscriber(texts, delay_s=0.1),
+        barge_in=BargeInOptions(policy=BargeInPolicy(policy)),
+        ingress=ingress(echo_guard=guard),
+    )
     reply_over_speech(call, tone(800), speak_at_s=0.9, echo_db=-10.0)
     if guard:
         call.begin()  # the caller's one utterance, and nothing the echo opened
@@ -782,7 +841,7 @@ def test_the_replys_echo_does_not_carry_speech_in_progress_over_it(
 
 def echo_call(echo_guard: bool, level_db: float = -10.0, delay_ms: float = 120.0) -> Call:
     """A reply played to a line that returns it: nothing but echo comes back."""
-    call = Call(None, {"echo_guard": echo_guard})
+    call = Call(None, ingress=ingress(echo_guard=echo_guard))
     line = EchoLine(16000, level_db, delay_ms)
 
     async def main() -> None:

@@ -20,6 +20,12 @@ import pytest
 
 from voxgate.common.pcm import WireEncoding
 from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult
+from voxgate.gateway.call.options import (
+    IngressOptions,
+    InterimOptions,
+    PlaybackOptions,
+    RecognitionOptions,
+)
 from voxgate.gateway.config import LimitsConfig, VadConfig
 from voxgate.gateway.events import AudioIn, InboundEvent, OutboundEvent, TranscriptOut
 from voxgate.gateway.metrics import GatewayMetrics
@@ -185,16 +191,15 @@ def test_the_session_names_each_utterance_and_stops_its_interims_once_its_final_
     decode_after_ms of silence, before the utterance ends; off: the speculative final)."""
     asr = FakeTranscriber(delay_s=0.15)
     cfg = CallConfig(
-        input_encoding=WireEncoding.LINEAR16,
-        input_rate_hz=16000,
-        output_encoding=WireEncoding.LINEAR16,
-        output_rate_hz=16000,
+        ingress=IngressOptions(WireEncoding.LINEAR16, 16000),
+        playback=PlaybackOptions(WireEncoding.LINEAR16, 16000),
         vad=VadConfig(end_silence_ms=600 if turns == "off" else 200),
-        interim_results=True,
-        interim_interval_ms=200,
-        turns=TurnOptions(mode="smart", min_silence_ms=200, max_pause_ms=1600)
-        if turns == "smart"
-        else TurnOptions(),
+        interims=InterimOptions(results=True, interval_ms=200),
+        recognition=RecognitionOptions(
+            turns=TurnOptions(mode="smart", min_silence_ms=200, max_pause_ms=1600)
+            if turns == "smart"
+            else TurnOptions()
+        ),
     )
     session = CallSession(
         cfg,

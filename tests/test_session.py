@@ -16,6 +16,13 @@ import numpy as np
 import pytest
 
 from voxgate.common.pcm import WireEncoding
+from voxgate.gateway.call.options import (
+    BargeInOptions,
+    IngressOptions,
+    InterimOptions,
+    PlaybackOptions,
+    RecognitionOptions,
+)
 from voxgate.gateway.config import LimitsConfig, VadConfig
 from voxgate.gateway.errors import CallError, ErrorKind
 from voxgate.gateway.events import (
@@ -75,10 +82,8 @@ class Call:
 
     def __post_init__(self) -> None:
         cfg = CallConfig(
-            input_encoding=WireEncoding.LINEAR16,
-            input_rate_hz=16000,
-            output_encoding=WireEncoding.LINEAR16,
-            output_rate_hz=16000,
+            ingress=IngressOptions(WireEncoding.LINEAR16, 16000),
+            playback=PlaybackOptions(WireEncoding.LINEAR16, 16000),
             vad=VadConfig(),
             **self.options,
         )
@@ -212,10 +217,14 @@ def test_barge_in_stops_playback_and_reports_exactly_what_was_heard() -> None:
 @pytest.mark.parametrize(
     ("speak", "options", "interrupted"),
     [
-        (SpeakIn("x" * 50, "s1"), {"barge_in_min_speech_ms": 600}, False),  # 400 ms < 600
-        (SpeakIn("x" * 50, "s1"), {"barge_in_min_speech_ms": 200}, True),
+        (
+            SpeakIn("x" * 50, "s1"),
+            {"barge_in": BargeInOptions(min_speech_ms=600)},
+            False,
+        ),  # 400 ms < 600
+        (SpeakIn("x" * 50, "s1"), {"barge_in": BargeInOptions(min_speech_ms=200)}, True),
         (SpeakIn("x" * 50, "s1", uninterruptible=True), {}, False),
-        (SpeakIn("x" * 50, "s1"), {"barge_in": False}, False),
+        (SpeakIn("x" * 50, "s1"), {"barge_in": BargeInOptions(enabled=False)}, False),
     ],
     ids=["too-short", "long-enough", "uninterruptible", "disabled"],
 )
@@ -306,7 +315,11 @@ def test_a_speculative_final_hides_the_decode_behind_the_hangover() -> None:
 
     def latency(speculative: bool) -> tuple[int, int]:
         asr = FakeTranscriber(["hello there"], delay_s=0.1)
-        call = Call(transcriber=asr, synth=None, options={"speculative_finals": speculative})
+        call = Call(
+            transcriber=asr,
+            synth=None,
+            options={"recognition": RecognitionOptions(speculative_finals=speculative)},
+        )
 
         async def script(c: Call) -> None:
             await c.say(silence(200) + tone(1000) + silence(1500))
@@ -339,7 +352,7 @@ def test_speech_resuming_cancels_the_speculation() -> None:
 
 def test_interims_come_at_the_interval_and_never_after_speech_end() -> None:
     asr = FakeTranscriber(lambda r: "final" if r.is_final else "partial", delay_s=0.05)
-    call = Call(transcriber=asr, synth=None, options={"interim_results": True})
+    call = Call(transcriber=asr, synth=None, options={"interims": InterimOptions(results=True)})
 
     async def script(c: Call) -> None:
         await c.say(tone(3500) + silence(1500))

@@ -20,6 +20,12 @@ import numpy as np
 import pytest
 
 from voxgate.common.pcm import WireEncoding
+from voxgate.gateway.call.options import (
+    IngressOptions,
+    InterimOptions,
+    PlaybackOptions,
+    RecognitionOptions,
+)
 from voxgate.gateway.config import LimitsConfig, VadConfig
 from voxgate.gateway.events import AudioIn, InboundEvent, OutboundEvent, SpeechOut, TranscriptOut
 from voxgate.gateway.metrics import GatewayMetrics
@@ -50,16 +56,16 @@ def run_call(
     """One smart-turn call of ``pcm`` at real time (virtual); its requests and timed events."""
     asr = FakeTranscriber(delay_s=DECODE_S)
     cfg = CallConfig(
-        input_encoding=WireEncoding.LINEAR16,
-        input_rate_hz=16000,
-        output_encoding=WireEncoding.LINEAR16,
-        output_rate_hz=16000,
+        ingress=IngressOptions(WireEncoding.LINEAR16, 16000),
+        playback=PlaybackOptions(WireEncoding.LINEAR16, 16000),
         vad=VadConfig(end_silence_ms=hangover_ms),
-        turns=TurnOptions(
-            mode="smart",
-            min_silence_ms=hangover_ms,
-            max_pause_ms=1600,
-            decode_after_ms=decode_after_ms,
+        recognition=RecognitionOptions(
+            turns=TurnOptions(
+                mode="smart",
+                min_silence_ms=hangover_ms,
+                max_pause_ms=1600,
+                decode_after_ms=decode_after_ms,
+            )
         ),
     )
     session = CallSession(
@@ -133,14 +139,13 @@ def test_no_interim_starts_once_the_final_is_imminent(tone_ms: int) -> None:
     tone lengths slide the interim ticks across the silence (two of them land in it)."""
     asr = FakeTranscriber(delay_s=0.05)
     cfg = CallConfig(
-        input_encoding=WireEncoding.LINEAR16,
-        input_rate_hz=16000,
-        output_encoding=WireEncoding.LINEAR16,
-        output_rate_hz=16000,
+        ingress=IngressOptions(WireEncoding.LINEAR16, 16000),
+        playback=PlaybackOptions(WireEncoding.LINEAR16, 16000),
         vad=VadConfig(end_silence_ms=200),
-        interim_results=True,
-        interim_interval_ms=200,
-        turns=TurnOptions(mode="smart", min_silence_ms=200, max_pause_ms=1600),
+        interims=InterimOptions(results=True, interval_ms=200),
+        recognition=RecognitionOptions(
+            turns=TurnOptions(mode="smart", min_silence_ms=200, max_pause_ms=1600)
+        ),
     )
     session = CallSession(
         cfg, LimitsConfig(), asr, None, metrics=GatewayMetrics(), detector=EnergyVoiceDetector()

@@ -15,6 +15,11 @@ import numpy as np
 import pytest
 
 from voxgate.common.pcm import WireEncoding
+from voxgate.gateway.call.options import (
+    IngressOptions,
+    PlaybackOptions,
+    RecognitionOptions,
+)
 from voxgate.gateway.config import LimitsConfig, VadConfig
 from voxgate.gateway.events import AudioIn, EndOfTurnOut, InboundEvent, OutboundEvent, TranscriptOut
 from voxgate.gateway.metrics import GatewayMetrics
@@ -60,12 +65,10 @@ class Call:
 
     def __post_init__(self) -> None:
         cfg = CallConfig(
-            input_encoding=WireEncoding.LINEAR16,
-            input_rate_hz=16000,
-            output_encoding=WireEncoding.LINEAR16,
-            output_rate_hz=16000,
+            ingress=IngressOptions(WireEncoding.LINEAR16, 16000),
+            playback=PlaybackOptions(WireEncoding.LINEAR16, 16000),
             vad=VadConfig(end_silence_ms=self.hangover_ms),
-            turns=self.turns,
+            recognition=RecognitionOptions(turns=self.turns),
         )
         self.inbox: asyncio.Queue[InboundEvent | None] = asyncio.Queue()
         self.session = CallSession(

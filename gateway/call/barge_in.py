@@ -65,8 +65,8 @@ class BargeIn:
         Speech in progress now counts only once the reply plays and the caller is heard over
         it (speech_in_progress), not at once: they may be done by then.
         """
-        call = self.config.barge_in_policy
-        if not self.config.barge_in:
+        call = self.config.barge_in.policy
+        if not self.config.barge_in.enabled:
             call = replace(call, mode="never")
         self._barge_pending_from = None
         return call.for_speak(
@@ -80,7 +80,7 @@ class BargeIn:
         starts during it (before this, such a reply played on for 1.3-1.6 s, until the caller's
         next utterance). The utterance counts from the reply's first frame as if it had begun
         then, under the reply's policy (``immediate``: the cut, after
-        ``barge_in_min_speech_ms`` counted from the speech's start, while the caller still
+        ``barge_in.min_speech_ms`` counted from the speech's start, while the caller still
         talks; ``after_words``: its interims, words said before the reply included; ``never``:
         nothing), once the caller is heard over the reply:
 
@@ -119,7 +119,7 @@ class BargeIn:
     def maybe_first_interim(self) -> None:
         """Wake the interim loop once the caller over an after_words reply can be decoded.
 
-        The first interim runs when the utterance holds ``barge_in_first_interim_speech_ms``
+        The first interim runs when the utterance holds ``barge_in.first_interim_speech_ms``
         of voiced audio (the recogniser skips less as too short), not one interim interval
         after SPEECH_BEGIN: at SPEECH_BEGIN about 100 ms are voiced, 200 ms hold a short first
         word ("and", "go for"), and an interval later (360 ms) the word has been said for a
@@ -130,7 +130,7 @@ class BargeIn:
         if not self.listening_for_words():
             self._first_interim_due = False  # the reply ended or the utterance did
             return
-        if self._segmenter.voiced_ms >= self.config.barge_in_first_interim_speech_ms:
+        if self._segmenter.voiced_ms >= self.config.barge_in.first_interim_speech_ms:
             self._first_interim_due = False
             self.interim_due.set()
 
@@ -143,7 +143,7 @@ class BargeIn:
         state = self._segmenter.state
         if state not in (SegmenterState.SPEAKING, SegmenterState.STOPPING):
             return
-        min_ms = self.config.barge_in_min_speech_ms
+        min_ms = self.config.barge_in.min_speech_ms
         # The minimum counts while the caller is still talking: in STOPPING the clock runs on
         # trailing silence, and a 400 ms "mm" used to interrupt a 600 ms minimum that way.
         if min_ms and (

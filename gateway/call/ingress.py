@@ -51,25 +51,25 @@ class Ingress:
         self._limits = limits
         self._realtime_slack_ms = realtime_slack_ms
         self._declared_bulk = declared_bulk
-        self._decoder = InputDecoder(config.input_encoding, config.input_rate_hz)
-        self._dtmf = DtmfGate(config.dtmf) if config.dtmf is not None else None
-        self._bytes_per_ms = bytes_per_ms(config.input_encoding, config.input_rate_hz)
+        self._decoder = InputDecoder(config.ingress.encoding, config.ingress.rate_hz)
+        self._dtmf = DtmfGate(config.ingress.dtmf) if config.ingress.dtmf is not None else None
+        self._bytes_per_ms = bytes_per_ms(config.ingress.encoding, config.ingress.rate_hz)
         self._audio_ms_in = 0.0
         self._first_audio_at: float | None = None
         # The echo guard hears what the caller heard: output frames decoded back to 16 kHz.
         self._echo: EchoGuard | GatedEchoCanceller | LineEchoCanceller | None = None
-        if config.echo_guard and plays_replies:
+        if config.ingress.echo_guard and plays_replies:
             self._echo = {
                 "gate": EchoGuard,
                 "gate_aec3": GatedEchoCanceller,
                 "aec3": LineEchoCanceller,
-            }[config.echo_canceller]()
+            }[config.ingress.echo_canceller]()
         self._echo_decoder = (
-            InputDecoder(config.output_encoding, config.output_rate_hz)
+            InputDecoder(config.playback.encoding, config.playback.rate_hz)
             if self._echo is not None
             else None
         )
-        self._lead_s = config.playout_lead_ms / 1000.0
+        self._lead_s = config.playback.lead_ms / 1000.0
         self._echo_next_at = 0.0  # when the far end finishes playing what was sent so far
 
     @property

@@ -326,10 +326,10 @@ class Interims:
             # most likely speaks its language: a prefix detected on its own came out
             # Chinese for "uh-huh, right" ("啊好"), which no backchannel list matches.
             options = replace(options, word_timestamps=False)
-            if options.language is None and self.config.reply_language:
-                options = replace(options, language=self.config.reply_language)
+            if options.language is None and self.config.barge_in.reply_language:
+                options = replace(options, language=self.config.barge_in.reply_language)
                 min_language_prob = 0.0
-            word_model = self.config.barge_in_model
+            word_model = self.config.barge_in.model
             counted = word_model.options(options) if word_model is not None else None
             options = counted or options
         req = AsrRequest(

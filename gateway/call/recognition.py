@@ -186,7 +186,7 @@ class Recognition:
         waiting, so that speculation never delays another call's final.
         """
         seg, transcriber = self._segmenter, self._transcriber
-        if transcriber is None or not self.config.speculative_finals:
+        if transcriber is None or not self.config.recognition.speculative_finals:
             return
         index = seg.utterance_index
         if seg.state is SegmenterState.SPEAKING:
@@ -198,8 +198,8 @@ class Recognition:
         # With smart turn detection the utterance ends on a short hangover and this decode is
         # its final: it starts at the first silence, whatever else the recogniser has queued
         # (it is a final, scheduled as one), so that the words are known when the turn may end.
-        smart = self.config.turns.mode == "smart"
-        after_ms = self.config.turns.decode_after_ms if smart else seg.settled_after_ms
+        smart = self.config.recognition.turns.mode == "smart"
+        after_ms = self.config.recognition.turns.decode_after_ms if smart else seg.settled_after_ms
         if seg.trailing_silence_ms < after_ms:
             return
         spec = self._specs.get(index)
@@ -332,7 +332,7 @@ class Recognition:
 
     def _learn_language(self, options: AsrOptions, result: AsrResult) -> None:
         """Remember a final's language when it was detected confidently (for the interims)."""
-        cfg = self.config.language
+        cfg = self.config.recognition.language
         if (
             cfg.learn
             and options.language is None
@@ -356,7 +356,7 @@ class Recognition:
         """
         if options.language is not None:
             return options, 0.0
-        cfg = self.config.language
+        cfg = self.config.recognition.language
         language = self._learned_language or cfg.interim_default or None
         if language is not None:
             return replace(options, language=language), 0.0
@@ -366,7 +366,7 @@ class Recognition:
 
     def asr_options(self) -> AsrOptions:
         """The call's decoding options with the server's degradation steps in force."""
-        return self._quality.asr_options(self.config.asr_options)
+        return self._quality.asr_options(self.config.recognition.asr_options)
 
     def final_imminent(self) -> bool:
         """Smart turns: the caller has been silent for half of ``decode_after_ms``.
@@ -377,7 +377,7 @@ class Recognition:
         interim started 150 ms after the last word ran alongside the final, which took 280 ms
         instead of 240). Speech that resumes makes interims due again.
         """
-        turns = self.config.turns
+        turns = self.config.recognition.turns
         return (
             turns.mode == "smart"
             and self._segmenter.trailing_silence_ms >= turns.decode_after_ms // 2
