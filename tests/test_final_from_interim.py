@@ -15,6 +15,7 @@ import pytest
 from test_session import Call, drive, silence, tone
 
 from voxgate.engines.asr.base import AsrRequest, AsrResult
+from voxgate.gateway.call.options import InterimOptions, RecognitionOptions
 from voxgate.gateway.errors import CallError, ErrorKind
 from voxgate.gateway.events import ErrorOut, TranscriptOut
 from voxgate.gateway.metrics import GatewayMetrics
@@ -60,7 +61,7 @@ def run_call(asr: object, *, interims: bool = True) -> Call:
     call = Call(
         transcriber=asr,  # type: ignore[arg-type]
         synth=None,
-        options={"interim_results": interims, "interim_interval_ms": 300},
+        options={"interims": InterimOptions(results=interims, interval_ms=300)},
     )
 
     async def script(c: Call) -> None:
@@ -154,9 +155,8 @@ async def test_a_final_that_times_out_in_the_batcher_carries_the_interim_text() 
                 transcriber=asr,  # type: ignore[arg-type]
                 synth=None,
                 options={
-                    "interim_results": True,
-                    "interim_interval_ms": 300,
-                    "speculative_finals": False,
+                    "interims": InterimOptions(results=True, interval_ms=300),
+                    "recognition": RecognitionOptions(speculative_finals=False),
                 },
                 metrics=metrics,
             )

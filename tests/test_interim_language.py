@@ -16,6 +16,7 @@ from conftest import read_wav_int16
 from test_session import Call, drive, silence, tone
 
 from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult
+from voxgate.gateway.call.options import InterimOptions, RecognitionOptions
 from voxgate.gateway.config import LanguageConfig, load_config
 from voxgate.gateway.events import TranscriptOut
 from voxgate.gateway.testing.fake_engines import FakeTranscriber
@@ -33,11 +34,15 @@ def scripted(final: tuple[str, float], interim: tuple[str, float] = ("ru", 0.3))
     return detect
 
 
-def two_utterances(asr: FakeTranscriber, **options: Any) -> Call:
+def two_utterances(asr: FakeTranscriber, **recognition: Any) -> Call:
+    """``recognition``: the call's recognition options over detecting the language."""
     call = Call(
         transcriber=asr,
         synth=None,
-        options={"interim_results": True, "asr_options": DETECT, **options},
+        options={
+            "interims": InterimOptions(results=True),
+            "recognition": RecognitionOptions(**{"asr_options": DETECT, **recognition}),
+        },
     )
 
     async def script(c: Call) -> None:
