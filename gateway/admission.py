@@ -8,7 +8,7 @@ than real time (whose finals queue behind its own backlog by design) locked ever
 
 * **Capacity.** Every call reserves one real-time call equivalent (RTE). The replica holds
   ``capacity`` RTEs: calibrated at start from the engine's measured cost of a reference
-  utterance (:attr:`LoadSnapshot.calibrated_capacity`, see ``gateway/runtime.py``), and
+  utterance (:attr:`LoadSnapshot.calibrated_capacity`, see ``gateway/runtime/``), and
   re-measured from live traffic (engine busy seconds per worker per second divided by the
   real-time calls that caused it) once there is enough of it. ``admission.capacity_calls``
   overrides both. A new call is refused only when the calls in progress already fill it.
