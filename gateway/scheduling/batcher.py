@@ -419,15 +419,22 @@ class Batcher(Generic[T, R]):
                 {"message": "batcher batch task failed", "exception": exc, "task": task}
             )
 
-    async def _run_batch(self, worker: int, entries: Sequence[_Entry[T, R]]) -> None:
-        assert self._loop is not None and self._wake is not None
-        loop = self._loop
-        # Drop items cancelled after they were picked (ray #50054): their calls have gone, so
-        # running them would only delay everyone else in the batch.
+    def _live(self, entries: Sequence[_Entry[T, R]]) -> list[_Entry[T, R]]:
+        """The picked entries still wanted, counting the rest as dropped.
+
+        Items cancelled after they were picked (ray #50054) belong to calls that have gone;
+        running them would only delay everyone else in the batch or run.
+        """
         live = [e for e in entries if not e.future.done()]
         if len(live) < len(entries):
             self.stats.dropped += len(entries) - len(live)
             self._observer.dropped(len(entries) - len(live))
+        return live
+
+    async def _run_batch(self, worker: int, entries: Sequence[_Entry[T, R]]) -> None:
+        assert self._loop is not None and self._wake is not None
+        loop = self._loop
+        live = self._live(entries)
         try:
             if not live:
                 return
@@ -625,10 +632,7 @@ class Batcher(Generic[T, R]):
     async def _run_steps(self, worker: int, entries: Sequence[_Entry[T, R]]) -> None:
         assert self._loop is not None and self._wake is not None
         loop = self._loop
-        live = [e for e in entries if not e.future.done()]
-        if len(live) < len(entries):
-            self.stats.dropped += len(entries) - len(live)
-            self._observer.dropped(len(entries) - len(live))
+        live = self._live(entries)
         run: _Run[T, R] | None = None
         try:
             if not live:
