@@ -47,6 +47,14 @@ DEFAULT_PLANS: dict[str, BatchPlan] = {
 }
 
 
+def _check(device: str, cpu_cores: int) -> None:
+    """Refuse an unknown device or fewer than one core (both plan functions take them)."""
+    if device not in DEFAULT_PLANS:
+        raise ValueError(f"unknown device {device!r}; expected one of {sorted(DEFAULT_PLANS)}")
+    if cpu_cores < 1:
+        raise ValueError(f"cpu_cores must be >= 1, got {cpu_cores}")
+
+
 def default_plan(device: Literal["cpu", "cuda"], cpu_cores: int = 2) -> BatchPlan:
     """The unmeasured starting plan for ``device``.
 
@@ -60,10 +68,7 @@ def default_plan(device: Literal["cpu", "cuda"], cpu_cores: int = 2) -> BatchPla
     Raises:
         ValueError: for an unknown device or fewer than one core.
     """
-    if device not in DEFAULT_PLANS:
-        raise ValueError(f"unknown device {device!r}; expected one of {sorted(DEFAULT_PLANS)}")
-    if cpu_cores < 1:
-        raise ValueError(f"cpu_cores must be >= 1, got {cpu_cores}")
+    _check(device, cpu_cores)
     plan = DEFAULT_PLANS[device]
     if device == "cpu":
         return BatchPlan(max_batch_size=plan.max_batch_size, workers=cpu_cores)
@@ -76,10 +81,7 @@ def default_candidates(device: Literal["cpu", "cuda"], cpu_cores: int = 2) -> li
     Raises:
         ValueError: for an unknown device or fewer than one core.
     """
-    if device not in DEFAULT_PLANS:
-        raise ValueError(f"unknown device {device!r}; expected one of {sorted(DEFAULT_PLANS)}")
-    if cpu_cores < 1:
-        raise ValueError(f"cpu_cores must be >= 1, got {cpu_cores}")
+    _check(device, cpu_cores)
     if device == "cpu":
         worker_counts = sorted({1, max(1, cpu_cores // 2), cpu_cores})
         sizes = (1, 2, 4, 8)
