@@ -135,6 +135,9 @@ class Utterance:
         speech_end_ms: end of the last voiced frame (the ``SPEECH_END`` offset).
         stats: what the VAD measured; feeds the decoding policy.
         dropped: True when shorter than ``min_speech_ms`` (announced but not transcribed).
+        loud_end_ms: end of its last *loud* speech frame (see ``Segmenter.LOUD_REL_DB``), at
+            most ``speech_end_ms``; 0 where unknown. A decode that got the audio up to here
+            got every word: what follows is the fading tail the segmenter still counts.
     """
 
     index: int
@@ -145,6 +148,7 @@ class Utterance:
     speech_end_ms: int
     stats: UtteranceStats
     dropped: bool = False
+    loud_end_ms: int = 0
 
 
 SegmenterEvent = SpeechBegin | SpeechEnd | Utterance
@@ -192,6 +196,15 @@ class Segmenter:
     #: benchmarks/ear.py: 3-5 dB give the same worst ends; 2 dB leaves one 176 ms late.
     END_DB = 4.0
     END_MS = 160
+    #: A speech frame (voiced, or the energetic tail) is *loud* when either level stands
+    #: within this many dB of the utterance's loudest voiced frame on that level. On a clean
+    #: recording the call's noise floor is 50-65 dB under the speech, so the fading tail of
+    #: the last word stands above it (and so counts as speech) for 100-250 ms after the
+    #: words: the shared clips' last frame within 30 dB of their peak lies 0-160 ms after
+    #: their last frame above -40 dBFS, their reported end 120-220 ms after it. The reported
+    #: end stays where it is; only the final decode may start from the loud end
+    #: (:attr:`quiet_ms`), since nothing after it is a word.
+    LOUD_REL_DB = 30.0
 
     def __init__(self, config: VadConfig, detector: VoiceDetector | None = None) -> None:
         self.config = config
@@ -233,6 +246,9 @@ class Segmenter:
         self._noise_pdb: float | None = None  # the same on the plain level
         self._end_floors: tuple[float | None, float | None] = (None, None)
         self._last_energetic = -1  # index in _frames of the last unvoiced-but-loud tail frame
+        self._last_loud = -1  # index in _frames of the last loud speech frame (LOUD_REL_DB)
+        self._peak_db = -math.inf  # loudest voiced frame of the utterance, tilted level
+        self._peak_pdb = -math.inf  # and plain level
         self._last_sample = 0.0  # for the first difference across push() boundaries
         # Frames the voice model has not judged yet (NaN), with their energy: the start of a
         # call while Silero primes. They are stepped once it can judge them (_replay_held).
@@ -424,6 +440,8 @@ class Segmenter:
                 self._last_voiced = back
                 self._end_floors = (self._noise_db, self._noise_pdb)
                 self._last_energetic = -1
+                self._peak_db, self._peak_pdb = db, pdb
+                self._last_loud = back
                 self._maybe_begin(events)
             else:
                 self._pre_roll.append(frame)
@@ -440,6 +458,7 @@ class Segmenter:
             self._unvoiced_run += 1
 
         if st is SegmenterState.STARTING:
+            self._track_loud(voiced, db, pdb)
             if voiced:
                 self._maybe_begin(events)
             elif self._unvoiced_run >= self._start_gap_frames:
@@ -463,6 +482,7 @@ class Segmenter:
             and len(self._frames) - 1 - self._last_voiced <= self._tail_frames
         ):
             self._last_energetic = len(self._frames) - 1
+        self._track_loud(voiced, db, pdb)
         if st is SegmenterState.SPEAKING and not voiced:
             self.state = SegmenterState.STOPPING
         elif st is SegmenterState.STOPPING and voiced:
@@ -516,6 +536,36 @@ class Segmenter:
             self._head = None
             events.append(SpeechBegin(self._start_frame * self.config.frame_ms, self._utt_index))
 
+    def _track_loud(self, voiced: bool, db: float, pdb: float) -> None:
+        """Keep the utterance's peak levels and its last loud speech frame (the newest one)."""
+        last = len(self._frames) - 1
+        if voiced:
+            self._peak_db = max(self._peak_db, db)
+            self._peak_pdb = max(self._peak_pdb, pdb)
+        speech = voiced or self._last_energetic == last
+        if speech and (
+            db >= self._peak_db - self.LOUD_REL_DB or pdb >= self._peak_pdb - self.LOUD_REL_DB
+        ):
+            self._last_loud = last
+
+    @property
+    def quiet_ms(self) -> int:
+        """Time since the utterance's last loud speech frame, in ms (0 while quiet).
+
+        Runs ahead of :attr:`trailing_silence_ms`, which counts from the voice model's last
+        voiced frame: Silero stays voiced for 100-200 ms of a fading word end.
+        """
+        if self.state not in (SegmenterState.SPEAKING, SegmenterState.STOPPING):
+            return 0
+        return (len(self._frames) - 1 - self._last_loud) * self.config.frame_ms
+
+    @property
+    def loud_end_ms(self) -> int:
+        """Call offset just past the utterance's last loud speech frame (0 while quiet)."""
+        if self.state not in (SegmenterState.SPEAKING, SegmenterState.STOPPING):
+            return 0
+        return (self._start_frame + self._last_loud + 1) * self.config.frame_ms
+
     def _finalise(self, events: list[SegmenterEvent], *, forced: bool) -> None:
         utt, tail = self._build(forced=forced)
         events.append(SpeechEnd(utt.speech_end_ms, utt.index))
@@ -549,7 +599,8 @@ class Segmenter:
             stats=self._stats(audio, flags, forced),
             dropped=sum(voiced) < self._min_speech_frames,
         )
-        return utt, self._frames[keep:]
+        loud_end = (self._start_frame + min(self._last_loud + 1, keep)) * fm
+        return replace(utt, loud_end_ms=min(loud_end, utt.speech_end_ms)), self._frames[keep:]
 
     @property
     def trailing_silence_ms(self) -> int:
@@ -568,16 +619,27 @@ class Segmenter:
         """
         return self.TAIL_MS + self.config.frame_ms
 
-    def preview(self) -> Utterance | None:
+    def preview(self, *, early: bool = False) -> Utterance | None:
         """The utterance the hangover will produce if the caller stays silent, or None.
 
         Used to start the final decode while the hangover still runs (speculative finals):
         once ``trailing_silence_ms >= settled_after_ms`` the preview has the same index, start
         and speech span as the utterance that will be emitted, unless speech resumes.
+
+        ``early``: also while the voice model still hears speech (its lag after the last
+        word), for a decode started on :attr:`quiet_ms`: the audio up to now, its frames after
+        the loud end counted as unvoiced in the statistics (what the voice model is about to
+        say of them).
         """
-        if self.state is not SegmenterState.STOPPING:
+        if self.state is SegmenterState.STOPPING:
+            return self._build(forced=False)[0]
+        if not early or self.state is not SegmenterState.SPEAKING:
             return None
-        return self._build(forced=False)[0]
+        utt = self._build(forced=False)[0]
+        lead = len(self._lead)
+        kept = self._voiced[: len(utt.audio) // self.frame_len - lead]
+        flags = [False] * lead + [v and i <= self._last_loud for i, v in enumerate(kept)]
+        return replace(utt, stats=self._stats(utt.audio, flags, False))
 
     def _stats(self, audio: FloatArray, flags: list[bool], forced: bool) -> UtteranceStats:
         return UtteranceStats.from_frames(audio, flags, self.config.frame_ms, forced_cut=forced)
@@ -598,3 +660,5 @@ class Segmenter:
         self._unvoiced_run = 0
         self._last_voiced = 0
         self._last_energetic = -1
+        self._last_loud = -1
+        self._peak_db = self._peak_pdb = -math.inf

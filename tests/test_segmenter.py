@@ -462,3 +462,57 @@ def test_only_the_first_utterance_takes_the_call_start_lead_in() -> None:
     assert (first.start_ms, first_off.start_ms) == (0, 40)  # 80 ms in: from the first sample
     assert second.start_ms == second_off.start_ms > 200  # the second: its pre-roll only
     np.testing.assert_array_equal(second.audio, second_off.audio)
+
+
+def _tone(ms: int, dbfs: float) -> np.ndarray:
+    t = np.arange(16 * ms) / 16000.0
+    return (10 ** (dbfs / 20) * np.sin(2 * np.pi * 300 * t)).astype(np.float32)
+
+
+def _loud_trace(
+    speech_dbfs: float, tail_dbfs: float
+) -> tuple[list[tuple[int, int, int]], list[Utterance]]:
+    """(quiet_ms, trailing_silence_ms, loud_end_ms) after each frame of 1 s of speech, then a
+    200 ms tail the (lagging) voice model still hears, then silence."""
+    from voxgate.gateway.testing.fake_engines import EnergyVoiceDetector  # noqa: PLC0415
+
+    cfg = VadConfig(
+        frame_ms=20,
+        start_speech_ms=60,
+        end_silence_ms=200,
+        min_speech_ms=0,
+        pre_roll_ms=40,
+        call_start_lead_in_ms=0,
+    )
+    s = Segmenter(cfg, EnergyVoiceDetector(-60.0))
+    audio = np.concatenate(
+        [np.zeros(16 * 300, np.float32), _tone(1000, speech_dbfs), _tone(200, tail_dbfs)]
+        + [np.zeros(16 * 400, np.float32)]
+    )
+    trace, utts = [], []
+    for i in range(0, len(audio), FRAME):
+        utts += [e for e in s.push(audio[i : i + FRAME]) if isinstance(e, Utterance)]
+        trace.append((s.quiet_ms, s.trailing_silence_ms, s.loud_end_ms))
+    return trace, utts
+
+
+def test_quiet_counts_from_the_last_loud_frame_while_the_model_still_hears_the_tail() -> None:
+    """A tail 40 dB under the speech that the voice model hears as voice (Silero's lag): the
+    silence the final decode reads (quiet_ms) runs from the end of the loud speech through
+    the tail, while the model's own silence (trailing_silence_ms) has not started; the
+    utterance still reports the tail as speech and carries its loud end."""
+    trace, utts = _loud_trace(-10.0, -50.0)
+    # Frames 65-74 are the tail (1.3-1.5 s); its first frame holds the step down from the
+    # speech (loud on the tilted level), so the quiet starts with the second.
+    in_tail = trace[65:75]
+    assert [q for q, _, _ in in_tail] == list(range(0, 200, 20))
+    assert all(silent == 0 and loud_end == 1320 for _, silent, loud_end in in_tail)
+    assert len(utts) == 1
+    assert utts[0].loud_end_ms == 1320 and utts[0].speech_end_ms >= 1500
+
+
+def test_a_tail_within_the_loud_range_is_not_quiet() -> None:
+    """The same tail 20 dB under quieter speech (-30 dBFS) may be a word: quiet_ms stays 0."""
+    trace, utts = _loud_trace(-30.0, -50.0)
+    assert all(q == 0 for q, _, _ in trace[20:75])
+    assert utts[0].loud_end_ms == 1500  # the end of the tail

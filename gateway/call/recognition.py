@@ -72,11 +72,17 @@ class _Speculation:
         they cannot be stopped) held both workers and the one that counted waited behind them:
         2-4 decodes per utterance, and the final 200-300 ms later than the first of them, whose
         audio already ended 120 ms after the last voiced frame.
+
+        A decode that got every loud frame of ``utt`` (its ``loud_end_ms``) stands too,
+        however long the faint tail after them: with smart turns it starts from the loud end
+        while the voice model may still hear the tail (:meth:`Recognition.maybe_speculate`).
         """
-        return (
-            self.start_ms == utt.start_ms
-            and utt.speech_end_ms <= self.audio_end_ms + _SPEC_TAIL_SLACK_MS
-        )
+        if self.start_ms != utt.start_ms:
+            return False
+        # It got every loud frame (the words; Segmenter.LOUD_REL_DB): the rest is the tail.
+        if 0 < utt.loud_end_ms <= self.audio_end_ms:
+            return True
+        return utt.speech_end_ms <= self.audio_end_ms + _SPEC_TAIL_SLACK_MS
 
 
 class Recognition:
@@ -189,25 +195,32 @@ class Recognition:
         if transcriber is None or not self.config.recognition.speculative_finals:
             return
         index = seg.utterance_index
-        if seg.state is SegmenterState.SPEAKING:
-            stale = self._specs.pop(index, None)
-            if stale is not None:
-                stale.task.cancel()
-                self._metrics.asr_speculative.labels("cancelled").inc()
-            return
         # With smart turn detection the utterance ends on a short hangover and this decode is
         # its final: it starts at the first silence, whatever else the recogniser has queued
         # (it is a final, scheduled as one), so that the words are known when the turn may end.
+        # That silence counts from the last loud frame (Segmenter.quiet_ms), not from the
+        # voice model's last voiced one, which lags a fading word end by 100-200 ms; the
+        # decode then runs on while the model still hears that tail, and only a loud frame
+        # after the audio it got (speech that resumes) cancels it.
         smart = self.config.recognition.turns.mode == "smart"
-        after_ms = self.config.recognition.turns.decode_after_ms if smart else seg.settled_after_ms
-        if seg.trailing_silence_ms < after_ms:
-            return
         spec = self._specs.get(index)
+        if seg.state is SegmenterState.SPEAKING:
+            resumed = not smart or (spec is not None and seg.loud_end_ms > spec.audio_end_ms)
+            if spec is not None and resumed:
+                del self._specs[index]
+                spec.task.cancel()
+                self._metrics.asr_speculative.labels("cancelled").inc()
+                spec = None
+            if not smart or spec is not None:
+                return
+        after_ms = self.config.recognition.turns.decode_after_ms if smart else seg.settled_after_ms
+        if self._silence_ms(smart) < after_ms:
+            return
         if spec is not None and not smart:
             return
         if spec is None and not smart and not transcriber.can_speculate():
             return
-        utt = seg.preview()
+        utt = seg.preview(early=smart)
         if utt is None or utt.dropped:
             return
         if spec is not None:
@@ -378,10 +391,16 @@ class Recognition:
         instead of 240). Speech that resumes makes interims due again.
         """
         turns = self.config.recognition.turns
-        return (
-            turns.mode == "smart"
-            and self._segmenter.trailing_silence_ms >= turns.decode_after_ms // 2
-        )
+        return turns.mode == "smart" and self._silence_ms(True) >= turns.decode_after_ms // 2
+
+    def _silence_ms(self, smart: bool) -> int:
+        """The caller's silence as the final decode reads it, in ms.
+
+        From the last loud frame with smart turns (see :meth:`maybe_speculate`), from the
+        last voiced one otherwise.
+        """
+        seg = self._segmenter
+        return max(seg.trailing_silence_ms, seg.quiet_ms) if smart else seg.trailing_silence_ms
 
     def utterance(self, index: int) -> Hashable:
         """Utterance ``index`` of this call, as the recogniser's queue knows it."""
