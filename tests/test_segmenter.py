@@ -51,18 +51,20 @@ class NoTailSegmenter(Segmenter):
     TAIL_DB = float("inf")
 
 
+#: The scripted tests' VAD settings. These steps test the pre-roll itself: no call-start
+#: lead-in (tested on its own below).
+SCRIPTED = dict(
+    frame_ms=20,
+    start_speech_ms=60,
+    end_silence_ms=100,
+    min_speech_ms=0,
+    pre_roll_ms=40,
+    call_start_lead_in_ms=0,
+)
+
+
 def seg(**kw: int) -> Segmenter:
-    # These steps test the pre-roll itself: no call-start lead-in (tested on its own below).
-    base = dict(
-        frame_ms=20,
-        start_speech_ms=60,
-        end_silence_ms=100,
-        min_speech_ms=0,
-        pre_roll_ms=40,
-        call_start_lead_in_ms=0,
-    )
-    base.update(kw)
-    return NoTailSegmenter(VadConfig(**base), ScriptedDetector())
+    return NoTailSegmenter(VadConfig(**{**SCRIPTED, **kw}), ScriptedDetector())
 
 
 def test_an_unvoiced_burst_right_after_speech_extends_its_end() -> None:
@@ -473,18 +475,10 @@ def _loud_trace(
     speech_dbfs: float, tail_dbfs: float
 ) -> tuple[list[tuple[int, int, int]], list[Utterance]]:
     """(quiet_ms, trailing_silence_ms, loud_end_ms) after each frame of 1 s of speech, then a
-    200 ms tail the (lagging) voice model still hears, then silence."""
+    200 ms tail the (lagging) voice model still hears, then silence; and the utterances."""
     from voxgate.gateway.testing.fake_engines import EnergyVoiceDetector  # noqa: PLC0415
 
-    cfg = VadConfig(
-        frame_ms=20,
-        start_speech_ms=60,
-        end_silence_ms=200,
-        min_speech_ms=0,
-        pre_roll_ms=40,
-        call_start_lead_in_ms=0,
-    )
-    s = Segmenter(cfg, EnergyVoiceDetector(-60.0))
+    s = Segmenter(VadConfig(**{**SCRIPTED, "end_silence_ms": 200}), EnergyVoiceDetector(-60.0))
     audio = np.concatenate(
         [np.zeros(16 * 300, np.float32), _tone(1000, speech_dbfs), _tone(200, tail_dbfs)]
         + [np.zeros(16 * 400, np.float32)]

@@ -78,13 +78,9 @@ def run_call(
             )
         ),
     )
+    detector = EnergyVoiceDetector(voice_dbfs)
     session = CallSession(
-        cfg,
-        LimitsConfig(),
-        asr,
-        None,
-        metrics=GatewayMetrics(),
-        detector=EnergyVoiceDetector(voice_dbfs),
+        cfg, LimitsConfig(), asr, None, metrics=GatewayMetrics(), detector=detector
     )
     out: list[tuple[float, OutboundEvent]] = []
 
@@ -164,12 +160,7 @@ def test_no_interim_starts_once_the_final_is_imminent(tone_ms: int) -> None:
         ),
     )
     session = CallSession(
-        cfg,
-        LimitsConfig(),
-        asr,
-        None,
-        metrics=GatewayMetrics(),
-        detector=EnergyVoiceDetector(),
+        cfg, LimitsConfig(), asr, None, metrics=GatewayMetrics(), detector=EnergyVoiceDetector()
     )
     pcm = silence(200) + tone(tone_ms, -10) + silence(1500)
 
