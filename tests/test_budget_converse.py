@@ -43,6 +43,8 @@ def test_a_forced_ladder_stops_at_the_budget_and_keeps_every_utterance_s_words(
     assert long.finals == 1  # the VAD heard one utterance: the spliced 13-15 s
     assert long.wer <= 0.25, (long.text, long.reference)
     assert "not" in short.text.lower(), short.text
-    # The ladder ran (a re-encode or a hotter sample) and the budget stopped it.
+    # The ladder was entered and the budget stopped it: a "budget" step is counted only when
+    # a degenerate attempt wanted a retry that would end past the deadline. Whether a retry
+    # (a re-encode or a hotter sample) fitted before that depends on how loaded the machine
+    # is (under a parallel suite none did): the exact stop is tests/test_asr_budget.py's.
     assert steps.get("budget", 0) >= 1, steps
-    assert set(steps) - {"budget"}, steps
