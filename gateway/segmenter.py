@@ -587,6 +587,7 @@ class Segmenter:
         voiced = self._voiced[:keep]
         lead = self._lead
         audio = np.concatenate(lead + frames)
+        speech_end = self._start_frame + (keep if forced else last_speech + 1)
         start_ms = (self._start_frame - len(lead)) * fm
         flags = [False] * len(lead) + voiced
         utt = Utterance(
@@ -595,12 +596,12 @@ class Segmenter:
             start_ms=start_ms,
             end_ms=start_ms + len(flags) * fm,
             speech_start_ms=self._start_frame * fm,
-            speech_end_ms=(self._start_frame + (keep if forced else last_speech + 1)) * fm,
+            speech_end_ms=speech_end * fm,
             stats=self._stats(audio, flags, forced),
             dropped=sum(voiced) < self._min_speech_frames,
+            loud_end_ms=min(self._start_frame + min(self._last_loud + 1, keep), speech_end) * fm,
         )
-        loud_end = (self._start_frame + min(self._last_loud + 1, keep)) * fm
-        return replace(utt, loud_end_ms=min(loud_end, utt.speech_end_ms)), self._frames[keep:]
+        return utt, self._frames[keep:]
 
     @property
     def trailing_silence_ms(self) -> int:
