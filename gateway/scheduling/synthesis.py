@@ -566,68 +566,60 @@ class SynthesisScheduler:
         front: bool,
         wide: bool = False,
     ) -> None:
-        """On the loop: settle the run, then give the free worker its next step at once."""
-        self._settle(fut, replies, lane, front, wide)
-        self._pump()
+        """On the loop: settle the run, then give the free worker its next step at once.
 
-    def _settle(
-        self,
-        fut: asyncio.Future[_RunResult],
-        replies: list[_Reply],
-        lane: bool,
-        front: bool,
-        wide: bool = False,
-    ) -> None:
-        """Learn the cost, deliver chunks in order, finish complete replies.
-
+        Settling learns the cost, delivers chunks in order and finishes complete replies.
         Only one-thread runs teach the cost model: ``wide`` ones (the first-audio pair) are
         faster than the workers' runs the policy plans.
         """
-        if lane:
-            self._lanes_idle += 1
-        else:
-            self._idle += 1
-        if self._wake is not None:
-            self._wake.set()
-        # A front end that went on to its first window handed the reply back when the window
-        # was planned (_front_done): by now the reply's *next* front end may be running on
-        # another worker, and its flag is that run's, not this one's.
-        fused = not fut.cancelled() and fut.exception() is None and fut.result()[4]
-        for reply in replies:
-            reply.inflight -= 1
-            if front and not fused:
-                reply.front_running = False
-        if fut.cancelled():
-            return
-        exc = fut.exception()
-        if exc is not None:
+        try:
+            if lane:
+                self._lanes_idle += 1
+            else:
+                self._idle += 1
+            if self._wake is not None:
+                self._wake.set()
+            # A front end that went on to its first window handed the reply back when the window
+            # was planned (_front_done): by now the reply's *next* front end may be running on
+            # another worker, and its flag is that run's, not this one's.
+            fused = not fut.cancelled() and fut.exception() is None and fut.result()[4]
             for reply in replies:
-                self._fail(reply, exc)
-            return
-        results, seconds, frames, front_s, _ = fut.result()
-        if frames:
-            if not wide:
-                self.cost.observe_window(frames, seconds)
-            if self._metrics is not None:
-                self._metrics.tts_batch_size.observe(len(replies))
-        if front and not wide:
-            self.cost.observe_front(front_s)
-        now = self._now()
-        for reply, result in zip(replies, results, strict=True):
-            if reply.cancelled:
-                continue
-            if isinstance(result, BaseException):
-                self._fail(reply, result)
-                continue
-            for chunk in result:
-                reply.pending[chunk.offset_samples] = chunk
-            while reply.next_offset in reply.pending:
-                chunk = reply.pending.pop(reply.next_offset)
-                reply.next_offset += len(chunk.samples)
-                self._deliver(reply, chunk, now)
-            if reply.finished and not reply.pending:
-                reply.out.put_nowait(_DONE)
-                self._active.pop(reply.key, None)
+                reply.inflight -= 1
+                if front and not fused:
+                    reply.front_running = False
+            if fut.cancelled():
+                return
+            exc = fut.exception()
+            if exc is not None:
+                for reply in replies:
+                    self._fail(reply, exc)
+                return
+            results, seconds, frames, front_s, _ = fut.result()
+            if frames:
+                if not wide:
+                    self.cost.observe_window(frames, seconds)
+                if self._metrics is not None:
+                    self._metrics.tts_batch_size.observe(len(replies))
+            if front and not wide:
+                self.cost.observe_front(front_s)
+            now = self._now()
+            for reply, result in zip(replies, results, strict=True):
+                if reply.cancelled:
+                    continue
+                if isinstance(result, BaseException):
+                    self._fail(reply, result)
+                    continue
+                for chunk in result:
+                    reply.pending[chunk.offset_samples] = chunk
+                while reply.next_offset in reply.pending:
+                    chunk = reply.pending.pop(reply.next_offset)
+                    reply.next_offset += len(chunk.samples)
+                    self._deliver(reply, chunk, now)
+                if reply.finished and not reply.pending:
+                    reply.out.put_nowait(_DONE)
+                    self._active.pop(reply.key, None)
+        finally:
+            self._pump()
 
     def _fail(self, reply: _Reply, exc: BaseException) -> None:
         if not reply.cancelled:
