@@ -17,7 +17,8 @@ import onnxruntime as ort
 from voxgate.engines.base import FloatArray
 from voxgate.engines.tts._cache import ByteLruCache
 from voxgate.engines.tts._graph import GraphSplit, split_vits_graph
-from voxgate.engines.tts._session import make_session, select_providers
+from voxgate.engines.tts._layout import conv1d_as_conv2d
+from voxgate.engines.tts._session import CPU, make_session, select_providers
 from voxgate.engines.tts._text import TextUnit, prepare_text
 from voxgate.engines.tts._voice import (
     PhonemizedUnit,
@@ -123,11 +124,17 @@ class VitsStreamer:
             device_id=config.device_id,
         )
         threads = config.onnx_threads
+        # On CPU the convolutions run as 2-D ones of height 1 (ONNX Runtime's blocked
+        # kernels, see _layout): the front end on any thread count, the decoder on one
+        # thread only (on two it is slower that way).
+        cpu = self._providers == [CPU]
+        front_end = conv1d_as_conv2d(split.front_end) if cpu else split.front_end
         self._front: ort.InferenceSession | None = make_session(
-            split.front_end.SerializeToString(), self._providers, threads
+            front_end.SerializeToString(), self._providers, threads
         )
+        decoder = conv1d_as_conv2d(split.decoder) if cpu and threads == 1 else split.decoder
         self._decoder: ort.InferenceSession | None = make_session(
-            split.decoder.SerializeToString(), self._providers, threads
+            decoder.SerializeToString(), self._providers, threads
         )
         self._front_inputs = {i.name for i in self._front.get_inputs()}
         # The first-audio pair: the same graphs on more intra-op threads, for a reply that
@@ -139,11 +146,9 @@ class VitsStreamer:
         wide = min(config.first_audio_threads, os.cpu_count() or 1)
         if wide > threads and self.device == "cpu":
             self._front_wide = make_session(
-                split.front_end.SerializeToString(), ["CPUExecutionProvider"], wide
+                conv1d_as_conv2d(split.front_end).SerializeToString(), [CPU], wide
             )
-            self._decoder_wide = make_session(
-                split.decoder.SerializeToString(), ["CPUExecutionProvider"], wide
-            )
+            self._decoder_wide = make_session(split.decoder.SerializeToString(), [CPU], wide)
         self._whole: ort.InferenceSession | None = None
         self._whole_lock = threading.Lock()
         self._hop: int = int(voice_config.hop_length)
