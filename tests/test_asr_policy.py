@@ -152,6 +152,28 @@ def test_has_repeated_block(tokens: list[int], expected: bool) -> None:
     assert policy.has_repeated_block(tokens) is expected
 
 
+@pytest.mark.parametrize(
+    ("text", "prompt", "expected"),
+    [
+        # The recital seen on a 7 s window (docs/turns.md): the prompt's words, then the new.
+        ("He was not. and he'll dispose young man", "He was not.", True),
+        ("he was NOT and he'll dispose", "He was not.", True),
+        # Only the prompt's end counts, and at least three words of it.
+        ("not what your country can do", "And so my fellow Americans, ask not what your", True),
+        ("your country can do for you", "ask not what your", False),
+        ("ask not what your country", "And so my fellow Americans.", False),
+        # A one-word prompt, an empty one, a text shorter than the match.
+        ("Not! Not what you think", "Not!", False),
+        ("anything", "", False),
+        ("He was", "He was not.", False),
+        ("Ask what you can do", "Ask not.", False),
+        ("Ask not. What you can do", "Ask not.", True),  # a two-word prompt: whole of it
+    ],
+)
+def test_echoes_prompt(text: str, prompt: str, expected: bool) -> None:
+    assert policy.echoes_prompt(text, prompt) is expected
+
+
 def test_compression_ratio_flags_loops_only() -> None:
     assert policy.compression_ratio("") == 0.0
     normal = "And so my fellow Americans, ask not what your country can do for you."

@@ -299,6 +299,29 @@ def has_repeated_block(tokens: Sequence[int], min_block: int = 8) -> bool:
     return False
 
 
+def echoes_prompt(text: str, prompt: str, min_words: int = 3) -> bool:
+    """Whether ``text`` opens with the end of its previous-text ``prompt``, word for word.
+
+    A turn's later utterance is decoded with the turn's earlier words as its prompt
+    (``gateway/call/turn_taking.py``). On a short encoder window Whisper sometimes recites the
+    prompt's last sentence before the new words ("He was not. He was not. and he'll dispose",
+    where the 10 s window gave "and he'll dispose"; docs/turns.md), and the recital does not
+    match the prompt token for token (a leading space, other casing), so the exact strip in
+    the engine misses it. At least ``min_words`` words (the whole prompt when it is shorter,
+    and never a one-word prompt) must match, compared without case or punctuation. Like
+    :func:`has_repeated_block` this only asks for a re-decode on the full window, never drops
+    a word: a caller who really repeats themselves keeps the repetition there.
+    """
+    said = normalize_phrase(text).split()
+    before = normalize_phrase(prompt).split()
+    if len(before) < 2:
+        return False
+    for m in range(min(min_words, len(before)), min(len(before), len(said)) + 1):
+        if said[:m] == before[-m:]:
+            return True
+    return False
+
+
 def needs_fallback(
     avg_logprob: float, ratio: float, no_speech_prob: float, cfg: DecodingPolicyConfig
 ) -> bool:

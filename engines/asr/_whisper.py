@@ -582,6 +582,11 @@ class WhisperEngine:
         cap_hit = len(best.tokens) >= job.plan.max_new_tokens
         degenerate = (
             cap_hit
+            or (
+                job.frames < FULL_WINDOW_FRAMES
+                and bool(job.options.initial_prompt)
+                and policy.echoes_prompt(best.text, job.options.initial_prompt)
+            )
             or policy.has_repetition_loop(best.tokens)
             or policy.has_repeated_block(best.tokens)
             or policy.needs_fallback(
