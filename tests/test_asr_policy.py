@@ -174,6 +174,21 @@ def test_echoes_prompt(text: str, prompt: str, expected: bool) -> None:
     assert policy.echoes_prompt(text, prompt) is expected
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("He was not. He was not.", True),  # the 7 s window's fragment (docs/turns.md)
+        ("and he said go forward, go forward ten meters", False),  # two words: not enough
+        ("I want to go, I want to go to Paris", True),
+        ("Ask not what your country can do for you, ask what you can do", False),
+        ("the the the", False),
+        ("", False),
+    ],
+)
+def test_repeats_a_phrase(text: str, expected: bool) -> None:
+    assert policy.repeats_a_phrase(text) is expected
+
+
 def test_compression_ratio_flags_loops_only() -> None:
     assert policy.compression_ratio("") == 0.0
     normal = "And so my fellow Americans, ask not what your country can do for you."

@@ -1,11 +1,11 @@
-"""A short-window decode that recites the end of its prompt is re-decoded on the full window.
+"""Short-window decodes that recite their prompt's end or say a phrase twice go to the full window.
 
-A turn's later utterance is decoded with the turn's earlier words as its prompt; on a short
-encoder window Whisper sometimes opens with those words again ("He was not. He was not. and
-he'll dispose young man", docs/turns.md; ``policy.echoes_prompt``). Whisper cannot be made to
-do that on demand (given a prompt that the clip itself opens with, it skips the prompt's words
-instead), so the decode's result is given here and the engine's own bookkeeping judges it:
-``_record`` with the bundled model's tokenizer, as after a real ``generate``.
+A 7 s encoder window gave a fragment "He was not." as "He was not. He was not." (traced through
+``Converse``, docs/turns.md), and Whisper sometimes recites its previous-text prompt (a turn's
+earlier words) before the new ones. Neither can be had from the model on demand (given a prompt
+that the clip itself opens with, it skips the prompt's words instead), so the decode's result is
+given here and the engine's own bookkeeping judges it: ``_record`` with the bundled model's
+tokenizer, as after a real ``generate``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def engine() -> Iterator[WhisperEngine]:
     eng.close()
 
 
-def recorded(engine: WhisperEngine, prompt: str, frames: int) -> tuple[str, bool]:
+def recorded(engine: WhisperEngine, prompt: str, frames: int, said: str = SAID) -> tuple[str, bool]:
     audio = np.zeros(32_000, np.float32)
     audio[8000:24000] = 0.1 * np.sin(np.arange(16000) * 0.2)
     stats = stats_for(audio)
@@ -53,7 +53,7 @@ def recorded(engine: WhisperEngine, prompt: str, frames: int) -> tuple[str, bool
     cfg = engine.config
     plan = policy.plan_decoding(stats, options, cfg.policy, cfg.encoder)
     job = Job(0, 0.0, audio, options, stats, plan, "en", frames)
-    ids = engine._hf_tokenizer.encode(SAID, add_special_tokens=False).ids
+    ids = engine._hf_tokenizer.encode(said, add_special_tokens=False).ids
     engine._record(job, 0.0, Decoded([ids], [-0.2]))
     attempt = job.attempts[-1]
     return attempt.hyps[0].text, attempt.degenerate
@@ -71,3 +71,10 @@ def test_the_same_text_is_kept_on_the_full_window_or_after_another_prompt(
     assert recorded(engine, "He was not.", FULL_WINDOW_FRAMES) == (SAID.strip(), False)
     assert recorded(engine, "The captain said so.", 700) == (SAID.strip(), False)
     assert recorded(engine, "", 700) == (SAID.strip(), False)
+
+
+def test_a_phrase_said_twice_on_a_short_window_is_degenerate(engine: WhisperEngine) -> None:
+    # The 7 s window's "He was not. He was not." for a fragment "He was not." (no prompt).
+    twice = " He was not. He was not."
+    assert recorded(engine, "", 700, twice) == (twice.strip(), True)
+    assert recorded(engine, "", FULL_WINDOW_FRAMES, twice) == (twice.strip(), False)

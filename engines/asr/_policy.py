@@ -303,14 +303,13 @@ def echoes_prompt(text: str, prompt: str, min_words: int = 3) -> bool:
     """Whether ``text`` opens with the end of its previous-text ``prompt``, word for word.
 
     A turn's later utterance is decoded with the turn's earlier words as its prompt
-    (``gateway/call/turn_taking.py``). On a short encoder window Whisper sometimes recites the
-    prompt's last sentence before the new words ("He was not. He was not. and he'll dispose",
-    where the 10 s window gave "and he'll dispose"; docs/turns.md), and the recital does not
-    match the prompt token for token (a leading space, other casing), so the exact strip in
-    the engine misses it. At least ``min_words`` words (the whole prompt when it is shorter,
-    and never a one-word prompt) must match, compared without case or punctuation. Like
-    :func:`has_repeated_block` this only asks for a re-decode on the full window, never drops
-    a word: a caller who really repeats themselves keeps the repetition there.
+    (``gateway/call/turn_taking.py``), and Whisper sometimes recites a prompt before the new
+    words ("Captain Frere of the penal colony. Captain Frere says ..."). The engine strips a
+    recital of the whole prompt token for token; one of its last words only, or with other
+    casing or punctuation, is not its tokens. At least ``min_words`` words (the whole prompt
+    when it is shorter, and never a one-word prompt) must match, compared without case or
+    punctuation. Like :func:`has_repeated_block` this only asks for a re-decode on the full
+    window, never drops a word: a caller who really repeats themselves keeps it there.
     """
     said = normalize_phrase(text).split()
     before = normalize_phrase(prompt).split()
@@ -319,6 +318,23 @@ def echoes_prompt(text: str, prompt: str, min_words: int = 3) -> bool:
     for m in range(min(min_words, len(before)), min(len(before), len(said)) + 1):
         if said[:m] == before[-m:]:
             return True
+    return False
+
+
+def repeats_a_phrase(text: str, min_words: int = 3) -> bool:
+    """Whether ``text`` says some run of at least ``min_words`` words twice in a row.
+
+    The short-window loop too small for :func:`has_repeated_block`: on a 7 s window Whisper
+    gave a fragment "He was not." as "He was not. He was not." (a 10 s window: "He was
+    not."; docs/turns.md). Compared without case or punctuation; a re-decode on the full
+    window only, so a caller who really says "I want to go, I want to go" keeps it there.
+    """
+    words = normalize_phrase(text).split()
+    n = len(words)
+    for size in range(min_words, n // 2 + 1):
+        for i in range(n - 2 * size + 1):
+            if words[i : i + size] == words[i + size : i + 2 * size]:
+                return True
     return False
 
 

@@ -582,11 +582,7 @@ class WhisperEngine:
         cap_hit = len(best.tokens) >= job.plan.max_new_tokens
         degenerate = (
             cap_hit
-            or (
-                job.frames < FULL_WINDOW_FRAMES
-                and bool(job.options.initial_prompt)
-                and policy.echoes_prompt(best.text, job.options.initial_prompt)
-            )
+            or (job.frames < FULL_WINDOW_FRAMES and self._short_window_artifact(job, best.text))
             or policy.has_repetition_loop(best.tokens)
             or policy.has_repeated_block(best.tokens)
             or policy.needs_fallback(
@@ -601,6 +597,18 @@ class WhisperEngine:
                 job.frames, job.language, temperature, hyps, float(res.no_speech_prob), degenerate
             )
         )
+
+    @staticmethod
+    def _short_window_artifact(job: Job, text: str) -> bool:
+        """Whether a short-window decode shows what only short windows were seen to do.
+
+        A recital of the prompt's end or a phrase said twice in a row (``policy.echoes_prompt``,
+        ``policy.repeats_a_phrase``): both ask for the full window, where neither is judged.
+        """
+        prompt = job.options.initial_prompt
+        if prompt and policy.echoes_prompt(text, prompt):
+            return True
+        return policy.repeats_a_phrase(text)
 
     def _after_decode(self, job: Job, now: float) -> None:
         """The retry ladder's verdict on ``job``'s last decode (see :func:`next_step`)."""
