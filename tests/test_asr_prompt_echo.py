@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from voxgate.engines.asr import _policy as policy
-from voxgate.engines.asr._jobs import Job
+from voxgate.engines.asr._jobs import EngineCounters, Job, next_step
 from voxgate.engines.asr._whisper import WhisperEngine
 from voxgate.engines.asr.base import AsrOptions
 from voxgate.engines.asr.config import FULL_WINDOW_FRAMES, WhisperConfig
@@ -45,17 +45,22 @@ def engine() -> Iterator[WhisperEngine]:
     eng.close()
 
 
-def recorded(engine: WhisperEngine, prompt: str, frames: int, said: str = SAID) -> tuple[str, bool]:
+def record(engine: WhisperEngine, prompt: str, frames: int, said: str, score: float = -0.2) -> Job:
+    """A job of 0.6 s of speech (short speech: one retry) after one decode that said ``said``."""
     audio = np.zeros(32_000, np.float32)
-    audio[8000:24000] = 0.1 * np.sin(np.arange(16000) * 0.2)
+    audio[8000:17600] = 0.1 * np.sin(np.arange(9600) * 0.2)
     stats = stats_for(audio)
     options = AsrOptions(language="en", initial_prompt=prompt)
     cfg = engine.config
     plan = policy.plan_decoding(stats, options, cfg.policy, cfg.encoder)
     job = Job(0, 0.0, audio, options, stats, plan, "en", frames)
     ids = engine._hf_tokenizer.encode(said, add_special_tokens=False).ids
-    engine._record(job, 0.0, Decoded([ids], [-0.2]))
-    attempt = job.attempts[-1]
+    engine._record(job, 0.0, Decoded([ids], [score]))
+    return job
+
+
+def recorded(engine: WhisperEngine, prompt: str, frames: int, said: str = SAID) -> tuple[str, bool]:
+    attempt = record(engine, prompt, frames, said).attempts[-1]
     return attempt.hyps[0].text, attempt.degenerate
 
 
@@ -78,3 +83,21 @@ def test_a_phrase_said_twice_on_a_short_window_is_degenerate(engine: WhisperEngi
     twice = " He was not. He was not."
     assert recorded(engine, "", 700, twice) == (twice.strip(), True)
     assert recorded(engine, "", FULL_WINDOW_FRAMES, twice) == (twice.strip(), False)
+
+
+def test_the_full_window_comes_before_a_runner_up_language_for_such_a_decode(
+    engine: WhisperEngine,
+) -> None:
+    # Short speech gets one retry; a close runner-up language would otherwise take it, and
+    # the phrase said twice would stay.
+    job = record(engine, "", 700, " He was not. He was not.")
+    job.alt_languages = ["de"]
+    assert job.plan.max_fallbacks == 1
+    next_step(job, 0.0, engine.config, EngineCounters(), {})
+    assert (job.fallbacks, job.frames, job.language) == (["window"], FULL_WINDOW_FRAMES, "en")
+    # Any other degenerate decode keeps the ladder's order: the runner-up language first.
+    other = record(engine, "", 700, " Go forward ten meters.", score=-3.0)  # an unsure decode
+    other.alt_languages = ["de"]
+    assert other.attempts[-1].degenerate and not other.attempts[-1].window_artifact
+    next_step(other, 0.0, engine.config, EngineCounters(), {})
+    assert (other.fallbacks, other.frames, other.language) == (["language"], 700, "de")

@@ -109,6 +109,9 @@ class Attempt:
     hyps: list[Hyp]
     no_speech_prob: float
     degenerate: bool
+    #: Degenerate in a way only short encoder windows were seen to be (a phrase said twice, a
+    #: recital of the prompt): the full window is its first retry, before a runner-up language.
+    window_artifact: bool = False
 
 
 @dataclass(slots=True)
@@ -155,18 +158,22 @@ class Job:
 def _retry_step(job: Job, cfg: WhisperConfig) -> str | None:
     """The ladder's next step for a job whose last decode failed, or None at its end.
 
-    The order: the runner-up detected language, the full window, a hotter temperature;
+    The order: the runner-up detected language, the full window, a hotter temperature (the
+    full window first after a short window's own artifact, ``Attempt.window_artifact``);
     short speech stops after ``plan.max_fallbacks`` steps.
     """
     if len(job.fallbacks) >= job.plan.max_fallbacks:
         return None
-    if job.alt_languages:
-        return "language"
-    if (
+    window = (
         job.frames < FULL_WINDOW_FRAMES
         and cfg.encoder.fallback_to_full_window
         and job.plan.window_fallback
-    ):
+    )
+    if window and job.attempts and job.attempts[-1].window_artifact:
+        return "window"  # the window's fault, not the language's (short speech: one retry)
+    if job.alt_languages:
+        return "language"
+    if window:
         return "window"
     if job.temp_idx + 1 < len(job.plan.temperatures):
         return "temperature"

@@ -580,9 +580,10 @@ class WhisperEngine:
         best = hyps[0]
         cfg = self.config.policy
         cap_hit = len(best.tokens) >= job.plan.max_new_tokens
+        artifact = job.frames < FULL_WINDOW_FRAMES and self._short_window_artifact(job, best.text)
         degenerate = (
             cap_hit
-            or (job.frames < FULL_WINDOW_FRAMES and self._short_window_artifact(job, best.text))
+            or artifact
             or policy.has_repetition_loop(best.tokens)
             or policy.has_repeated_block(best.tokens)
             or policy.needs_fallback(
@@ -594,7 +595,13 @@ class WhisperEngine:
         )
         job.attempts.append(
             Attempt(
-                job.frames, job.language, temperature, hyps, float(res.no_speech_prob), degenerate
+                job.frames,
+                job.language,
+                temperature,
+                hyps,
+                float(res.no_speech_prob),
+                degenerate,
+                window_artifact=artifact,
             )
         )
 
