@@ -12,13 +12,13 @@ is how the tests prove it.
 
 Windows as served: the gateway does not encode 30 s for every utterance; it pads each one to the
 smallest bucket of :class:`voxgate.engines.asr.config.EncoderWindowConfig` that leaves the margin
-after the speech (7/10/15/20/30 s by default). A model trained only on 30 s windows is then served
-on inputs it never saw in training, so ``windows="served"`` (the default) pads every clip exactly as
+after the speech (10/15/20/30 s by default). A model trained only on 30 s windows is then served on
+inputs it never saw in training, so ``windows="served"`` (the default) pads every clip exactly as
 ``voxgate.engines.asr._policy.choose_encoder_frames`` does, with the same mel features the engine
-computes; ``"full"`` is Whisper's 30 s, and ``"utterance"`` pads to the clip plus 0.5 s rounded up
-to a whole second (the audio-context fine-tuning experiment). transformers' encoder insists on 3000
-frames, so the encoder forward here is the same computation with the position table cut to the
-window, as CTranslate2 does for a shorter input.
+computes; ``"full"`` is Whisper's 30 s, and ``"utterance"`` pads to the clip plus 0.5 s rounded
+up to a whole second (the audio-context fine-tuning experiment). transformers' encoder insists
+on 3000 frames, so the encoder forward here is the same computation with the position table cut
+to the window, as CTranslate2 does for a shorter input.
 
 Replay (keeping the base's general speech): phrases of one domain spoken by one voice teach the
 decoder that domain's words, and with nothing else it also unlearns its prior over ordinary

@@ -226,8 +226,8 @@ def main() -> None:
         )
     if args.sweep:
         sweep = {
-            "b10/15/20/30 m1000": EncoderWindowConfig(buckets_s=(10, 15, 20, 30), margin_ms=1000),
-            "b7/10/15/20/30 m2000 no-fallback": EncoderWindowConfig(fallback_to_full_window=False),
+            "b10/15/20/30 m1000": EncoderWindowConfig(margin_ms=1000),
+            "b10/15/20/30 m2000 no-fallback": EncoderWindowConfig(fallback_to_full_window=False),
             "b5/10/15/20/30 m1000": EncoderWindowConfig(
                 buckets_s=(5, 10, 15, 20, 30), margin_ms=1000
             ),

@@ -227,8 +227,7 @@ CFG = TrainConfig(
 @pytest.mark.component
 def test_examples_carry_the_served_prompt_and_windows(base, pairs: list[Pair]) -> None:
     ex = make_examples(base, pairs)
-    # 4.7 s and 5.1 s with the 2 s margin: the 7 s and the 10 s bucket
-    assert [e.features.shape for e in ex] == [(80, 700), (80, 1000)]
+    assert [e.features.shape for e in ex] == [(80, 1000), (80, 1000)]  # 4.7 s, 5.1 s -> 10 s
     for e in ex:
         # <|startoftranscript|><|en|><|transcribe|><|notimestamps|> ... <|endoftext|>
         assert e.tokens[: e.prompt_len] == (50258, 50259, 50359, 50363)
@@ -236,7 +235,7 @@ def test_examples_carry_the_served_prompt_and_windows(base, pairs: list[Pair]) -
     full = make_examples(base, pairs, windows="full")
     assert [e.features.shape[1] for e in full] == [3000, 3000]
     # The same mel frames, then padding: a bucket is the 30 s window cut short.
-    np.testing.assert_array_equal(full[0].features[:, :700], ex[0].features)
+    np.testing.assert_array_equal(full[0].features[:, :1000], ex[0].features)
 
 
 @pytest.mark.model
@@ -296,7 +295,7 @@ def test_replay_holds_general_speech_to_the_base_not_to_its_text(
     assert [s for s, _ in held.replay_kl] == [1, 2, 3]
     assert held.replay_kl[0][1] == pytest.approx(0.0, abs=1e-5)
     assert held.replay_kl[-1][1] > 1e-5
-    assert free.replay_kl == [] and free.windows == held.windows == {700: 1}
+    assert free.replay_kl == [] and free.windows == held.windows == {1000: 1}
     # The same domain batch and loss at step 1; the replay term then changes the update.
     assert held.losses[0][1] == pytest.approx(free.losses[0][1], rel=1e-5)
     pairs_ab = zip(held.adapters, free.adapters, strict=True)

@@ -66,9 +66,8 @@ def test_batch_wer_per_clip_is_small(
 
 
 def test_encoder_window_policy_encodes_less_than_30s(batch_results: list[AsrResult]) -> None:
-    # With the 2 s margin the 2.8 s clip fits the 7 s bucket, the 5.1 s clip the 10 s one and
-    # the 11 s clip the 15 s one.
-    assert [r.encoded_frames for r in batch_results] == [700, 1000, 1500]
+    # 2.8 s and 5.1 s clips fit the 10 s bucket, the 11 s clip the 15 s bucket.
+    assert [r.encoded_frames for r in batch_results] == [1000, 1000, 1500]
 
 
 def test_batch_matches_single_item_calls(
@@ -169,8 +168,8 @@ def _interims_decode_once(engine: WhisperEngine) -> None:
     )
     assert fallbacks() == before
     assert {s.name: r.text for s, r in zip(signals, interims, strict=True) if r.text} == {}
-    # Each decoded interim ran on its short bucket only (the set's 1-5 s items: 7 or 10 s).
-    assert {r.encoded_frames for r in interims} <= {0, 700, 1000}
+    # Each decoded interim ran on its short bucket only (the set's 1-5 s items: 10 s).
+    assert {r.encoded_frames for r in interims} <= {0, 1000}
     assert all(r.dropped_reason for r in interims)
     assert len(finals) == len(interims) == len(signals)
 

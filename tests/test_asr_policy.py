@@ -52,17 +52,7 @@ def test_skip_reason(speech_ms: int, rms: float, aware: bool, expected: str) -> 
 
 @pytest.mark.parametrize(
     ("frames", "expected"),
-    [
-        (100, 700),
-        (500, 700),
-        (501, 1000),
-        (800, 1000),
-        (801, 1500),
-        (1300, 1500),
-        (1301, 2000),
-        (1801, 3000),
-        (5000, 3000),
-    ],
+    [(100, 1000), (800, 1000), (801, 1500), (1300, 1500), (1301, 2000), (1801, 3000), (5000, 3000)],
 )
 def test_choose_encoder_frames_table(frames: int, expected: int) -> None:
     assert policy.choose_encoder_frames(frames, WINDOW) == expected
@@ -102,7 +92,7 @@ def test_plan_decoding_mbr_and_alternatives() -> None:
     plan = policy.plan_decoding(stats, AsrOptions(num_alternatives=3), CFG, WINDOW)
     assert plan.num_hypotheses == 4 and plan.beam_size >= 4 and plan.mbr_candidates == 0
     plan = policy.plan_decoding(stats, AsrOptions(), CFG, WINDOW)
-    assert (plan.beam_size, plan.num_hypotheses, plan.encoder_frames) == (1, 1, 700)  # 4 + 2 s
+    assert (plan.beam_size, plan.num_hypotheses, plan.encoder_frames) == (1, 1, 1000)
     assert plan.suppress_hallucination_tokens and plan.apply_gates
     assert plan.max_new_tokens == 32  # 4 s * 8 tokens/s
     off = policy.plan_decoding(stats, AsrOptions(silence_aware=False), CFG, WINDOW)

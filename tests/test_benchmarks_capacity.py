@@ -215,8 +215,8 @@ def test_default_sides_keep_the_server_defaults() -> None:
     assert gateway_overrides(parse_args([])) == {"gateway": {}}
     assert describe_side({}) == {
         "model": "base",
-        "buckets": "7/10/15/20/30 s, margin 2000 ms",
-        "buckets_s": [7.0, 10.0, 15.0, 20.0, 30.0],
+        "buckets": "10/15/20/30 s, margin 2000 ms",
+        "buckets_s": [10.0, 15.0, 20.0, 30.0],
         "margin_ms": 2000,
     }
 
@@ -268,7 +268,7 @@ def test_table_names_each_sides_model_and_buckets(capsys: pytest.CaptureFixture[
     print_table(cache, [1.0], ["gateway", "alt"], served)
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[:2] == [
-        "gateway: model base, encoder buckets 7/10/15/20/30 s, margin 2000 ms",
+        "gateway: model base, encoder buckets 10/15/20/30 s, margin 2000 ms",
         "alt: model m, encoder buckets 1..30 s every 1 s, margin 500 ms",
     ]
     assert "alt p95 s" in lines[2] and lines[2].count("server p50/p95 ms") == 2

@@ -38,11 +38,9 @@ class EncoderWindowConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     buckets_s: tuple[float, ...] = Field(
-        default=(7.0, 10.0, 15.0, 20.0, 30.0),
+        default=(10.0, 15.0, 20.0, 30.0),
         description="Allowed encoder window lengths in seconds, ascending; the last must be 30. "
-        "(30.0,) disables the policy (always the full window). The 7 s window takes "
-        "utterances of up to 5 s (with the 2 s margin): a final ready 30-55 ms sooner on one "
-        "core than on 10 s, the same WER on the 40 clips (docs/turns.md).",
+        "(30.0,) disables the policy (always the full window).",
     )
     margin_ms: int = Field(
         default=2000,
@@ -74,7 +72,7 @@ class EncoderWindowConfig(BaseModel):
         if not b or list(b) != sorted(b) or b[-1] != 30.0 or b[0] <= 0.0:
             raise ValueError(
                 f"encoder buckets_s={b} must be ascending, positive and end at 30.0 "
-                "(e.g. (7.0, 10.0, 15.0, 20.0, 30.0))"
+                "(e.g. (10.0, 15.0, 20.0, 30.0))"
             )
         return self
 
