@@ -75,7 +75,6 @@ def conv1d_as_conv2d(model: onnx.ModelProto) -> onnx.ModelProto:
     lifted_weights: dict[str, str] = {}
     lifted_inputs: dict[str, str] = {}
     nodes: list[onnx.NodeProto] = []
-    changed = 0
     for node in graph.node:
         is_conv = node.op_type == "Conv" and node.domain in ("", "ai.onnx")
         weight = inits.get(node.input[1]) if is_conv and len(node.input) > 1 else None
@@ -116,8 +115,7 @@ def conv1d_as_conv2d(model: onnx.ModelProto) -> onnx.ModelProto:
             )
         )
         nodes.append(axis_op("Squeeze", result, node.output[0]))
-        changed += 1
-    if not changed:
+    if not lifted_weights:
         return out
     if new_axes_input:
         graph.initializer.append(numpy_helper.from_array(np.array([2], np.int64), axes_name))

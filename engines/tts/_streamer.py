@@ -128,10 +128,10 @@ class VitsStreamer:
         # kernels, see _layout): the front end on any thread count, the decoder on one
         # thread only (on two it is slower that way).
         cpu = self._providers == [CPU]
-        front_end = conv1d_as_conv2d(split.front_end) if cpu else split.front_end
-        self._front: ort.InferenceSession | None = make_session(
-            front_end.SerializeToString(), self._providers, threads
-        )
+        front_end = (
+            conv1d_as_conv2d(split.front_end) if cpu else split.front_end
+        ).SerializeToString()
+        self._front: ort.InferenceSession | None = make_session(front_end, self._providers, threads)
         decoder = conv1d_as_conv2d(split.decoder) if cpu and threads == 1 else split.decoder
         self._decoder: ort.InferenceSession | None = make_session(
             decoder.SerializeToString(), self._providers, threads
@@ -145,9 +145,9 @@ class VitsStreamer:
         self._decoder_wide: ort.InferenceSession | None = None
         wide = min(config.first_audio_threads, os.cpu_count() or 1)
         if wide > threads and self.device == "cpu":
-            self._front_wide = make_session(
-                conv1d_as_conv2d(split.front_end).SerializeToString(), [CPU], wide
-            )
+            if not cpu:  # an accelerator that failed to start: the CPU graph is not lifted yet
+                front_end = conv1d_as_conv2d(split.front_end).SerializeToString()
+            self._front_wide = make_session(front_end, [CPU], wide)
             self._decoder_wide = make_session(split.decoder.SerializeToString(), [CPU], wide)
         self._whole: ort.InferenceSession | None = None
         self._whole_lock = threading.Lock()
