@@ -15,6 +15,7 @@ import pytest
 from conftest import read_wav_int16
 from test_session import Call, drive, silence, tone
 
+from voxgate.engines.asr._jobs import runner_up_languages
 from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult
 from voxgate.gateway.call.options import InterimOptions, RecognitionOptions
 from voxgate.gateway.config import LanguageConfig, load_config
@@ -69,15 +70,31 @@ def test_interims_after_a_confident_final_decode_in_its_language() -> None:
     assert before and after and len(finals) == 2
     assert all(r.options.language is None for r in before)  # nothing learned yet
     assert all(r.options.language == "de" for r in after)
-    assert all(r.options.language is None for r in finals)  # finals keep detecting
+    assert all(r.options.language is None for r in finals)  # finals keep detecting ...
+    # ... with the call's language as the first retry once it has one (the first final:
+    # nothing learned yet; the second: German).
+    assert [r.options.language_hint for r in finals] == [None, "de"]
 
 
 @pytest.mark.component
 def test_an_unsure_final_teaches_nothing() -> None:
     asr = FakeTranscriber(lambda r: "words", detected=scripted(("de", 0.6)), speculate=False)
     two_utterances(asr)
-    _, _, after = split(asr)
+    _, finals, after = split(asr)
     assert after and all(r.options.language is None for r in after)
+    assert all(r.options.language_hint is None for r in finals)
+
+
+@pytest.mark.unit
+def test_the_calls_language_is_the_first_runner_up() -> None:
+    """A short final detected wrongly retries in the call's language first, then in a
+    close runner-up of its own detection; a hint that agrees adds nothing."""
+    ranked = [("el", 0.41), ("en", 0.30), ("ru", 0.1)]
+    assert runner_up_languages(ranked, 0.2, None) == ["en"]
+    assert runner_up_languages(ranked, 0.2, "en") == ["en"]  # not twice
+    assert runner_up_languages(ranked, 0.2, "de") == ["de", "en"]
+    assert runner_up_languages(ranked, 0.2, "el") == ["en"]  # the detection agrees
+    assert runner_up_languages([("en", 0.99)], 0.2, None) == []
 
 
 @pytest.mark.component
@@ -185,3 +202,33 @@ def test_the_engine_reports_how_sure_its_detection_is(speech_dir: Path) -> None:
     assert isinstance(detected, AsrResult) and detected.text
     assert detected.language == "en" and 0.8 <= detected.language_probability <= 1.0
     assert fixed.language == "en" and fixed.language_probability == 1.0
+
+
+@pytest.mark.model
+def test_a_short_final_detected_wrongly_is_decoded_in_the_calls_language(speech_dir: Path) -> None:
+    """The second part of a sentence after a 1.5 s pause, as the gateway cut it through
+    ``Converse`` (400 ms of the pause before 0.9 s of speech): Whisper detects it as Greek,
+    its Greek decode fails the log-prob gate, and the full-window retry is Greek again, so
+    nothing but an interim was left. With the call's language as the hint it is retried in
+    English at once."""
+    from benchmarks.turn_taking import splice_pause  # noqa: PLC0415
+    from voxgate.engines.asr._whisper import WhisperEngine  # noqa: PLC0415
+    from voxgate.engines.base import UtteranceStats  # noqa: PLC0415
+
+    pcm, _ = read_wav_int16(speech_dir / "librispeech_3752-4944-0002.wav")
+    spliced = splice_pause(pcm, 1500)
+    assert spliced is not None
+    audio = spliced[0][3240 * 16 : 4700 * 16].astype(np.float32) / 32768.0
+    stats = UtteranceStats(1460, 940, 940 / 1460, 400, 120, -21.8, -20.0, -6.5)
+    eng = WhisperEngine.load(None)
+    try:
+        alone, hinted = (
+            eng.infer_batch([AsrRequest(audio, stats, AsrOptions(language=None, **hint))])[0]
+            for hint in ({}, {"language_hint": "en"})
+        )
+    finally:
+        eng.close()
+    assert alone.text == "" and alone.dropped_reason == "low_logprob"
+    assert "window" in alone.fallbacks and alone.language != "en"
+    assert hinted.text.lower().strip(" .") == "he is with us"
+    assert hinted.fallbacks == ("language",) and hinted.language == "en"

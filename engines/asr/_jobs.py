@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -153,6 +153,23 @@ class Job:
     def content_frames(self) -> int:
         """Mel frames of real audio in the job (at most the full window)."""
         return min(FULL_WINDOW_FRAMES, len(self.audio) // (ASR_SAMPLE_RATE_HZ // MEL_FRAMES_PER_S))
+
+
+def runner_up_languages(
+    ranked: Sequence[tuple[str, float]], min_prob: float, hint: str | None
+) -> list[str]:
+    """The languages a job retries in when its decode in the detected one fails, in order.
+
+    ``ranked`` is the detection, most likely first (the first is the detected language). The
+    call's language (``AsrOptions.language_hint``) comes first where detection disagrees with
+    it; then the detection's runners-up of at least ``min_prob``: a close runner-up is worth
+    a decode of its own (a Scottish "anything is possible in football": Welsh 0.51, English
+    0.48).
+    """
+    detected = ranked[0][0]
+    out = [hint] if hint and hint != detected else []
+    out += [code for code, prob in ranked[1:] if prob >= min_prob and code not in out]
+    return out
 
 
 def _retry_step(job: Job, cfg: WhisperConfig) -> str | None:

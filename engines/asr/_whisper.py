@@ -63,6 +63,7 @@ from voxgate.engines.asr._jobs import (
     next_step,
     plan_jobs,
     refusal,
+    runner_up_languages,
 )
 from voxgate.engines.asr._model_files import resolve_model_dir
 from voxgate.engines.asr._phrases import PhraseBoost, PhraseTree, parse_hotwords
@@ -338,14 +339,14 @@ class WhisperEngine:
         self.counters.detect_s += time.perf_counter() - t0
         for j, p in zip(jobs, probs, strict=True):
             j.language = p[0][0][2:-2]
-            j.language_probs = {code[2:-2]: float(prob) for code, prob in p[:3]}
-            # Detection is often a near tie on accented speech (a Scottish "anything is
-            # possible in football": Welsh 0.51, English 0.48); decoding in the wrong language
-            # fails the gates and the caller's words were lost. A close runner-up gets a decode
-            # of its own before the window and temperature fallbacks.
-            j.alt_languages = [
-                code[2:-2] for code, prob in p[1:3] if prob >= _ALT_LANGUAGE_MIN_PROB
-            ]
+            ranked = [(code[2:-2], float(prob)) for code, prob in p[:3]]
+            j.language_probs = dict(ranked)
+            # Decoding in the wrong language fails the gates and the caller's words were
+            # lost: the call's language and a close runner-up get a decode of their own
+            # before the window and temperature fallbacks.
+            j.alt_languages = runner_up_languages(
+                ranked, _ALT_LANGUAGE_MIN_PROB, j.options.language_hint
+            )
 
     def _decode(self, jobs: list[Job]) -> None:
         """One generate per group of jobs that agree on every call-wide option.

@@ -49,6 +49,12 @@ class AsrOptions:
         model: which loaded model decodes the request: ``""`` = the server's default, else
             the gateway's routing key of a named model (``voxgate.gateway.models``). Part of the
             batch key, so one batch never mixes models. An engine ignores it (it is one model).
+        language_hint: with ``language`` None, the language the call has spoken so far (its
+            confidently detected finals'). The utterance is still detected (a caller may
+            switch language), but when the decode in the detected language fails, the hint is
+            the first language retried: detection on under a second of speech is unreliable
+            (a 0.9 s "He is with us" of an English call came out Greek, and its only retry
+            was a 30 s window re-encode in Greek again).
     """
 
     language: str | None = "en"
@@ -63,6 +69,7 @@ class AsrOptions:
     context_tokens: tuple[int, ...] | None = None
     encoder_margin_ms: int | None = None
     model: str = ""
+    language_hint: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

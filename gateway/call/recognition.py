@@ -251,8 +251,12 @@ class Recognition:
 
         One shape for both, so that a speculation's result can stand for the final (bulk
         calls' finals are due later; the utterance key lets the batcher withdraw its queued
-        interims).
+        interims). A call that sets no language and has spoken one confidently names it as
+        the hint (``AsrOptions.language_hint``): the final still detects its own, and falls
+        back to the call's before a window re-encode.
         """
+        if options.language is None and self._learned_language is not None:
+            options = replace(options, language_hint=self._learned_language)
         return AsrRequest(
             utt.audio,
             utt.stats,
@@ -345,11 +349,12 @@ class Recognition:
             steps = ("interim",)
         self._metrics.asr_finals_from_interim.labels(reason).inc()
         log.warning(
-            "call %s: utterance %d: the final decode gave no text (%s); its last interim's "
-            "text is the final",
+            "call %s: utterance %d: the final decode gave no text (%s, after steps %s); its "
+            "last interim's text is the final",
             self.log_id,
             index,
             reason,
+            ",".join(steps[:-1]) or "none",
         )
         return replace(interim, fallbacks=steps)
 

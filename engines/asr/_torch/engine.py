@@ -32,7 +32,7 @@ import torch
 
 from voxgate.engines.asr._align import word_times
 from voxgate.engines.asr._decode import StepLoop
-from voxgate.engines.asr._jobs import Attempt, Hyp, Job
+from voxgate.engines.asr._jobs import Attempt, Hyp, Job, runner_up_languages
 from voxgate.engines.asr._model_files import resolve_model_dir
 from voxgate.engines.asr._torch.loop import TorchDecodeLoop
 from voxgate.engines.asr._torch.model import DeviceMemory, WhisperTorchModel
@@ -291,7 +291,11 @@ class TorchWhisperEngine(WhisperEngine):
             order = np.argsort(-p, kind="stable")[:3]
             j.language = codes[order[0]]
             j.language_probs = {codes[k]: float(p[k]) for k in order}
-            j.alt_languages = [codes[k] for k in order[1:] if float(p[k]) >= _ALT_LANGUAGE_MIN_PROB]
+            j.alt_languages = runner_up_languages(
+                [(codes[k], float(p[k])) for k in order],
+                _ALT_LANGUAGE_MIN_PROB,
+                j.options.language_hint,
+            )
 
     def _decode(self, jobs: list[Job]) -> None:
         """Every decode runs in the loop: one batch, per-item processors, beams and lengths."""
