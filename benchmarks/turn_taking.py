@@ -38,7 +38,7 @@ import asyncio
 import json
 import sys
 import wave
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,8 @@ class Outcome:
     text: str = ""
     wer: float = 0.0
     error: str = ""
+    #: Each EndOfTurn as the client saw it: why a turn ended where it did (the JSON report).
+    ends: list[dict[str, Any]] = field(default_factory=list)
 
 
 # --- audio --------------------------------------------------------------------------------------
@@ -225,6 +227,17 @@ async def play_call(target: str, item: Item, variant: str, callers: int, set_nam
     if covering:
         out.final_ms = 1000.0 * (max(covering) - spoken_at)
     out.turns = len(ends)
+    out.ends = [
+        {
+            "offset_ms": e.offset_ms,
+            "after_word_ms": round(1000.0 * (t - spoken_at)),
+            "probability": round(e.probability, 3),
+            "reason": e.reason,
+            "silence_ms": e.silence_ms,
+            "text": e.text[:120],
+        }
+        for t, e in ends
+    ]
     out.text = " ".join(e.text for _, e in ends).strip()
     out.wer = wer(item.text, out.text)
     return out

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.calls.__main__ import Caller, Probe, main, speech_end_ms
+from benchmarks.calls.__main__ import Caller, Probe, fmt, main, speech_end_ms
 
 pytestmark = pytest.mark.e2e
 
@@ -42,6 +42,16 @@ def test_a_probe_passes_only_with_nothing_refused_late_or_lost() -> None:
         assert not Probe("this", 2, [good, bad], {}).passes(1.5)
     empty = Probe("this", 1, [Caller(refused="x")], {}).summary()
     assert math.isnan(empty["final_p95_ms"])
+
+
+def test_a_probe_without_the_fast_client_says_so() -> None:
+    good = Caller(admitted=True, finals_ms=[400.0], first_audio_ms=[60.0])
+    with_it = Probe("this", 1, [good], {"files": 3}).summary()
+    without = Probe("this", 1, [good], {"off": True}).summary()
+    assert with_it["fast_client"] and not without["fast_client"]
+    assert fmt(with_it).split()[-3:-1] == ["3", "0"]
+    assert fmt(without).split()[-3:-1] == ["-", "-"]
+    assert Probe("this", 1, [good], {"off": True}).passes(1.5)  # no fast client is no failure
 
 
 @pytest.mark.timeout(300)

@@ -26,6 +26,7 @@ project, run the same way from its own sources, probed alternately in the same r
 
     .venv/bin/python -m benchmarks.calls --ns 1,4,8           # fixed N, this checkout
     .venv/bin/python -m benchmarks.calls --bisect --baseline /tmp/voxgate-v0.2
+    .venv/bin/python -m benchmarks.calls --ns 8 --fast both   # the callers with and without it
     .venv/bin/python -m benchmarks.calls --tiny               # seconds: what the test runs
 
 Run it alone on the machine: other work on the cores is what it measures.
@@ -374,6 +375,7 @@ class Probe:
             ),
             "lost": sum(c.lost for c in self.callers),
             "shed": ",".join(shed) or "-",
+            "fast_client": not self.fast.get("off", False),
             "fast_files": self.fast.get("files", 0),
             "fast_refused": self.fast.get("refused", 0),
             "fast_refused_why": self.fast.get("why", {}),
@@ -391,30 +393,41 @@ class Probe:
 
 
 async def run_probe(
-    target: str, name: str, n: int, clips: list[np.ndarray], duration_s: float, fast_file: Path
+    target: str,
+    name: str,
+    n: int,
+    clips: list[np.ndarray],
+    duration_s: float,
+    fast_file: Path | None,
 ) -> Probe:
+    """N callers, with the fast client beside them unless ``fast_file`` is None."""
     stop = asyncio.Event()
-    fast = asyncio.create_task(fast_client(target, fast_file, stop))
-    await asyncio.sleep(1.0)  # the fast client is already on when the callers arrive
+    fast = None
+    if fast_file is not None:
+        fast = asyncio.create_task(fast_client(target, fast_file, stop))
+        await asyncio.sleep(1.0)  # the fast client is already on when the callers arrive
     calls = []
     for i in range(n):
         calls.append(asyncio.create_task(caller(target, i, clips, duration_s, barge=i % 3 == 2)))
         await asyncio.sleep(0.25)  # callers arrive over a few seconds, as calls do
     done = await asyncio.gather(*calls)
     stop.set()
-    try:
-        fast_result = await asyncio.wait_for(fast, 60)
-    except TimeoutError:
-        fast_result = {"files": -1}
+    fast_result: dict[str, Any] = {"off": True}
+    if fast is not None:
+        try:
+            fast_result = await asyncio.wait_for(fast, 60)
+        except TimeoutError:
+            fast_result = {"files": -1}
     return Probe(name, n, list(done), fast_result)
 
 
 def fmt(s: dict[str, Any]) -> str:
+    fast = f"{s['fast_files']:>4} {s['fast_refused']:>4}" if s["fast_client"] else "   -    -"
     return (
         f"{s['server']:<9} {s['n']:>3} {s['admitted']:>4} {s['refused']:>4} "
         f"{s['final_p50_ms']:>7.0f} {s['final_p95_ms']:>7.0f} {s['first_audio_p50_ms']:>6.0f} "
         f"{s['first_audio_p95_ms']:>6.0f} {s['late']:>5} {s['late_worst_wait_ms']:>5.0f} "
-        f"{s['lost']:>4} {s['fast_files']:>4} {s['fast_refused']:>4}  {s['shed']}"
+        f"{s['lost']:>4} {fast}  {s['shed']}"
     )
 
 
@@ -434,6 +447,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", type=Path, default=None, help="an older checkout to compare")
     ap.add_argument("--speech-dir", type=Path, default=SPEECH)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--fast",
+        choices=("on", "off", "both"),
+        default="on",
+        help="the fast client beside the callers; both: each probe with it, then without "
+        "(are the real-time callers' finals unchanged beside it?)",
+    )
     ap.add_argument("--tiny", action="store_true", help="N=1 for 8 s: the test's run")
     args = ap.parse_args(argv)
     clips = load_clips(args.speech_dir)
@@ -446,14 +466,24 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     print(HEADER, flush=True)
 
+    fast_files: list[Path | None] = [fast_file, None]
+    if args.fast != "both":
+        fast_files = [fast_file if args.fast == "on" else None]
+
     def probe(name: str, source: Path, n: int) -> Probe:
-        # A fresh server per probe: no probe inherits another's measured load.
-        with serve(source, []) as target:
-            p = asyncio.run(run_probe(target, name, n, clips, args.duration, fast_file))
-        s = p.summary()
-        results.append(s)
-        print(fmt(s), flush=True)
-        return p
+        # A fresh server per probe: no probe inherits another's measured load. With
+        # ``--fast both`` the probe without the fast client follows on its own fresh server;
+        # the bisection judges the first (with it, where the goal asks for it).
+        first: Probe | None = None
+        for f in fast_files:
+            with serve(source, []) as target:
+                p = asyncio.run(run_probe(target, name, n, clips, args.duration, f))
+            s = p.summary()
+            results.append(s)
+            print(fmt(s), flush=True)
+            first = first or p
+        assert first is not None
+        return first
 
     if not args.bisect:
         for n in (int(x) for x in args.ns.split(",")):
@@ -482,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(results, indent=1))
     if args.tiny:
         s = results[0]
-        ok = s["admitted"] == 1 and s["finals"] > 0 and s["fast_files"] >= 1
+        ok = s["admitted"] == 1 and s["finals"] > 0 and (s["fast_files"] >= 1 or args.fast == "off")
         return 0 if ok else 1
     return 0
 

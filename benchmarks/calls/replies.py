@@ -55,11 +55,12 @@ import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
 from benchmarks._stats import median, percentile
-from benchmarks.tts_concurrency import play
+from benchmarks.tts_concurrency import play, player_waits
 
 REPO = Path(__file__).resolve().parents[2]
 #: Default caller audio: ../shared/data/speech beside the checkout (``--speech-dir``).
@@ -96,6 +97,9 @@ class CallResult:
     first_audio_ms: float = math.inf
     late: int = 0
     late_buffered: int = 0
+    #: Where in the reply each late frame fell (ms of its audio): at its start, the first
+    #: steps' race; later, the steady state.
+    late_at_ms: list[int] = field(default_factory=list)
     starved_ms: float = 0.0
     max_gap_ms: float = 0.0
     audio_s: float = 0.0
@@ -123,6 +127,7 @@ class Row:
             "late": sum(c.late for c in ok),
             "late_max": max((c.late for c in ok), default=0),
             "late_buffered": sum(c.late_buffered for c in ok),
+            "late_at_ms": sorted(ms for c in ok for ms in c.late_at_ms),
             "starved_ms": sum(c.starved_ms for c in ok),
             "max_gap_ms": max((c.max_gap_ms for c in ok), default=0.0),
             "first_p50_ms": median(firsts),
@@ -301,6 +306,11 @@ async def _one_call(
         result.late_buffered = play(held, RATE_HZ)[0]
         result.first_audio_ms = 1000 * (times[0] - sent)
         result.late = late
+        starts = accumulate((n for _, n in arrivals[:-1]), initial=0)
+        waits = player_waits(arrivals, RATE_HZ)
+        result.late_at_ms = [
+            at * 1000 // RATE_HZ for at, w in zip(starts, waits, strict=True) if w > 0.0
+        ]
         result.starved_ms = 1000 * starved
         gaps = (b - a for a, b in zip(times, times[1:], strict=False))
         result.max_gap_ms = 1000 * max(gaps, default=0.0)
