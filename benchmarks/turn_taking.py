@@ -102,9 +102,21 @@ def frame_rms(pcm: np.ndarray) -> np.ndarray:
     return np.asarray(np.sqrt((frames**2).mean(axis=1)))
 
 
+#: A frame is speech when it stands this far over the clip's noise floor (and above -40 dBFS).
+SPEECH_OVER_FLOOR_DB = 12.0
+
+
 def last_word_ms(pcm: np.ndarray) -> int:
-    """End of the clip's last 20 ms frame above -40 dBFS (its last word, not its tail)."""
-    loud = np.flatnonzero(frame_rms(pcm) > 0.01)
+    """End of the clip's last 20 ms frame of speech (its last word, not its tail).
+
+    Speech: above -40 dBFS and ``SPEECH_OVER_FLOOR_DB`` over the clip's noise floor (its
+    10th-percentile frame). -40 dBFS alone read the FLEURS recordings' noise (their floor
+    -43 to -46 dBFS, swinging to -38) as speech up to the end of the file, so every turn
+    there ended "before the last word" and no final covered it.
+    """
+    rms = frame_rms(pcm)
+    floor = float(np.percentile(rms, 10)) if len(rms) else 0.0
+    loud = np.flatnonzero(rms > max(0.01, floor * 10 ** (SPEECH_OVER_FLOOR_DB / 20)))
     return int((loud[-1] + 1) * CHUNK_MS) if len(loud) else len(pcm) * 1000 // RATE_HZ
 
 

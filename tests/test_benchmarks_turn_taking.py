@@ -35,6 +35,17 @@ def test_the_pause_goes_into_the_quietest_mid_sentence_gap() -> None:
     assert last_word_ms(audio) == 3600
 
 
+def test_a_noisy_recordings_noise_is_not_its_last_word() -> None:
+    """Noise at -43 dBFS that swings over -40 (a FLEURS recording's) after the last word."""
+    rng = np.random.default_rng(0)
+    pcm = words((200, 2000), total_ms=4000).astype(np.float64)
+    noise = rng.normal(0.0, 32768 * 10 ** (-43 / 20), len(pcm))
+    noise[2500 * 16 : 2600 * 16] *= 2.0  # a swing to -37 dBFS, after the speech
+    noisy = np.clip(pcm + noise, -32768, 32767).astype(np.int16)
+    assert 2000 <= last_word_ms(noisy) <= 2020
+    assert last_word_ms(words((200, 2000), total_ms=4000)) == 2000  # a clean one as before
+
+
 def test_a_clip_with_no_gap_is_not_spliced() -> None:
     assert splice_pause(np.zeros(16_000, np.int16), 300) is None
 
