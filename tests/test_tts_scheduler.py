@@ -247,8 +247,12 @@ def test_a_reply_starting_while_every_worker_is_busy_gets_a_longer_first_window(
     (two_free,) = dispatch(next_work([fresh], 0.0, policy, COST, idle_workers=2, workers=2))
     assert lane.frames == one_free.frames == 16
     assert two_free.frames == policy.first_window_frames
-    # A device with one worker (a GPU) never has a second free one: small first windows.
-    (gpu,) = dispatch(next_work([fresh], 0.0, policy, COST, idle_workers=1, workers=1))
+    # Two free, but other replies speaking: their windows race its second for a worker.
+    (others,) = dispatch(next_work([fresh], 0.0, policy, COST, idle_workers=2, workers=2, active=3))
+    assert others.frames == 16
+    # A device with one worker (a GPU) never has a second free one: small first windows,
+    # however many replies speak.
+    (gpu,) = dispatch(next_work([fresh], 0.0, policy, COST, idle_workers=1, workers=1, active=4))
     assert gpu.frames == policy.first_window_frames
     # A later sentence's front end carries no first-window size.
     later = SynthItem(2, 0.0, 10.0, "front")
@@ -262,7 +266,9 @@ def test_a_reply_starting_alone_gets_the_alone_first_window_only_when_alone() ->
     (alone,) = dispatch(next_work([fresh], 0.0, policy, COST, idle_workers=2, workers=2, active=1))
     (two,) = dispatch(next_work([fresh], 0.0, policy, COST, idle_workers=2, workers=2, active=2))
     (lane,) = dispatch(next_work([fresh], 0.0, policy, COST, urgent_only=True, workers=2, active=1))
-    assert (alone.frames, two.frames, lane.frames) == (12, 8, 16)
+    # Two speaking: the other reply's windows race its second window for the free worker.
+    busy = policy.busy_first_window_frames
+    assert (alone.frames, two.frames, lane.frames) == (12, busy, busy)
     # Off: a reply alone gets the small first window (its second window starts beside it).
     (off,) = dispatch(next_work([fresh], 0.0, POLICY, COST, idle_workers=2, workers=2, active=1))
     assert off.frames == POLICY.first_window_frames
