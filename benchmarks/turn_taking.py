@@ -81,6 +81,11 @@ class Outcome:
     name: str
     eot_ms: float | None = None
     final_ms: float | None = None
+    #: Where the final's time went: last word -> the SPEECH_END of its utterance (the VAD's
+    #: hangover, at the client), and the server's own ``latency_ms`` on that final (SPEECH_END
+    #: -> final sent; a decode started before SPEECH_END shows only its remainder).
+    speech_end_ms: float | None = None
+    final_server_ms: int | None = None
     premature: int = 0
     pauses: int = 0
     not_ended: bool = False
@@ -147,7 +152,8 @@ def splice_pause(pcm: np.ndarray, pause_ms: int) -> tuple[np.ndarray, int] | Non
 
 def load_items(speech_dir: Path, n: int) -> tuple[list[Item], list[Item]]:
     """The real set (JFK first, then the shortest clips) and its pause set."""
-    rows = [json.loads(line) for line in (speech_dir / "manifest.jsonl").open()]
+    with (speech_dir / "manifest.jsonl").open() as manifest:
+        rows = [json.loads(line) for line in manifest]
     rows.sort(key=lambda r: (r["file"] != JFK, r["duration_s"]))
     real: list[Item] = []
     paused: list[Item] = []
@@ -174,6 +180,7 @@ async def play_call(target: str, item: Item, variant: str, callers: int, set_nam
     from voxgate_client import (  # noqa: PLC0415
         CallConfig,
         EndOfTurn,
+        SpeechEnd,
         Transcript,
         TurnOptions,
         VoxgateClient,
@@ -199,6 +206,7 @@ async def play_call(target: str, item: Item, variant: str, callers: int, set_nam
     word_end_call_ms = LEAD_MS + item.last_word_ms
     ends: list[tuple[float, EndOfTurn]] = []
     finals: list[tuple[float, Transcript]] = []
+    speech_ends: list[tuple[float, SpeechEnd]] = []
     start = 0.0
     try:
         async with VoxgateClient(target) as client:
@@ -222,6 +230,8 @@ async def play_call(target: str, item: Item, variant: str, callers: int, set_nam
                         ends.append((loop.time(), event))
                     elif isinstance(event, Transcript) and event.is_final and event.text.strip():
                         finals.append((loop.time(), event))
+                    elif isinstance(event, SpeechEnd):
+                        speech_ends.append((loop.time(), event))
                 await sender
     except VoxgateError as exc:
         out.error = f"{exc.code.name}: {exc.message[:160]}"
@@ -235,9 +245,14 @@ async def play_call(target: str, item: Item, variant: str, callers: int, set_nam
         out.eot_ms = 1000.0 * (last[0] - spoken_at)
     out.not_ended = out.eot_ms is None or out.eot_ms > NOT_ENDED_MS
     # The final of the utterance that holds the last word (none when its words were lost).
-    covering = [t for t, f in finals if f.start_ms < word_end_call_ms <= f.end_ms + 300]
+    covering = [(t, f) for t, f in finals if f.start_ms < word_end_call_ms <= f.end_ms + 300]
     if covering:
-        out.final_ms = 1000.0 * (max(covering) - spoken_at)
+        t_final, final = max(covering, key=lambda c: c[0])
+        out.final_ms = 1000.0 * (t_final - spoken_at)
+        out.final_server_ms = final.latency_ms
+        ended = [t for t, e in speech_ends if e.utterance_index == final.utterance_index]
+        if ended:
+            out.speech_end_ms = 1000.0 * (ended[0] - spoken_at)
     out.turns = len(ends)
     out.ends = [
         {
@@ -274,6 +289,8 @@ def summarise(outcomes: list[Outcome]) -> dict[str, Any]:
     """Percentiles and counts of one (variant, set, callers) cell."""
     eot = [o.eot_ms for o in outcomes if o.eot_ms is not None]
     fin = [o.final_ms for o in outcomes if o.final_ms is not None]
+    ended = [o.speech_end_ms for o in outcomes if o.speech_end_ms is not None]
+    server = [float(o.final_server_ms) for o in outcomes if o.final_server_ms is not None]
     units = sum(o.pauses for o in outcomes) or len(outcomes)
 
     def p(values: list[float], q: float) -> float | None:
@@ -286,6 +303,8 @@ def summarise(outcomes: list[Outcome]) -> dict[str, Any]:
         "eot_p95_ms": p(eot, 95),
         "final_p50_ms": p(fin, 50),
         "final_p95_ms": p(fin, 95),
+        "speech_end_p50_ms": p(ended, 50),
+        "final_after_speech_end_p50_ms": p(server, 50),
         "premature": sum(o.premature for o in outcomes),
         "premature_per_unit": round(sum(o.premature for o in outcomes) / units, 3),
         "not_ended_2s": sum(1 for o in outcomes if o.not_ended),

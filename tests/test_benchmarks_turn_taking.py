@@ -1,11 +1,14 @@
-"""benchmarks/turn_taking's bookkeeping: the pause splice, the last word, the summary."""
+"""benchmarks/turn_taking's bookkeeping (the pause splice, the last word, the summary) and one real run."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from benchmarks.turn_taking import Outcome, last_word_ms, splice_pause, summarise
+from benchmarks.turn_taking import Outcome, last_word_ms, main, splice_pause, summarise
 
 pytestmark = pytest.mark.unit
 
@@ -58,3 +61,32 @@ def test_the_summary_counts_premature_ends_per_pause() -> None:
     s = summarise(calls)
     assert s["premature"] == 1 and s["premature_per_unit"] == 0.5
     assert s["not_ended_2s"] == 1 and s["final_p50_ms"] is not None
+
+
+def test_the_summary_splits_the_finals_time_at_speech_end() -> None:
+    calls = [
+        Outcome("words", "real", 1, "a", final_ms=400, speech_end_ms=300, final_server_ms=90),
+        Outcome("words", "real", 1, "b", final_ms=500, speech_end_ms=320, final_server_ms=170),
+        Outcome("words", "real", 1, "c", final_ms=450, speech_end_ms=310, final_server_ms=130),
+        Outcome("words", "real", 1, "d"),  # no final covered its last word
+    ]
+    s = summarise(calls)
+    assert s["speech_end_p50_ms"] == 310 and s["final_after_speech_end_p50_ms"] == 130
+
+
+@pytest.mark.e2e
+def test_a_real_call_reports_where_its_final_time_went(tmp_path: Path) -> None:
+    """Through Converse on the default server (smart turns, the bundled model): the final of
+    the last word comes after its SPEECH_END, and the server's latency is the difference's
+    upper bound (it counts from the server's SPEECH_END, before the client received it)."""
+    out = tmp_path / "tt.json"
+    argv = ["--tiny", "--callers", "1", "--variants", "words", "--sets", "real", "--json", str(out)]
+    assert main(argv) == 0
+    calls = json.loads(out.read_text())["calls"]
+    assert len(calls) == 2 and not any(c["error"] for c in calls)
+    timed = [c for c in calls if c["final_ms"] is not None]
+    assert timed, calls
+    for c in timed:
+        assert c["speech_end_ms"] is not None and c["final_server_ms"] is not None
+        assert c["speech_end_ms"] <= c["final_ms"] + 1
+        assert 0 <= c["final_server_ms"] <= c["final_ms"] - c["speech_end_ms"] + 50
