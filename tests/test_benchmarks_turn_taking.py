@@ -1,4 +1,4 @@
-"""benchmarks/turn_taking's bookkeeping (the pause splice, the last word, the summary) and one real run."""
+"""benchmarks/turn_taking: its bookkeeping (pause splice, last word, summary) and one real run."""
 
 from __future__ import annotations
 
