@@ -8,7 +8,14 @@ import pytest
 
 from voxgate.gateway import wire
 from voxgate.gateway.config import TurnsConfig, VadConfig
-from voxgate.gateway.turns import TurnDetector, TurnInput, TurnOptions, text_completion
+from voxgate.gateway.turns import (
+    END_MARK_SURE,
+    END_MARK_UNSURE,
+    TurnDetector,
+    TurnInput,
+    TurnOptions,
+    text_completion,
+)
 from voxgate.v1 import voxgate_pb2 as pb
 
 pytestmark = pytest.mark.unit
@@ -80,6 +87,35 @@ def test_no_punctuation_holds_longer_than_a_full_stop() -> None:
     detector = TurnDetector(SMART)
     open_hold = detector.decide(TurnInput(0, "And so my fellow Americans")).hold_ms
     assert open_hold > 900 > detector.decide(TurnInput(0, "My fellow Americans.")).hold_ms
+
+
+def test_a_full_stop_counts_as_far_as_whisper_was_sure_of_it() -> None:
+    closed = "He was not."
+    assert text_completion(closed, END_MARK_SURE) == text_completion(closed) == 0.9
+    assert text_completion(closed, 0.99) == 0.9
+    assert text_completion(closed, END_MARK_UNSURE) == text_completion("He was not")
+    assert text_completion(closed, 0.1) == text_completion("He was not")
+    between = text_completion(closed, (END_MARK_SURE + END_MARK_UNSURE) / 2)
+    assert text_completion("He was not") < between < 0.9
+    assert text_completion("Can you hear me?", 0.6) < text_completion("Can you hear me?") == 0.95
+    # The mark's probability speaks only of a mark: an unfinished clause stays unfinished.
+    assert text_completion("I would like to book a table for the", 0.99) == 0.1
+    assert text_completion("okay", 0.99) == text_completion("okay")
+
+
+def test_a_fragment_whisper_closed_unsurely_is_held_over_a_pause() -> None:
+    """The figures of "He was not" (cut where its 300-1500 ms pause began) and of the whole
+    sentence "He was not an ill disposed young man." (Whisper base, the pause set): a 600 ms
+    pause after the fragment no longer ends the turn, the sentence's end is still answered
+    well within the hangover."""
+    detector = TurnDetector(SMART)
+    fragment = detector.decide(TurnInput(600, "He was not.", end_mark=0.60))
+    assert not fragment.end and fragment.hold_ms > 800
+    sentence = "He was not an ill-disposed young man."
+    end = detector.decide(TurnInput(450, sentence, end_mark=0.805))
+    assert end.end and end.reason == "words" and end.hold_ms <= 450
+    # Unreported (another engine, beam search), the full stop counts as before.
+    assert detector.decide(TurnInput(340, "He was not.")).end
 
 
 def test_eagerness_scales_the_hold() -> None:

@@ -26,11 +26,13 @@ from voxgate.engines.asr.config import FULL_WINDOW_FRAMES, MEL_FRAMES_PER_S, Whi
 from voxgate.engines.base import ASR_SAMPLE_RATE_HZ, FloatArray, UtteranceStats
 
 __all__ = [
+    "END_MARKS",
     "Attempt",
     "EngineCounters",
     "Hyp",
     "Job",
     "chosen_attempt",
+    "end_mark_probability",
     "language_probability",
     "merge",
     "next_step",
@@ -97,6 +99,8 @@ class Hyp:
     text: str
     avg_logprob: float
     cum_logprob: float
+    #: See ``AsrResult.end_mark_probability``; None unless asked for and the text ends on a mark.
+    end_mark: float | None = None
 
 
 @dataclass(slots=True)
@@ -307,6 +311,39 @@ def language_probability(job: Job) -> float:
     return job.language_probs.get(job.language or "", 0.0)
 
 
+#: The sentence-final marks whose probability ``end_mark_probability`` sums.
+END_MARKS = (".", "?", "!")
+
+
+def end_mark_probability(
+    ids: Sequence[int], step_logits: Sequence[Any], marks: Sequence[int], eot: int
+) -> float | None:
+    """The probability of a sentence-final mark where the text's last token, a mark, was chosen.
+
+    Args:
+        ids: the decode's tokens (text tokens below ``eot``, then maybe special ones).
+        step_logits: the decoder's output over the vocabulary at each step (``ids[i]`` was
+            chosen from ``step_logits[i]``), log-probabilities or logits.
+        marks: the token ids of the sentence-final marks (:data:`END_MARKS`).
+        eot: ``<|endoftext|>``; tokens from it up are not text.
+
+    Returns:
+        The summed probability of every mark at that step, or None when the text does not
+        end on a mark or that step's scores are missing (beam search returns none).
+    """
+    text = [i for i, t in enumerate(ids) if t < eot]
+    if not text or ids[text[-1]] not in marks or text[-1] >= len(step_logits):
+        return None
+    try:
+        row = np.asarray(step_logits[text[-1]], dtype=np.float64)
+    except ValueError:  # an empty StorageView
+        return None
+    if row.ndim != 1 or row.size <= max(marks):
+        return None
+    p = np.exp(row - row.max())
+    return float(p[list(marks)].sum() / p.sum())
+
+
 def merge(
     jobs: list[Job],
     chosen: dict[int, tuple[Attempt, Hyp, str]],
@@ -322,12 +359,15 @@ def merge(
     texts, all_words, reasons = [], [], []
     n_tok = 0
     sum_lp = 0.0
+    end_mark: float | None = None
     for job in jobs:
         att, hyp, dropped = chosen[id(job)]
         if dropped:
             reasons.append(dropped)
             continue
         texts.append(hyp.text)
+        if hyp.text:
+            end_mark = hyp.end_mark  # the text's end is its last chunk's
         all_words.extend(words.get(id(job), []))
         n_tok += len(hyp.tokens) + 1
         sum_lp += hyp.avg_logprob * (len(hyp.tokens) + 1)
@@ -357,6 +397,7 @@ def merge(
         dropped_reason="" if text else (reasons[0] if reasons else "no_speech"),
         encoded_frames=sum(j.encoded_frames for j in jobs),
         fallbacks=tuple(step for j in jobs for step in j.fallbacks),
+        end_mark_probability=end_mark if text else None,
     )
 
 

@@ -54,11 +54,13 @@ from voxgate.engines.asr._decode import (
     StepLoop,
 )
 from voxgate.engines.asr._jobs import (
+    END_MARKS,
     Attempt,
     EngineCounters,
     Hyp,
     Job,
     chosen_attempt,
+    end_mark_probability,
     merge,
     next_step,
     plan_jobs,
@@ -128,6 +130,7 @@ class WhisperEngine:
         self._features = FeatureExtractor(feature_size=int(model.n_mels))
         self._tokenizers: dict[tuple[str, str], Tokenizer] = {}
         self._suppress_cache: tuple[int, ...] | None = None
+        self._end_mark_ids: tuple[int, ...] | None = None
         # How CTranslate2 reads `max_length` (measured in warmup(); see _max_length).
         self._halved_max_length = False
         self._loop_shared = SharedDecoder(None, config.decode_loop.weights)
@@ -252,6 +255,13 @@ class WhisperEngine:
             self._tokenizers[key] = tok
         return tok
 
+    def _end_marks(self, tok: Tokenizer) -> tuple[int, ...]:
+        """The token ids of the sentence-final marks (one BPE vocabulary for every language)."""
+        if self._end_mark_ids is None:
+            ids = [tok.encode(m) for m in END_MARKS]
+            self._end_mark_ids = tuple(i[0] for i in ids if len(i) == 1)
+        return self._end_mark_ids
+
     def _suppress_tokens(self, tok: Tokenizer) -> list[int]:
         if self._suppress_cache is None:
             self._suppress_cache = policy.suppress_token_ids(tok.encode, tok.non_speech_tokens)
@@ -371,10 +381,11 @@ class WhisperEngine:
                 j.plan.suppress_hallucination_tokens,
                 j.plan.repetition_penalty,
                 j.plan.no_repeat_ngram_size,
+                j.options.end_mark,
             )
             groups[key].append((j, prompt))
         for key, members in groups.items():
-            frames, prompt_len, temp, beam, nhyp, suppress, rep, ngram = key
+            frames, prompt_len, temp, beam, nhyp, suppress, rep, ngram, end_mark = key
             for sl in self._chunks(len(members)):
                 part = members[sl]
                 tok0 = self._tokenizer(part[0][0].language or "en", part[0][0].options.task)
@@ -389,6 +400,9 @@ class WhisperEngine:
                     "return_no_speech_prob": True,
                     "suppress_blank": True,
                     "suppress_tokens": self._suppress_tokens(tok0) if suppress else [-1],
+                    # Every step's scores, for the end mark's probability (a copy per step,
+                    # not measurable on one CPU decode); asked for only where it is read.
+                    "return_logits_vocab": end_mark,
                 }
                 if temp > 0.0:
                     kwargs.update(sampling_topk=0, sampling_temperature=temp)
@@ -568,13 +582,19 @@ class WhisperEngine:
         # Frere of the penal colony. Captain Frere says ..."); that is the caller's context,
         # not their words.
         ctx = self._context(job)
-        for ids, score in zip(res.sequences_ids, res.scores, strict=True):
+        logits = res.logits if job.options.end_mark else []
+        for i, (ids, score) in enumerate(zip(res.sequences_ids, res.scores, strict=True)):
             tokens = [t for t in ids if t < tok.eot]
             if ctx and tokens[: len(ctx)] == ctx:
                 tokens = tokens[len(ctx) :]
             n = len(tokens)
             cum = float(score) * n
-            hyps.append(Hyp(tokens, tok.decode(tokens).strip(), cum / (n + 1), cum))
+            mark = (
+                end_mark_probability(ids, logits[i], self._end_marks(tok), tok.eot)
+                if i < len(logits)
+                else None
+            )
+            hyps.append(Hyp(tokens, tok.decode(tokens).strip(), cum / (n + 1), cum, mark))
         if temperature > 0.0:
             # Sampling returns best_of draws; Whisper keeps the most likely one first.
             hyps.sort(key=lambda h: h.avg_logprob, reverse=True)

@@ -55,6 +55,10 @@ class AsrOptions:
             the first language retried: detection on under a second of speech is unreliable
             (a 0.9 s "He is with us" of an English call came out Greek, and its only retry
             was a 30 s window re-encode in Greek again).
+        end_mark: report :attr:`AsrResult.end_mark_probability` (set by the gateway on the
+            finals of calls whose turn detection reads the words). Off elsewhere: it makes the
+            decoder return every step's vocabulary, which is free on one CPU decode but not
+            on a large GPU batch.
     """
 
     language: str | None = "en"
@@ -70,6 +74,7 @@ class AsrOptions:
     encoder_margin_ms: int | None = None
     model: str = ""
     language_hint: str | None = None
+    end_mark: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +171,13 @@ class AsrResult:
             the item's latency budget (``DecodingPolicyConfig.decode_budget_s``), so the text
             is the best of the attempts made. The gateway appends ``interim`` when a final
             had no text of its own and carries its utterance's last interim instead.
+        end_mark_probability: with ``AsrOptions.end_mark``, the decoder's probability of a
+            sentence-final mark (``.``, ``?``, ``!``) at the step where the text's last token,
+            that mark, was chosen; None when the text does not end on one, or the engine does
+            not report it. Whisper closes a fragment cut off by a pause ("Go forward.") with
+            a full stop as readily as a finished sentence, but less surely: on the turn-taking
+            pause set this was 0.64 at mid-sentence pauses and 0.85 at the clips' ends
+            (medians), so turn detection trusts a full stop only as far as Whisper did.
     """
 
     text: str
@@ -180,6 +192,7 @@ class AsrResult:
     dropped_reason: str = ""
     encoded_frames: int = 0
     fallbacks: tuple[str, ...] = ()
+    end_mark_probability: float | None = None
 
 
 class AsrEngine(Protocol):

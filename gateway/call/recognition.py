@@ -253,10 +253,14 @@ class Recognition:
         calls' finals are due later; the utterance key lets the batcher withdraw its queued
         interims). A call that sets no language and has spoken one confidently names it as
         the hint (``AsrOptions.language_hint``): the final still detects its own, and falls
-        back to the call's before a window re-encode.
+        back to the call's before a window re-encode. A call whose turns read the words asks
+        for the end mark's probability (``AsrOptions.end_mark``): the turn detector believes
+        a full stop as far as Whisper did.
         """
         if options.language is None and self._learned_language is not None:
             options = replace(options, language_hint=self._learned_language)
+        if self._turns.reads_end_marks:
+            options = replace(options, end_mark=True)
         return AsrRequest(
             utt.audio,
             utt.stats,
@@ -293,7 +297,11 @@ class Recognition:
             failure = ErrorOut(ErrorKind.INTERNAL, message, "utterance", utt.index)
         self._final_done.add(utt.index)
         result = self._final_or_interim(utt.index, decoded, failure)
-        turn = self._turns.final_came(utt.index, result.text if result is not None else "")
+        turn = self._turns.final_came(
+            utt.index,
+            result.text if result is not None else "",
+            result.end_mark_probability if result is not None else None,
+        )
         if result is None:
             assert failure is not None
             await self._emit(failure)

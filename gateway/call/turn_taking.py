@@ -53,6 +53,13 @@ class Turn:
     texts: dict[int, str] = field(default_factory=dict)
     #: Utterance index -> the audio model's probability at its end (absent while it runs).
     audio: dict[int, float] = field(default_factory=dict)
+    #: Utterance index -> Whisper's probability of the end mark closing its final, if reported.
+    end_marks: dict[int, float] = field(default_factory=dict)
+
+    def end_mark(self) -> float | None:
+        """The end mark's probability of the turn's last final with text (None: not reported)."""
+        said = [i for i, t in self.texts.items() if t.strip()]
+        return self.end_marks.get(max(said)) if said else None
 
     def text(self, before: int | None = None) -> str:
         """The turn's finals joined, in order (only those of utterances before ``before``)."""
@@ -169,11 +176,19 @@ class TurnTaking:
         self._turn_of.setdefault(index, self._turn)
         return True
 
-    def final_came(self, index: int, text: str) -> Turn | None:
+    @property
+    def reads_end_marks(self) -> bool:
+        """Whether the call's finals report their end mark's probability (words decide turns)."""
+        turns = self._turns
+        return turns is not None and turns.options.mode == "smart" and turns.options.words
+
+    def final_came(self, index: int, text: str, end_mark: float | None = None) -> Turn | None:
         """Utterance ``index``'s final came back with ``text``: its turn, if it has one."""
         turn = self._turn_of.pop(index, None)
         if turn is not None:
             turn.texts[index] = text
+            if end_mark is not None:
+                turn.end_marks[index] = end_mark
             turn.pending.discard(index)
         return turn
 
@@ -204,7 +219,8 @@ class TurnTaking:
         audio = turn.audio.get(turn.last_utterance)
         if self._turn_model is not None and audio is None:
             text = None  # the model still runs: wait for it as for the words
-        decision = detector.decide(TurnInput(silence, text, audio))
+        end_mark = turn.end_mark() if text is not None else None
+        decision = detector.decide(TurnInput(silence, text, audio, end_mark))
         if decision.end:
             self._end_turn(decision, silence)
 
