@@ -104,16 +104,17 @@ def test_a_full_stop_counts_as_far_as_whisper_was_sure_of_it() -> None:
 
 
 def test_a_fragment_whisper_closed_unsurely_is_held_over_a_pause() -> None:
-    """The figures of "He was not" (cut where its 300-1500 ms pause began) and of the whole
-    sentence "He was not an ill disposed young man." (Whisper base, the pause set): a 600 ms
-    pause after the fragment no longer ends the turn, the sentence's end is still answered
-    well within the hangover."""
+    """How sure Whisper base was that "He was not" (cut where its pause began) and "He was not
+    an ill disposed young man." end at their full stops, and "ASK WHAT YOU CAN DO FOR YOUR
+    COUNTRY!" (the demo's): a 600 ms pause after the fragment no longer ends the turn, and the
+    sentences are answered sooner than the fragment would be."""
     detector = TurnDetector(SMART)
-    fragment = detector.decide(TurnInput(600, "He was not.", end_mark=0.60))
-    assert not fragment.end and fragment.hold_ms > 800
-    sentence = "He was not an ill-disposed young man."
-    end = detector.decide(TurnInput(450, sentence, end_mark=0.805))
-    assert end.end and end.reason == "words" and end.hold_ms <= 450
+    fragment = detector.decide(TurnInput(650, "He was not.", end_mark=0.79))
+    assert not fragment.end and fragment.hold_ms > 1000
+    sentence = detector.decide(TurnInput(0, "He was not an ill-disposed young man.", end_mark=0.88))
+    assert sentence.hold_ms < fragment.hold_ms - 250
+    shout = detector.decide(TurnInput(340, "ASK WHAT YOU CAN DO FOR YOUR COUNTRY!", end_mark=0.97))
+    assert shout.end and shout.reason == "words"
     # Unreported (another engine, beam search), the full stop counts as before.
     assert detector.decide(TurnInput(340, "He was not.")).end
 

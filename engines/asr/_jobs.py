@@ -26,13 +26,13 @@ from voxgate.engines.asr.config import FULL_WINDOW_FRAMES, MEL_FRAMES_PER_S, Whi
 from voxgate.engines.base import ASR_SAMPLE_RATE_HZ, FloatArray, UtteranceStats
 
 __all__ = [
-    "END_MARKS",
     "Attempt",
     "EngineCounters",
     "Hyp",
     "Job",
     "chosen_attempt",
     "end_mark_probability",
+    "is_end_mark",
     "language_probability",
     "merge",
     "next_step",
@@ -311,25 +311,40 @@ def language_probability(job: Job) -> float:
     return job.language_probs.get(job.language or "", 0.0)
 
 
-#: The sentence-final marks whose probability ``end_mark_probability`` sums.
-END_MARKS = (".", "?", "!")
+def is_end_mark(token: str) -> bool:
+    """Whether a token's text closes a sentence.
+
+    ``.``, ``?`` or ``!``, maybe doubled or with a closing quote or bracket (``."``, ``?!``,
+    ``).``); never an ellipsis (a sentence trailing off is still open).
+    """
+    text = token.strip()
+    return (
+        bool(text)
+        and set(text) <= set(".?!\"')]")
+        and any(c in text for c in ".?!")
+        and ".." not in text
+    )
 
 
 def end_mark_probability(
     ids: Sequence[int], step_logits: Sequence[Any], marks: Sequence[int], eot: int
 ) -> float | None:
-    """The probability of a sentence-final mark where the text's last token, a mark, was chosen.
+    """How sure the decoder was that the text ends where it closed it with a sentence mark.
+
+    At the step where the text's last token, a sentence-final mark, was chosen: the summed
+    probability of every such mark and of ``<|endoftext|>`` (ending without one). What is
+    left is the sentence going on: a comma, an ellipsis, a next word.
 
     Args:
         ids: the decode's tokens (text tokens below ``eot``, then maybe special ones).
         step_logits: the decoder's output over the vocabulary at each step (``ids[i]`` was
             chosen from ``step_logits[i]``), log-probabilities or logits.
-        marks: the token ids of the sentence-final marks (:data:`END_MARKS`).
+        marks: the token ids that close a sentence (:func:`is_end_mark`).
         eot: ``<|endoftext|>``; tokens from it up are not text.
 
     Returns:
-        The summed probability of every mark at that step, or None when the text does not
-        end on a mark or that step's scores are missing (beam search returns none).
+        That probability, or None when the text does not end on a mark or that step's scores
+        are missing (beam search returns none).
     """
     text = [i for i, t in enumerate(ids) if t < eot]
     if not text or ids[text[-1]] not in marks or text[-1] >= len(step_logits):
@@ -338,10 +353,10 @@ def end_mark_probability(
         row = np.asarray(step_logits[text[-1]], dtype=np.float64)
     except ValueError:  # an empty StorageView
         return None
-    if row.ndim != 1 or row.size <= max(marks):
+    if row.ndim != 1 or row.size <= max(eot, *marks):
         return None
     p = np.exp(row - row.max())
-    return float(p[list(marks)].sum() / p.sum())
+    return float((p[list(marks)].sum() + p[eot]) / p.sum())
 
 
 def merge(

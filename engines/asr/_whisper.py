@@ -54,13 +54,13 @@ from voxgate.engines.asr._decode import (
     StepLoop,
 )
 from voxgate.engines.asr._jobs import (
-    END_MARKS,
     Attempt,
     EngineCounters,
     Hyp,
     Job,
     chosen_attempt,
     end_mark_probability,
+    is_end_mark,
     merge,
     next_step,
     plan_jobs,
@@ -256,10 +256,16 @@ class WhisperEngine:
         return tok
 
     def _end_marks(self, tok: Tokenizer) -> tuple[int, ...]:
-        """The token ids of the sentence-final marks (one BPE vocabulary for every language)."""
+        """The ids of the tokens that close a sentence (one vocabulary for every language)."""
         if self._end_mark_ids is None:
-            ids = [tok.encode(m) for m in END_MARKS]
-            self._end_mark_ids = tuple(i[0] for i in ids if len(i) == 1)
+            vocab = self._hf_tokenizer.get_vocab()
+            self._end_mark_ids = tuple(
+                sorted(
+                    i
+                    for piece, i in vocab.items()
+                    if i < tok.eot and is_end_mark(piece.replace("\u0120", " "))
+                )
+            )
         return self._end_mark_ids
 
     def _suppress_tokens(self, tok: Tokenizer) -> list[int]:
