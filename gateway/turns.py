@@ -66,7 +66,7 @@ class TurnOptions:
     end_silence_ms: int = 600
     min_silence_ms: int = 200
     max_pause_ms: int = 1_600
-    decode_after_ms: int = 120
+    decode_after_ms: int = 80
     audio_model: bool = True
     words: bool = True
 

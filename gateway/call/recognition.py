@@ -42,14 +42,16 @@ _UNSURE = frozenset({"repetition", "low_logprob"})
 #: final, ms (see :meth:`_Speculation.covers`).
 _SPEC_TAIL_SLACK_MS = 100
 
-#: With smart turns the final decode also starts once the caller has been quiet this much
-#: longer than ``decode_after_ms`` after the last loud frame (``Segmenter.quiet_ms``), while
-#: the voice model may still hear the fading tail. Not sooner: Whisper punctuates a fragment
-#: cut 120 ms after its loud end as a finished sentence more often ("And so my fellow
-#: Americans." against "... Americans" with the tail; benchmarks.turn_taking: JFK's first
-#: turn then ended at its first pause, 3 premature ends against 1), and the turn reads that
-#: full stop. Measured on JFK: 120 ms gave 3 premature ends, 160 ms 2, 200 ms 1 (as before).
-_LOUD_MARGIN_MS = 80
+#: With smart turns the final decode also starts once the caller has been quiet for
+#: ``decode_after_ms`` after the last loud frame (``Segmenter.quiet_ms``), while the voice
+#: model may still hear the fading tail. This was 80 ms later until the turn read how sure
+#: Whisper was of its full stop (``AsrResult.end_mark_probability``): a fragment cut that
+#: soon after its loud end came back closed as a finished sentence more often ("And so my
+#: fellow Americans."), and the turn believed it (JFK, one caller, ``words``: 120/160/200 ms
+#: after the loud end gave 3/2/1 premature ends). Now 80 ms after the loud end (the default
+#: ``decode_after_ms``), benchmarks.turn_taking --clips 16: the real clips' final 302-308 ms
+#: p50 against 360-396, the pause set's premature ends 5-6 against 7-8 (docs/turns.md).
+_LOUD_MARGIN_MS = 0
 
 
 @dataclass
@@ -207,8 +209,8 @@ class Recognition:
         # With smart turn detection the utterance ends on a short hangover and this decode is
         # its final: it starts at the first silence, whatever else the recogniser has queued
         # (it is a final, scheduled as one), so that the words are known when the turn may end.
-        # That silence counts from the voice model's last voiced frame, or (with a margin,
-        # _LOUD_MARGIN_MS) from the last loud frame (Segmenter.quiet_ms), whichever says more:
+        # That silence counts from the voice model's last voiced frame, or from the last loud
+        # frame (Segmenter.quiet_ms, less _LOUD_MARGIN_MS), whichever says more:
         # the model lags a fading word end by 100-200 ms. A decode started on the loud end
         # runs on while the model still hears that tail, and only a loud frame after the
         # audio it got (speech that resumes) cancels it.

@@ -297,7 +297,7 @@ class TurnsConfig(_Frozen):
         description="'smart': the longest pause held over an unfinished sentence, ms.",
     )
     decode_after_ms: int = Field(
-        120,
+        80,
         ge=20,
         le=2_000,
         description="'smart': trailing silence after which an utterance's final decode starts "
