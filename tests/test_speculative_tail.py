@@ -32,7 +32,6 @@ from voxgate.gateway.call.options import (
     PlaybackOptions,
     RecognitionOptions,
 )
-from voxgate.gateway.call.recognition import _LOUD_MARGIN_MS
 from voxgate.gateway.config import LimitsConfig, VadConfig
 from voxgate.gateway.events import AudioIn, InboundEvent, OutboundEvent, SpeechOut, TranscriptOut
 from voxgate.gateway.metrics import GatewayMetrics
@@ -188,7 +187,7 @@ def test_no_interim_starts_once_the_final_is_imminent(tone_ms: int) -> None:
 
 def test_the_final_decode_starts_from_the_loud_end_while_the_model_still_hears_the_tail() -> None:
     """A voice model that stays voiced over a 300 ms tail 40 dB under the speech: the final
-    decode starts decode_after_ms (plus the margin, now none) after the loud speech, inside
+    decode starts decode_after_ms (120 ms here) after the loud speech, inside
     that voiced tail (not that long after it), runs once, and is the final; the reported end
     still includes the tail."""
     loud_end_ms = 1320  # the tail's first frame holds the step down: loud on the tilted level
@@ -200,7 +199,7 @@ def test_the_final_decode_starts_from_the_loud_end_while_the_model_still_hears_t
     finals = [r for r in asr.requests if r.is_final]
     assert len(finals) == 1
     # Started 120 ms after the loud end (a frame of slack), while the tail was voiced.
-    after_ms = 120 + _LOUD_MARGIN_MS
+    after_ms = 120
     got_ms = len(finals[0].audio) / 16
     assert loud_end_ms + after_ms <= got_ms <= loud_end_ms + after_ms + 20 < tail_end_ms
     # Its statistics read the quiet tail as the silence it is about to be.

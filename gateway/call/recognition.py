@@ -42,17 +42,6 @@ _UNSURE = frozenset({"repetition", "low_logprob"})
 #: final, ms (see :meth:`_Speculation.covers`).
 _SPEC_TAIL_SLACK_MS = 100
 
-#: With smart turns the final decode also starts once the caller has been quiet for
-#: ``decode_after_ms`` after the last loud frame (``Segmenter.quiet_ms``), while the voice
-#: model may still hear the fading tail. This was 80 ms later until the turn read how sure
-#: Whisper was of its full stop (``AsrResult.end_mark_probability``): a fragment cut that
-#: soon after its loud end came back closed as a finished sentence more often ("And so my
-#: fellow Americans."), and the turn believed it (JFK, one caller, ``words``: 120/160/200 ms
-#: after the loud end gave 3/2/1 premature ends). Now 80 ms after the loud end (the default
-#: ``decode_after_ms``), benchmarks.turn_taking --clips 16: the real clips' final 302-308 ms
-#: p50 against 360-396, the pause set's premature ends 5-6 against 7-8 (docs/turns.md).
-_LOUD_MARGIN_MS = 0
-
 
 @dataclass
 class _Speculation:
@@ -210,7 +199,7 @@ class Recognition:
         # its final: it starts at the first silence, whatever else the recogniser has queued
         # (it is a final, scheduled as one), so that the words are known when the turn may end.
         # That silence counts from the voice model's last voiced frame, or from the last loud
-        # frame (Segmenter.quiet_ms, less _LOUD_MARGIN_MS), whichever says more:
+        # frame (Segmenter.quiet_ms), whichever says more:
         # the model lags a fading word end by 100-200 ms. A decode started on the loud end
         # runs on while the model still hears that tail, and only a loud frame after the
         # audio it got (speech that resumes) cancels it.
@@ -422,12 +411,19 @@ class Recognition:
         """The caller's silence as the final decode reads it, in ms.
 
         From the last loud frame with smart turns (see :meth:`maybe_speculate`), from the
-        last voiced one otherwise.
+        last voiced one otherwise. Until 2026-12-06 the loud frame counted 80 ms later: a
+        fragment decoded sooner after its loud end came back closed as a finished sentence
+        more often ("And so my fellow Americans."), and the turn believed it (JFK, one caller,
+        ``words``: 120/160/200 ms after the loud end gave 3/2/1 premature ends). The turn now
+        reads how sure Whisper was of that full stop (``AsrResult.end_mark_probability``),
+        and without the margin benchmarks.turn_taking --clips 16 gave the real clips' final
+        302-308 ms p50 against 360-396 and 5-6 premature ends on the pause set against 7-8
+        (docs/turns.md).
         """
         seg = self._segmenter
         if not smart:
             return seg.trailing_silence_ms
-        return max(seg.trailing_silence_ms, seg.quiet_ms - _LOUD_MARGIN_MS)
+        return max(seg.trailing_silence_ms, seg.quiet_ms)
 
     def utterance(self, index: int) -> Hashable:
         """Utterance ``index`` of this call, as the recogniser's queue knows it."""
