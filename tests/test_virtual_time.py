@@ -1,0 +1,77 @@
+"""The virtual clock the component tests run on (voxgate.gateway.testing.virtual_time).
+
+Its promise is that a test's timestamps do not depend on the machine: timers fire in order at
+their virtual times, and a short job on a worker thread takes no virtual time however slow the
+thread is to run (a loaded CI runner once let a call's timers race past an end-of-turn model's
+answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from voxgate.gateway.testing import virtual_time
+from voxgate.gateway.testing.virtual_time import run_virtual
+
+pytestmark = pytest.mark.unit
+
+
+def test_timers_fire_in_order_at_their_virtual_times_without_real_waiting() -> None:
+    async def main() -> list[float]:
+        loop = asyncio.get_running_loop()
+        seen: list[float] = []
+        for _ in range(3):
+            await asyncio.sleep(10.0)
+            seen.append(loop.time())
+        return seen
+
+    t0 = time.monotonic()
+    assert run_virtual(main()) == [10.0, 20.0, 30.0]
+    assert time.monotonic() - t0 < 5.0
+
+
+def test_a_slow_worker_thread_takes_no_virtual_time() -> None:
+    async def main() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        ticks: list[float] = []
+
+        async def ticker() -> None:  # a call's timers, running beside the job
+            while True:
+                await asyncio.sleep(0.02)
+                ticks.append(loop.time())
+
+        task = asyncio.create_task(ticker())
+        await asyncio.to_thread(time.sleep, 0.3)  # 300 real ms, a slow thread on a busy host
+        done_at = loop.time()
+        task.cancel()
+        return done_at, len(ticks)
+
+    done_at, ticks = run_virtual(main())
+    assert done_at == 0.0 and ticks == 0
+
+
+def test_a_thread_waiting_for_the_loop_holds_the_clock_only_so_long(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(virtual_time, "HOLD_S", 0.2)
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        flag = threading.Event()
+
+        async def later() -> None:  # the loop's work the thread waits for, 5 virtual s away
+            await asyncio.sleep(5.0)
+            flag.set()
+
+        task = asyncio.create_task(later())
+        assert await asyncio.to_thread(flag.wait, 30.0)
+        await task
+        return loop.time()
+
+    t0 = time.monotonic()
+    assert run_virtual(main()) == 5.0
+    assert time.monotonic() - t0 < 10.0
