@@ -26,6 +26,8 @@ credentials, and the servicer itself stays ignorant of tenants.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import hmac
 import inspect
@@ -64,6 +66,8 @@ MIN_TOKEN_CHARS = 16
 METERED_METHODS = ("Converse", "StreamingRecognize", "Synthesize")
 #: The retry hint sent with a quota refusal, s: a call slot frees when a call ends, so soon.
 QUOTA_RETRY_S = 1
+#: How long a refused request stream is given to deliver its first message, s (see _refusal).
+REFUSAL_FIRST_MESSAGE_S = 1.0
 _HEALTH_PREFIX = "/grpc.health.v1.Health/"
 _STATUS_DETAILS_KEY = "grpc-status-details-bin"
 _TOKEN_FIELDS = frozenset({"token", "tenant", "max_calls"})
@@ -354,7 +358,20 @@ def _behavior_of(handler: grpc.RpcMethodHandler) -> Behavior:
 
 
 def _refusal(code: grpc.StatusCode, message: str, trailers: tuple[Any, ...] = ()) -> Behavior:
+    """A behavior that ends the RPC with ``code``, after the first message of a request stream.
+
+    Why it waits for that message: a Python asyncio client whose write is still in flight when
+    the status arrives reports its own INTERNAL ("Internal error from Core") in place of the
+    server's code (grpc/grpc#36066, open in grpcio 1.85). Every call opens with its config and
+    most clients read only after writing it, so once the server has that first message the
+    client's write is done and the refusal reaches it as the code it is. The wait is bounded
+    by :data:`REFUSAL_FIRST_MESSAGE_S`; nothing read is looked at.
+    """
+
     async def refuse(request: Any, context: grpc.aio.ServicerContext) -> None:
+        if hasattr(request, "__anext__"):  # a request stream: let the client's first write land
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(anext(request), REFUSAL_FIRST_MESSAGE_S)
         await context.abort(code, message, trailing_metadata=trailers)
 
     return refuse

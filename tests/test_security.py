@@ -35,7 +35,12 @@ from voxgate.bridges.door_args import add_connection_arguments, connection_from_
 from voxgate.bridges.sip import BridgeConfig, SilentBot, SipBridge
 from voxgate.bridges.sip._bridge import gateway_client
 from voxgate.gateway.config import ConfigError, SecurityConfig, load_config
-from voxgate.gateway.security import GatewaySecurity, TokenStore, parse_tokens
+from voxgate.gateway.security import (
+    REFUSAL_FIRST_MESSAGE_S,
+    GatewaySecurity,
+    TokenStore,
+    parse_tokens,
+)
 from voxgate.gateway.server import GatewayServer
 from voxgate.gateway.testing.fake_engines import FakeToneHub
 from voxgate.gateway.testing.pki import Pki, make_pki
@@ -209,6 +214,34 @@ async def test_an_unknown_method_without_credentials_is_unauthenticated(tokens_f
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await probe(b"", metadata=auth_metadata(GOOD), timeout=20)
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_a_refused_stream_is_refused_after_its_first_message_or_without_one(
+    tokens_file: Path,
+) -> None:
+    """A refusal waits for the first request of a stream (bounded), so an asyncio client's
+    in-flight config write cannot turn it into grpcio's local INTERNAL (grpc/grpc#36066)."""
+    async with (
+        gateway(tokens_file=tokens_file) as srv,
+        grpc.aio.insecure_channel(srv.target) as ch,
+    ):
+        stub = pb_grpc.VoiceGatewayStub(ch)
+        # The config is written and has reached the server before the status is sent: the
+        # write itself succeeds, and the read gets the server's code.
+        call = stub.Converse(metadata=auth_metadata(UNKNOWN), timeout=20)
+        await call.write(pb.ConverseRequest(config=CallConfig().to_proto()))
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call.read()
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        # A client that never writes is not held open past the bound.
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        call = stub.StreamingRecognize(metadata=auth_metadata(None), timeout=20)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call.read()
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert loop.time() - t0 < 10 * REFUSAL_FIRST_MESSAGE_S  # a hang guard, not a timing
+        assert srv.metrics.value("voxgate_auth_refused_total", reason="unauthenticated") == 1
 
 
 async def test_health_is_open_by_default_and_reflection_can_be_off(tokens_file: Path) -> None:
