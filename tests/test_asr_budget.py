@@ -105,6 +105,10 @@ class FakeWhisper:
     n_mels: int = 80
     #: (seconds, frames, temperature) of every decode, in order (the observation channel).
     decodes: list[tuple[int, int, float]] = field(default_factory=list)
+    #: What decodes with previous text (a prompt) say instead, if they say otherwise.
+    prompted: Script | None = None
+    #: Whether each decode had previous text, in order.
+    had_prompt: list[bool] = field(default_factory=list)
 
     def encode(self, features: Any, to_cpu: bool = False) -> np.ndarray:
         mel = np.asarray(features)
@@ -125,7 +129,10 @@ class FakeWhisper:
         for b in range(len(prompts)):
             key = (int(enc[b, 0, 0]), int(enc[b, 0, 1]), temperature)
             self.decodes.append(key)
-            d = self.script(*key)
+            sot_prev = 1 + len(WORDS) + SPECIALS.index("<|startofprev|>")
+            self.had_prompt.append(sot_prev in prompts[b])
+            script = self.prompted if self.had_prompt[-1] and self.prompted else self.script
+            d = script(*key)
             ids = [1 + WORDS.index(w) for w in d.words]
             n = int(kw["num_hypotheses"])
             out.append(_Result([ids] * n, [d.avg_logprob] * n))
@@ -147,12 +154,15 @@ def engine(
     return WhisperEngine(model, tokenizer(), cfg, clock=clock), model
 
 
-def request(seconds: int, *, speech_ms: int | None = None) -> AsrRequest:
+def request(
+    seconds: int, *, speech_ms: int | None = None, prompt: str = "", is_final: bool = True
+) -> AsrRequest:
     rng = np.random.default_rng(seconds)
     audio = (rng.standard_normal(seconds * 16000) * 0.05).astype(np.float32)
     dur = seconds * 1000
     stats = UtteranceStats(dur, speech_ms or dur, 1.0, 0, 0, -26.0, -26.0, -10.0)
-    return AsrRequest(audio, stats, AsrOptions(word_timestamps=False))
+    options = AsrOptions(word_timestamps=False, initial_prompt=prompt)
+    return AsrRequest(audio, stats, options, is_final=is_final)
 
 
 def unsure(seconds: int, frames: int, temperature: float) -> Decode:
@@ -299,3 +309,49 @@ async def test_a_cut_ladder_is_counted_as_a_budget_fallback() -> None:
 
     assert count("budget") == 1
     assert count("window") == result.fallbacks.count("window")
+
+
+# --- the prompt -----------------------------------------------------------------------------------
+
+
+def sure(seconds: int, frames: int, temperature: float) -> Decode:
+    """Every word, sure of them (passes even the strict gate)."""
+    return Decode(["please", "call", "me", "back"], -0.05)
+
+
+def test_a_final_the_prompt_cut_short_is_decoded_again_without_it() -> None:
+    """4 s of speech, and with the turn's earlier words as its prompt one word, sure of itself
+    (what Whisper did on a LibriSpeech turn: "And" for 13 words): retried without the prompt."""
+    eng, model = engine(sure, budget_s=600.0, prompted=lambda *_: Decode(["hello"], -0.05))
+    (res,) = eng.infer_batch([request(4, prompt="hello world")])
+    assert res.text == "please call me back" and res.fallbacks == ("prompt",)
+    assert model.had_prompt == [True, False] and eng.counters.prompt_fallbacks == 1
+    # Without a prompt the same one word stands (nothing to blame), and so does one word of a
+    # prompted decode on speech too short to say more (1 s).
+    eng, model = engine(lambda *_: Decode(["hello"], -0.05), budget_s=600.0)
+    (res,) = eng.infer_batch([request(4)])
+    assert res.text == "hello" and res.fallbacks == () and len(model.decodes) == 1
+    eng, model = engine(sure, budget_s=600.0, prompted=lambda *_: Decode(["hello"], -0.05))
+    (res,) = eng.infer_batch([request(1, prompt="hello world")])
+    assert res.text == "hello" and res.fallbacks == ()
+
+
+def test_a_prompted_final_that_fails_drops_the_prompt_before_any_other_step() -> None:
+    unsure_prompted = lambda *_: Decode(["please", "call", "me", "back"], -0.5)  # noqa: E731
+    eng, model = engine(sure, budget_s=600.0, prompted=unsure_prompted)
+    (res,) = eng.infer_batch([request(4, prompt="hello world")])
+    assert res.fallbacks == ("prompt",) and model.had_prompt == [True, False]
+    assert [frames for _, frames, _ in model.decodes] == [1000, 1000]  # the same encoder output
+
+
+def test_an_interim_is_not_retried_without_its_prompt() -> None:
+    eng, model = engine(sure, budget_s=600.0, prompted=lambda *_: Decode(["hello"], -0.05))
+    (res,) = eng.infer_batch([request(4, prompt="hello world", is_final=False)])
+    assert res.text == "hello" and res.fallbacks == () and len(model.decodes) == 1
+
+
+def test_cut_short_reads_tokens_per_second_of_speech() -> None:
+    assert policy.cut_short(1, 3.46)  # "And" for 3.5 s of speech
+    assert not policy.cut_short(3, 3.46)
+    assert not policy.cut_short(0, policy.CUT_SHORT_MIN_SPEECH_S - 0.01)
+    assert policy.cut_short(0, policy.CUT_SHORT_MIN_SPEECH_S)

@@ -57,6 +57,7 @@ class EngineCounters:
         detect_s: wall time inside ``detect_language``.
         encoded_frames: mel frames sent through the encoder.
         window_fallbacks: items re-encoded on the full window.
+        prompt_fallbacks: decode retries without the prompt (a prompted decode failed).
         temperature_fallbacks: decode retries at a higher temperature.
         language_fallbacks: decode retries in the runner-up detected language.
         budget_cuts: items whose retry ladder stopped because the next step would have ended
@@ -76,6 +77,7 @@ class EngineCounters:
     detect_s: float = 0.0
     encoded_frames: int = 0
     window_fallbacks: int = 0
+    prompt_fallbacks: int = 0
     temperature_fallbacks: int = 0
     language_fallbacks: int = 0
     budget_cuts: int = 0
@@ -179,9 +181,14 @@ def runner_up_languages(
 def _retry_step(job: Job, cfg: WhisperConfig) -> str | None:
     """The ladder's next step for a job whose last decode failed, or None at its end.
 
-    The order: the runner-up detected language, the full window, a hotter temperature (the
-    full window first after a short window's own artifact, ``Attempt.window_artifact``);
-    short speech stops after ``plan.max_fallbacks`` steps.
+    The order: without the prompt (a final decoded with one: see :func:`has_prompt`), the
+    runner-up detected language, the full window, a hotter temperature (the full window first
+    after a short window's own artifact, ``Attempt.window_artifact``); short speech stops after
+    ``plan.max_fallbacks`` steps.
+
+    The prompt goes first because, where a prompted decode fails, the prompt is the likeliest
+    cause (openai-whisper drops it too, from temperature 0.5 on) and the cheapest retry: one
+    greedy decode on the encoder output the job already has.
     """
     if len(job.fallbacks) >= job.plan.max_fallbacks:
         return None
@@ -192,6 +199,8 @@ def _retry_step(job: Job, cfg: WhisperConfig) -> str | None:
     )
     if window and job.attempts and job.attempts[-1].window_artifact:
         return "window"  # the window's fault, not the language's (short speech: one retry)
+    if job.plan.prompt_fallback and has_prompt(job.options):
+        return "prompt"
     if job.alt_languages:
         return "language"
     if window:
@@ -199,6 +208,21 @@ def _retry_step(job: Job, cfg: WhisperConfig) -> str | None:
     if job.temp_idx + 1 < len(job.plan.temperatures):
         return "temperature"
     return None
+
+
+def has_prompt(options: AsrOptions) -> bool:
+    """Whether a decode with ``options`` has previous-text tokens (the prompt, the hotwords)."""
+    if options.context_tokens is not None:
+        return bool(options.context_tokens)
+    return bool(options.initial_prompt.strip() or options.hotwords)
+
+
+def without_prompt(options: AsrOptions) -> AsrOptions:
+    """``options`` with no previous text: no prompt and no hotwords in it.
+
+    The hotwords stay in the options for whatever else reads them; only the tokens go.
+    """
+    return replace(options, initial_prompt="", context_tokens=())
 
 
 def encode_cost(encode_cost_s: Mapping[int, float], frames: int) -> float:
@@ -269,7 +293,11 @@ def next_step(
         job.fallbacks.append("budget")
         counters.budget_cuts += 1
         return
-    if step == "language":
+    if step == "prompt":
+        job.options = without_prompt(job.options)
+        job.temp_idx = 0
+        counters.prompt_fallbacks += 1
+    elif step == "language":
         job.language = job.alt_languages.pop(0)
         job.temp_idx = 0
         counters.language_fallbacks += 1

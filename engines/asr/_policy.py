@@ -59,6 +59,16 @@ MAX_DECODE_TOKENS = 224
 #: No cap on retry steps beyond the ladder's own length (languages, window, temperatures).
 MAX_FALLBACKS = 64
 
+#: A decode with a prompt whose text has fewer tokens than this per second of voiced speech
+#: is taken for one the prompt cut short (:func:`cut_short`). Whisper, given a turn's earlier
+#: words ending on a full stop ("Somehow or other. Pat has taught them that he's in charge
+#: here."), closed the next 3.5 s of speech after its first word: "And" (log-prob -0.91,
+#: which passes), where the same audio without the prompt gave all 13 words. The slowest of
+#: the 40 shared clips has 1.3 words per second of recording, silences included.
+MIN_PROMPTED_TOKENS_PER_SPEECH_S = 0.6
+#: ...on at least this much voiced speech, s (a word or two says too little).
+CUT_SHORT_MIN_SPEECH_S = 1.5
+
 #: Phrases Whisper emits on non-speech, per language, in :func:`normalize_phrase` form. A result
 #: that *is* one of these (not merely contains one) is dropped: a caller really saying
 #: "thank you" to an agent is kept unless the audio barely had speech (see :func:`gate_result`).
@@ -122,7 +132,9 @@ class DecodingPlan:
         apply_gates: run :func:`gate_result` on the output.
         window_fallback: a degenerate decode on a short bucket may be re-encoded on the full
             window (still subject to ``EncoderWindowConfig.fallback_to_full_window``).
-        max_fallbacks: most retry steps (language, window, temperature) the item may take;
+        prompt_fallback: a degenerate decode with a prompt (the call's or its turn's earlier
+            words) is decoded again without it, before any other step; finals only.
+        max_fallbacks: most retry steps (prompt, language, window, temperature) the item may take;
             short speech gets ``DecodingPolicyConfig.short_speech_max_fallbacks``.
         budget_s: the item's latency budget from when the engine starts on it; a retry that
             would end after it is not started (``DecodingPolicyConfig.decode_budget_s``).
@@ -140,6 +152,7 @@ class DecodingPlan:
     mbr_candidates: int
     apply_gates: bool
     window_fallback: bool = True
+    prompt_fallback: bool = True
     max_fallbacks: int = MAX_FALLBACKS
     budget_s: float = math.inf
 
@@ -240,12 +253,25 @@ def plan_decoding(
         mbr_candidates=mbr,
         apply_gates=options.silence_aware,
         window_fallback=is_final,
+        prompt_fallback=is_final,
         max_fallbacks=(
             cfg.short_speech_max_fallbacks
             if stats.speech_ms < cfg.short_speech_ms
             else MAX_FALLBACKS
         ),
         budget_s=cfg.decode_budget_s,
+    )
+
+
+def cut_short(n_tokens: int, speech_s: float) -> bool:
+    """Whether a prompted decode's ``n_tokens`` are too few for ``speech_s`` of voiced speech.
+
+    See :data:`MIN_PROMPTED_TOKENS_PER_SPEECH_S`. The retry ladder then decodes once more
+    without the prompt (``AsrResult.fallbacks`` step ``prompt``).
+    """
+    return (
+        speech_s >= CUT_SHORT_MIN_SPEECH_S
+        and n_tokens < MIN_PROMPTED_TOKENS_PER_SPEECH_S * speech_s
     )
 
 

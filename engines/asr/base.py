@@ -164,7 +164,9 @@ class AsrResult:
         encoded_frames: mel frames the encoder ran on (cost accounting for benchmarks).
         fallbacks: the retry steps the decode took, in order: ``window`` (re-encoded on the
             full 30 s window: the bucket was too short for the model), ``temperature`` (sampled
-            again, hotter) and ``language`` (the runner-up detected language). Each costs
+            again, hotter), ``language`` (the runner-up detected language) and ``prompt``
+            (a final decoded again without its prompt: the prompted decode failed, or its text
+            stopped short of its speech, ``_policy.cut_short``). Each costs
             about one more decode; a model trained on the serving windows needs fewer
             ``window`` steps (docs/adapt.md), which the gateway's metrics show per model.
             A last ``budget`` says the ladder was cut: its next step would have ended after
