@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from voxgate.engines.asr import _policy as policy
+from voxgate.engines.asr._jobs import Attempt, Hyp, chosen_attempt
 from voxgate.engines.asr._whisper import WhisperEngine
 from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult
 from voxgate.engines.asr.config import DecodingPolicyConfig, EncoderWindowConfig, WhisperConfig
@@ -69,6 +71,7 @@ class Decode:
 
     words: list[str]
     avg_logprob: float
+    no_speech_prob: float = 0.0
 
 
 #: (item's audio seconds, encoder frames, temperature) -> its decode.
@@ -135,7 +138,7 @@ class FakeWhisper:
             d = script(*key)
             ids = [1 + WORDS.index(w) for w in d.words]
             n = int(kw["num_hypotheses"])
-            out.append(_Result([ids] * n, [d.avg_logprob] * n))
+            out.append(_Result([ids] * n, [d.avg_logprob] * n, d.no_speech_prob))
         return out
 
     def unload_model(self) -> None:
@@ -326,11 +329,15 @@ def test_a_final_the_prompt_cut_short_is_decoded_again_without_it() -> None:
     (res,) = eng.infer_batch([request(4, prompt="hello world")])
     assert res.text == "please call me back" and res.fallbacks == ("prompt",)
     assert model.had_prompt == [True, False] and eng.counters.prompt_fallbacks == 1
-    # Without a prompt the same one word stands (nothing to blame), and so does one word of a
-    # prompted decode on speech too short to say more (1 s).
+    # Without a prompt there is none to drop: where the model hears speech the ladder's other
+    # steps run (and keep the word, all there is); where it hears none, nothing is retried.
     eng, model = engine(lambda *_: Decode(["hello"], -0.05), budget_s=600.0)
     (res,) = eng.infer_batch([request(4)])
-    assert res.text == "hello" and res.fallbacks == () and len(model.decodes) == 1
+    assert res.text == "hello" and res.fallbacks == ("window", *["temperature"] * 5)
+    eng, model = engine(lambda *_: Decode(["hello"], -0.05, no_speech_prob=0.9), budget_s=600.0)
+    (res,) = eng.infer_batch([request(4)])
+    assert res.fallbacks == () and len(model.decodes) == 1
+    # One word of a prompted decode on speech too short to say more (1 s) stands.
     eng, model = engine(sure, budget_s=600.0, prompted=lambda *_: Decode(["hello"], -0.05))
     (res,) = eng.infer_batch([request(1, prompt="hello world")])
     assert res.text == "hello" and res.fallbacks == ()
@@ -355,3 +362,20 @@ def test_cut_short_reads_tokens_per_second_of_speech() -> None:
     assert not policy.cut_short(3, 3.46)
     assert not policy.cut_short(0, policy.CUT_SHORT_MIN_SPEECH_S - 0.01)
     assert policy.cut_short(0, policy.CUT_SHORT_MIN_SPEECH_S)
+
+
+def test_a_runner_up_languages_failed_text_never_beats_the_calls_own() -> None:
+    """Every attempt fails; the runner-up language's is surer and on the full window, but the
+    call speaks the hint's language: its text is kept (a LibriSpeech turn lost "he's in
+    charge here" to a Chinese retry's empty text, then to its full-window guess)."""
+    job_attempts = [
+        Attempt(1000, "en", 0.0, [Hyp([4, 5], "please call", -1.2, -3.6)], 0.05, True),
+        Attempt(1000, "zh", 0.0, [Hyp([], "", 0.0, 0.0)], 0.05, True, short=True),
+        Attempt(3000, "zh", 0.0, [Hyp([1], "hello", -0.9, -1.8)], 0.05, True),
+    ]
+    job = SimpleNamespace(
+        attempts=job_attempts, frames=3000, options=AsrOptions(language_hint="en")
+    )
+    assert chosen_attempt(job, 2.4) is job_attempts[0]  # type: ignore[arg-type]
+    job.options = AsrOptions()  # no hint: the first attempt's language is the call's
+    assert chosen_attempt(job, 2.4) is job_attempts[0]  # type: ignore[arg-type]

@@ -118,6 +118,11 @@ class Attempt:
     #: Degenerate in a way only short encoder windows were seen to be (a phrase said twice, a
     #: recital of the prompt): the full window is its first retry, before a runner-up language.
     window_artifact: bool = False
+    #: A final's text stopped short of its speech (``_policy.cut_short``): it ranks below every
+    #: attempt that did not. An empty decode scores a log-prob of 0, the best there is, so
+    #: without this a runner-up language's empty text on 2 s of speech ("zh" for "Pat has
+    #: taught them that he's in charge here") outranked the English words.
+    short: bool = False
 
 
 @dataclass(slots=True)
@@ -315,19 +320,26 @@ def chosen_attempt(job: Job, ratio_threshold: float) -> Attempt:
     """The attempt to keep: the last one if it passed, else the best of all so far.
 
     Whisper's rule when every temperature failed: prefer non-looping text, then log-prob.
-    Attempts on the latest window (the full one after a ``window`` step) come before those on
-    the short bucket it replaced, among texts that do not loop; a ladder cut by the budget
-    gets the same choice over the attempts it had time for.
+    Text cut short of its speech (``Attempt.short``) comes after all other text, and text in
+    a runner-up language after text in the call's (its ``language_hint``, else the first
+    attempt's): a runner-up's retry is a guess that the detection was wrong, and when it
+    fails too it has not shown that it was. Attempts on the latest window (the full one after
+    a ``window`` step) come before those on the short bucket it replaced, among texts that do
+    not loop; a ladder cut by the budget gets the same choice over the attempts it had time
+    for.
     """
     last = job.attempts[-1]
     if not last.degenerate:
         return last
 
-    def rank(a: Attempt) -> tuple[bool, bool, float]:
+    spoken = job.options.language_hint or job.attempts[0].language
+
+    def rank(a: Attempt) -> tuple[bool, bool, bool, bool, float]:
         best = a.hyps[0]
         loops = policy.compression_ratio(best.text) > ratio_threshold
         loops = loops or policy.has_repetition_loop(best.tokens)
-        return (not loops, a.frames == job.frames, best.avg_logprob)
+        ours = a.language == spoken
+        return (not loops, not a.short, ours, a.frames == job.frames, best.avg_logprob)
 
     return max(job.attempts, key=rank)
 

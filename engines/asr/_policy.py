@@ -264,10 +264,11 @@ def plan_decoding(
 
 
 def cut_short(n_tokens: int, speech_s: float) -> bool:
-    """Whether a prompted decode's ``n_tokens`` are too few for ``speech_s`` of voiced speech.
+    """Whether a final's ``n_tokens`` are too few for ``speech_s`` of voiced speech.
 
-    See :data:`MIN_PROMPTED_TOKENS_PER_SPEECH_S`. The retry ladder then decodes once more
-    without the prompt (``AsrResult.fallbacks`` step ``prompt``).
+    See :data:`MIN_PROMPTED_TOKENS_PER_SPEECH_S`. Such a decode fails: with a prompt the
+    ladder first decodes once more without it (``AsrResult.fallbacks`` step ``prompt``);
+    without one (where the model hears speech) it takes the ladder's other steps.
     """
     return (
         speech_s >= CUT_SHORT_MIN_SPEECH_S

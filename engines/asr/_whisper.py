@@ -608,14 +608,16 @@ class WhisperEngine:
         cfg = self.config.policy
         cap_hit = len(best.tokens) >= job.plan.max_new_tokens
         artifact = job.frames < FULL_WINDOW_FRAMES and self._short_window_artifact(job, best.text)
-        # Cut short by the prompt: the speech goes on, the text stopped (see policy.cut_short).
+        # A final whose text stopped while the speech went on (see policy.cut_short): with a
+        # prompt, whatever the model thinks of the audio (the prompt is the likely cause);
+        # without one, only where the model hears speech (silence is never retried).
         speech_s = min(job.stats.speech_ms / 1000.0, len(job.audio) / ASR_SAMPLE_RATE_HZ)
-        cut_short = job.plan.prompt_fallback and bool(ctx)
-        cut_short = cut_short and policy.cut_short(len(best.tokens), speech_s)
+        short = job.plan.prompt_fallback and policy.cut_short(len(best.tokens), speech_s)
+        short = short and (bool(ctx) or float(res.no_speech_prob) <= cfg.no_speech_threshold)
         degenerate = (
             cap_hit
             or artifact
-            or cut_short
+            or short
             or policy.has_repetition_loop(best.tokens)
             or policy.has_repeated_block(best.tokens)
             or policy.needs_fallback(
@@ -634,6 +636,7 @@ class WhisperEngine:
                 float(res.no_speech_prob),
                 degenerate,
                 window_artifact=artifact,
+                short=short,
             )
         )
 
