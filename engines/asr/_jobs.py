@@ -223,9 +223,9 @@ def has_prompt(options: AsrOptions) -> bool:
 
 
 def without_prompt(options: AsrOptions) -> AsrOptions:
-    """``options`` with no previous text: no prompt and no hotwords in it.
+    """``options`` without previous text: neither the prompt nor the hotwords in the context.
 
-    The hotwords stay in the options for whatever else reads them; only the tokens go.
+    The ``hotwords`` field itself stays, for whatever else reads it; only the tokens go.
     """
     return replace(options, initial_prompt="", context_tokens=())
 

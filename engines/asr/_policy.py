@@ -59,13 +59,13 @@ MAX_DECODE_TOKENS = 224
 #: No cap on retry steps beyond the ladder's own length (languages, window, temperatures).
 MAX_FALLBACKS = 64
 
-#: A decode with a prompt whose text has fewer tokens than this per second of voiced speech
-#: is taken for one the prompt cut short (:func:`cut_short`). Whisper, given a turn's earlier
-#: words ending on a full stop ("Somehow or other. Pat has taught them that he's in charge
-#: here."), closed the next 3.5 s of speech after its first word: "And" (log-prob -0.91,
-#: which passes), where the same audio without the prompt gave all 13 words. The slowest of
-#: the 40 shared clips has 1.3 words per second of recording, silences included.
-MIN_PROMPTED_TOKENS_PER_SPEECH_S = 0.6
+#: A final whose text has fewer tokens than this per second of voiced speech stopped short of
+#: it (:func:`cut_short`); where it had a prompt, the prompt is the likely cause. Whisper,
+#: given a turn's earlier words ending on a full stop ("Somehow or other. Pat has taught them
+#: that he's in charge here."), closed the next 3.5 s of speech after its first word: "And"
+#: (log-prob -0.91, which passes), where the same audio without the prompt gave all 13 words.
+#: The slowest of the 40 shared clips has 1.3 words per second of recording, pauses included.
+MIN_TOKENS_PER_SPEECH_S = 0.6
 #: ...on at least this much voiced speech, s (a word or two says too little).
 CUT_SHORT_MIN_SPEECH_S = 1.5
 
@@ -266,14 +266,11 @@ def plan_decoding(
 def cut_short(n_tokens: int, speech_s: float) -> bool:
     """Whether a final's ``n_tokens`` are too few for ``speech_s`` of voiced speech.
 
-    See :data:`MIN_PROMPTED_TOKENS_PER_SPEECH_S`. Such a decode fails: with a prompt the
+    See :data:`MIN_TOKENS_PER_SPEECH_S`. Such a decode fails: with a prompt the
     ladder first decodes once more without it (``AsrResult.fallbacks`` step ``prompt``);
     without one (where the model hears speech) it takes the ladder's other steps.
     """
-    return (
-        speech_s >= CUT_SHORT_MIN_SPEECH_S
-        and n_tokens < MIN_PROMPTED_TOKENS_PER_SPEECH_S * speech_s
-    )
+    return speech_s >= CUT_SHORT_MIN_SPEECH_S and n_tokens < MIN_TOKENS_PER_SPEECH_S * speech_s
 
 
 def compression_ratio(text: str) -> float:
