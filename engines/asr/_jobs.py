@@ -123,6 +123,8 @@ class Attempt:
     #: without this a runner-up language's empty text on 2 s of speech ("zh" for "Pat has
     #: taught them that he's in charge here") outranked the English words.
     short: bool = False
+    #: Decoded with previous text (the prompt, the hotwords) in the decoder's context.
+    prompted: bool = False
 
 
 @dataclass(slots=True)
@@ -186,7 +188,7 @@ def runner_up_languages(
 def _retry_step(job: Job, cfg: WhisperConfig) -> str | None:
     """The ladder's next step for a job whose last decode failed, or None at its end.
 
-    The order: without the prompt (a final decoded with one: see :func:`has_prompt`), the
+    The order: without the prompt (a final whose last decode had one, ``Attempt.prompted``), the
     runner-up detected language, the full window, a hotter temperature (the full window first
     after a short window's own artifact, ``Attempt.window_artifact``); short speech stops after
     ``plan.max_fallbacks`` steps.
@@ -204,7 +206,7 @@ def _retry_step(job: Job, cfg: WhisperConfig) -> str | None:
     )
     if window and job.attempts and job.attempts[-1].window_artifact:
         return "window"  # the window's fault, not the language's (short speech: one retry)
-    if job.plan.prompt_fallback and has_prompt(job.options):
+    if job.plan.prompt_fallback and job.attempts and job.attempts[-1].prompted:
         return "prompt"
     if job.alt_languages:
         return "language"
@@ -213,13 +215,6 @@ def _retry_step(job: Job, cfg: WhisperConfig) -> str | None:
     if job.temp_idx + 1 < len(job.plan.temperatures):
         return "temperature"
     return None
-
-
-def has_prompt(options: AsrOptions) -> bool:
-    """Whether a decode with ``options`` has previous-text tokens (the prompt, the hotwords)."""
-    if options.context_tokens is not None:
-        return bool(options.context_tokens)
-    return bool(options.initial_prompt.strip() or options.hotwords)
 
 
 def without_prompt(options: AsrOptions) -> AsrOptions:

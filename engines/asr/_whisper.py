@@ -637,6 +637,7 @@ class WhisperEngine:
                 degenerate,
                 window_artifact=artifact,
                 short=short,
+                prompted=bool(ctx),
             )
         )
 
