@@ -566,6 +566,23 @@ class Segmenter:
             return 0
         return (self._start_frame + self._last_loud + 1) * self.config.frame_ms
 
+    def end_early(self, min_silence_ms: int) -> list[SegmenterEvent]:
+        """End the utterance in progress now, before its hangover runs out, if it may end.
+
+        Only once the voice model has heard no speech for ``min_silence_ms``: the session
+        asks when the utterance's final is already decoded (smart turns), so that the final
+        need not wait out the rest of the hangover. Speech after this is the next utterance.
+        Returns the events (SPEECH_END and the utterance), or none.
+        """
+        if (
+            self.state is not SegmenterState.STOPPING
+            or self._unvoiced_run * self.config.frame_ms < min_silence_ms
+        ):
+            return []
+        events: list[SegmenterEvent] = []
+        self._finalise(events, forced=False)
+        return events
+
     def _finalise(self, events: list[SegmenterEvent], *, forced: bool) -> None:
         utt, tail = self._build(forced=forced)
         events.append(SpeechEnd(utt.speech_end_ms, utt.index))

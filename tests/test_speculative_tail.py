@@ -9,7 +9,9 @@ the workers while the one that counted waited. A decode that holds the speech up
 reported end, or all but its last 100 ms of tail, now stands for the final; one that lacks
 more is restarted. The session on the virtual clock with the FAKE recogniser and the energy
 voice model (speech = a loud tone, the tail = a tone under its threshold, silence = zeros).
-Also: no interim starts in the silence just before the final decode (it would decode beside it).
+Also: no interim starts in the silence just before the final decode (it would decode beside it),
+and an utterance whose final is decoded ends then, once the model has heard no voice for half
+the hangover, instead of when the hangover runs out.
 
 The voice model lags a fading word end (Silero stays voiced for 100-200 ms of it): with smart
 turns the final decode also counts its silence (plus a margin) from the last *loud* frame
@@ -62,16 +64,18 @@ def run_call(
     hangover_ms: int,
     decode_after_ms: int,
     voice_dbfs: float = -40.0,
+    decode_s: float = DECODE_S,
+    mode: str = "smart",
 ) -> tuple[FakeTranscriber, list[tuple[float, OutboundEvent]]]:
     """One smart-turn call of ``pcm`` at real time (virtual); its requests and timed events."""
-    asr = FakeTranscriber(delay_s=DECODE_S)
+    asr = FakeTranscriber(delay_s=decode_s)
     cfg = CallConfig(
         ingress=IngressOptions(WireEncoding.LINEAR16, 16000),
         playback=PlaybackOptions(WireEncoding.LINEAR16, 16000),
         vad=VadConfig(end_silence_ms=hangover_ms),
         recognition=RecognitionOptions(
             turns=TurnOptions(
-                mode="smart",
+                mode=mode,
                 min_silence_ms=hangover_ms,
                 max_pause_ms=1600,
                 decode_after_ms=decode_after_ms,
@@ -224,3 +228,78 @@ def test_loud_speech_after_an_early_decode_cancels_it() -> None:
     assert len(finals[-1].audio) / 16 >= 1300 + 260 + 600
     sent = [e for _, e in out if isinstance(e, TranscriptOut) and e.is_final]
     assert len(sent) == 1 and sent[0].result.text == f"utterance {len(asr.requests) - 1}"
+
+
+#: run_call sends each 20 ms chunk at the start of its span: audio at t is in at t - 20 ms.
+AHEAD_S = 0.02
+
+
+def _timed(
+    out: list[tuple[float, OutboundEvent]],
+) -> tuple[list[tuple[float, SpeechOut]], list[float]]:
+    """The SPEECH_END events with their times, and the finals' times."""
+    ends = [(t, e) for t, e in out if isinstance(e, SpeechOut) and not e.begin]
+    finals = [t for t, e in out if isinstance(e, TranscriptOut) and e.is_final]
+    return ends, finals
+
+
+def test_an_utterance_whose_final_is_decoded_ends_before_its_hangover_runs_out() -> None:
+    """Smart turns, a 400 ms hangover: the final decode starts 80 ms after the words and is
+    done 150 ms later; the voice model has heard nothing for 200 ms (half the hangover) by
+    then, so the utterance ends there, its final at once, 170 ms before the hangover would
+    have ended it. The reported end of speech is the same as at the hangover."""
+    words_end_s = 1.3
+    pcm = silence(300) + tone(1000, -10) + silence(1500)
+    asr, out = run_call(pcm, hangover_ms=400, decode_after_ms=80)
+    ends, finals = _timed(out)
+    assert len(ends) == 1 and len(finals) == 1
+    at, end = ends[0]
+    assert 1300 <= end.offset_ms <= 1320
+    decoded_s = words_end_s - AHEAD_S + 0.080 + DECODE_S
+    # At once (the decode's end wakes the session), not at the next audio chunk.
+    assert decoded_s <= at <= decoded_s + 0.005 < words_end_s - AHEAD_S + 0.400
+    assert finals[0] - at < 0.005  # the decode was already done
+    assert len([r for r in asr.requests if r.is_final]) == 1
+
+
+def test_the_utterance_waits_for_half_the_hangover_of_the_models_silence() -> None:
+    """A decode faster than half the hangover: the utterance ends when the model has heard
+    no voice for 200 ms (of 400), not when the decode is done."""
+    pcm = silence(300) + tone(1000, -10) + silence(1500)
+    _, out = run_call(pcm, hangover_ms=400, decode_after_ms=40, decode_s=0.02)
+    ends, _ = _timed(out)
+    assert len(ends) == 1
+    assert 1.3 - AHEAD_S + 0.200 <= ends[0][0] <= 1.3 + 0.200
+
+
+def test_a_final_slower_than_the_hangover_changes_nothing() -> None:
+    """A decode that outlasts the hangover: the utterance ends on the hangover, as before."""
+    pcm = silence(300) + tone(1000, -10) + silence(1500)
+    _, out = run_call(pcm, hangover_ms=400, decode_after_ms=80, decode_s=0.6)
+    ends, finals = _timed(out)
+    assert len(ends) == 1 and 1.3 - AHEAD_S + 0.400 <= ends[0][0] <= 1.3 + 0.400
+    assert finals[0] >= 1.3 - AHEAD_S + 0.080 + 0.6
+
+
+def test_speech_after_an_early_end_is_the_next_utterance_and_nothing_is_lost() -> None:
+    """A 300 ms pause, which a 400 ms hangover would hold inside one utterance: the first
+    part's final is decoded 230 ms into it, so it ends there; the words after the pause are
+    the next utterance, with its own final; every word is in one or the other."""
+    pcm = silence(300) + tone(1000, -10) + silence(300) + tone(800, -10) + silence(1500)
+    asr, out = run_call(pcm, hangover_ms=400, decode_after_ms=80)
+    ends, finals = _timed(out)
+    assert len(ends) == 2 and len(finals) == 2
+    texts = [e.result.text for _, e in out if isinstance(e, TranscriptOut) and e.is_final]
+    assert texts == ["utterance 0", "utterance 1"]
+    first, second = (r for r in asr.requests if r.is_final)
+    assert len(first.audio) / 16 >= 1300  # the first tone, whole
+    begins = [e for _, e in out if isinstance(e, SpeechOut) and e.begin]
+    assert len(begins) == 2 and begins[1].offset_ms <= 1600  # the second tone, from its start
+
+
+def test_without_smart_turns_the_hangover_ends_the_utterance() -> None:
+    """Turn detection off: the speculative final is not used to end the utterance early."""
+    pcm = silence(300) + tone(1000, -10) + silence(1500)
+    _, out = run_call(pcm, hangover_ms=400, decode_after_ms=80, mode="off")
+    ends, _ = _timed(out)
+    assert len(ends) == 1 and 1.3 - AHEAD_S + 0.400 <= ends[0][0] <= 1.3 + 0.400

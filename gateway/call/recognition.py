@@ -99,6 +99,9 @@ class Recognition:
         emit: queues an event for the client.
         bulk: whether the call runs ahead of real time now (its finals are due later).
         log_id: the call's id in log lines.
+        final_decoded: called when a smart call's final decode finishes before its
+            utterance ends, so that the session may end the utterance then
+            (:meth:`final_ready`).
     """
 
     def __init__(
@@ -114,6 +117,7 @@ class Recognition:
         emit: Callable[[OutboundEvent], Awaitable[None]],
         bulk: Callable[[], bool],
         log_id: str,
+        final_decoded: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
         self._segmenter = segmenter
@@ -125,6 +129,7 @@ class Recognition:
         self._emit = emit
         self._bulk = bulk
         self.log_id = log_id
+        self._final_decoded = final_decoded
         #: Utterances ended and turns closed, in order, for :meth:`run`.
         self.queue: asyncio.Queue[Utterance | TurnEnd | End] = asyncio.Queue(maxsize=64)
         self._speech_end_at: dict[int, float] = {}
@@ -236,6 +241,27 @@ class Recognition:
         req = self._final_request(utt, options, index)
         task = asyncio.create_task(transcriber.transcribe(req), name=f"speculative-{index}")
         self._specs[index] = _Speculation(utt.start_ms, utt.speech_end_ms, utt.end_ms, task)
+        if smart and self._final_decoded is not None:
+            wake = self._final_decoded
+            task.add_done_callback(lambda t: None if t.cancelled() else wake())
+
+    def final_ready(self) -> bool:
+        """Smart turns: the utterance in progress has its final decoded, standing for it.
+
+        Its decode (started at ``decode_after_ms`` of silence) has finished without error
+        and still covers the utterance as it stands (no loud frame since), so the session
+        may end the utterance before the hangover runs out (``Segmenter.end_early``).
+        """
+        if self.config.recognition.turns.mode != "smart":
+            return False
+        seg = self._segmenter
+        spec = self._specs.get(seg.utterance_index)
+        if spec is None or not spec.task.done() or spec.task.cancelled():
+            return False
+        if spec.task.exception() is not None:
+            return False
+        utt = seg.preview()
+        return utt is not None and spec.covers(utt)
 
     def _final_request(self, utt: Utterance, options: AsrOptions, index: int) -> AsrRequest:
         """A final decode of utterance ``index``, speculative or not.
