@@ -566,18 +566,16 @@ class Segmenter:
             return 0
         return (self._start_frame + self._last_loud + 1) * self.config.frame_ms
 
-    def end_early(self, min_silence_ms: int) -> list[SegmenterEvent]:
-        """End the utterance in progress now, before its hangover runs out, if it may end.
+    def end_early(self) -> list[SegmenterEvent]:
+        """End the utterance in progress now, before its hangover runs out.
 
-        Only once the voice model has heard no speech for ``min_silence_ms``: the session
-        asks when the utterance's final is already decoded (smart turns), so that the final
-        need not wait out the rest of the hangover. Speech after this is the next utterance.
-        Returns the events (SPEECH_END and the utterance), or none.
+        Only while the voice model hears no speech (STOPPING); how much of that silence is
+        enough is the caller's rule. The session asks when the utterance's final is already
+        decoded (smart turns), so that the final need not wait out the rest of the hangover.
+        Speech after this is the next utterance. Returns the events (SPEECH_END and the
+        utterance), or none.
         """
-        if (
-            self.state is not SegmenterState.STOPPING
-            or self._unvoiced_run * self.config.frame_ms < min_silence_ms
-        ):
+        if self.state is not SegmenterState.STOPPING:
             return []
         events: list[SegmenterEvent] = []
         self._finalise(events, forced=False)

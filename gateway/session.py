@@ -312,9 +312,10 @@ class CallSession:
         voice model must have heard no speech for half of it, so a pause inside a word or
         between two close words does not split the utterance.
         """
-        if self._recognition.final_ready():
-            hangover = self.config.recognition.turns.min_silence_ms
-            self._handle_segments(self._segmenter.end_early(hangover // 2))
+        # The silence first: it is a counter, the readiness check builds the utterance.
+        half = self.config.recognition.turns.min_silence_ms // 2
+        if self._segmenter.trailing_silence_ms >= half and self._recognition.final_ready():
+            self._handle_segments(self._segmenter.end_early())
 
     async def _next_event(self) -> InboundEvent | None | _Shutdown | _FinalDecoded:
         """The next client event, or ``_SHUTDOWN`` once the call is being ended."""
