@@ -629,8 +629,15 @@ class FuzzRig:
         for name in ("voxgate", "grpc"):
             logging.getLogger(name).removeHandler(self._handler)
         self.call(self._finish(), timeout_s=120)
+        self.call(self.loop.shutdown_asyncgens(), timeout_s=10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
+        # A loop left unclosed is garbage with two open sockets (its self-pipe): whenever the
+        # collector finds it, the ResourceWarnings land on whatever test runs then (an e2e test
+        # of another module failed on them under -W error). A thread still running after 10 s
+        # keeps its loop, which cannot be closed while it runs.
+        if not self._thread.is_alive():
+            self.loop.close()
 
     @property
     def unchanged(self) -> bool:

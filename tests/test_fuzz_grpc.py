@@ -30,6 +30,8 @@ EXAMPLES = 20  # 320 cases; about 20 s of fuzzing on 2 cores
 def rig(speech_dir: Path) -> Iterator[FuzzRig]:
     with FuzzRig(speech_dir=speech_dir) as r:
         yield r
+    # An unclosed loop is found by the collector later, in another test, as ResourceWarnings.
+    assert r.loop.is_closed()
 
 
 @settings(
