@@ -19,13 +19,16 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from voxgate_client.testing import (
+    BOOSTABLE_NAMES,
     METRICS_ENV,
     SERVER_ENV,
     TARGET_ENV,
     LocalServer,
+    name_heard_otherwise,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
@@ -182,6 +185,31 @@ def test_pipecat_voxgate_in_pipecat(server: LocalServer) -> None:
 
 def test_livekit_plugins_voxgate_in_livekit_agents(server: LocalServer) -> None:
     passed(run_suite(".venv-livekit", "livekit-plugins-voxgate", server), 5)
+
+
+@pytest.mark.parametrize("written", [0, 1, 3])
+async def test_the_keyterm_name_is_the_first_this_machines_whisper_misspells(
+    server: LocalServer, written: int
+) -> None:
+    """``name_heard_otherwise`` (both plugins' keyterm tests) with a FAKE recogniser that
+    writes the first ``written`` names as spelled: the next name is taken, with the audio the
+    recogniser was given; when every name is written, the test is told what was heard."""
+    given: list[np.ndarray] = []
+
+    async def hear(speech: np.ndarray) -> str:
+        given.append(speech)
+        name = BOOSTABLE_NAMES[len(given) - 1]
+        return f"Please call {name} support after 6." if len(given) <= written else "Zor Black"
+
+    if written == len(BOOSTABLE_NAMES):
+        with pytest.raises(AssertionError, match="every name was heard without a boost"):
+            await name_heard_otherwise(server.target, 16000, hear)
+        assert len(given) == written
+        return
+    name, speech = await name_heard_otherwise(server.target, 16000, hear)
+    assert name == BOOSTABLE_NAMES[written] and len(given) == written + 1
+    assert speech is given[-1] and len(speech) > 2 * 16000  # a second of silence each side
+    assert not speech[:16000].any() and speech[16000:-16000].any()
 
 
 def test_framework_latency_benchmark_runs_in_its_tiny_mode(server: LocalServer) -> None:

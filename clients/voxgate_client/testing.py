@@ -1,7 +1,8 @@
 """A real voxgate server in a child process, for tests and benchmarks of code built on the client.
 
 Also :class:`FlakyNetwork`, a TCP relay in front of one, whose connections a test can refuse or
-cut, to see a client recover from a lost connection against the real server behind it.
+cut, to see a client recover from a lost connection against the real server behind it, and
+:func:`name_heard_otherwise`, for a test that a keyterm boost makes a name heard.
 
 The client distribution cannot import the server (and, beside Pipecat, cannot even share its
 protobuf), so tests of adapters start the server's own ``voxgate serve`` from the server's
@@ -16,24 +17,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
 import tempfile
 import threading
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
+import numpy as np
+
+from voxgate_client._audio import Int16Array
+from voxgate_client._client import VoxgateClient
+
 __all__ = [
+    "BOOSTABLE_NAMES",
     "METRICS_ENV",
     "SERVER_ENV",
     "TARGET_ENV",
     "FlakyNetwork",
     "LocalServer",
     "ServerStartError",
+    "name_heard_otherwise",
     "server_command",
 ]
 
@@ -43,6 +52,10 @@ TARGET_ENV = "VOXGATE_TEST_TARGET"
 SERVER_ENV = "VOXGATE_TEST_SERVER"
 #: ``host:port`` of the running server's Prometheus endpoint (with ``VOXGATE_TEST_TARGET``).
 METRICS_ENV = "VOXGATE_TEST_METRICS"
+#: Names the server's own voice says that Whisper may spell otherwise unless boosted, most
+#: natural first. Which of them it misspells is the machine's numerics: "voxgate" came out as
+#: two words ("Vox Gate") on one machine and as one on another; "Zorblax" as "Zor Black".
+BOOSTABLE_NAMES = ("voxgate", "Zorblax", "Quindlex")
 
 
 def _free_port() -> int:
@@ -276,3 +289,35 @@ class FlakyNetwork:
             self._writers.discard(dst)
             with contextlib.suppress(Exception):
                 dst.close()
+
+
+def _words(text: str) -> list[str]:
+    return re.sub(r"[^a-z ]", "", text.lower()).split()
+
+
+async def name_heard_otherwise(
+    target: str, rate: int, hear: Callable[[Int16Array], Awaitable[str]]
+) -> tuple[str, Int16Array]:
+    """The first of :data:`BOOSTABLE_NAMES` not heard as written without a boost, and its audio.
+
+    A keyterm test must show that the boost is what makes a name heard, and whether a name is
+    heard unboosted differs between machines; so the test asks here which name this machine
+    misspells, then boosts it. Each name is spoken by the server's voice at ``target`` in
+    "Please call <name> support after six." at ``rate``, with a second of silence on each
+    side; ``hear`` returns what the recogniser under test made of that audio, unboosted.
+
+    Raises:
+        AssertionError: every name was heard as written (the texts heard are in it).
+    """
+    heard: list[str] = []
+    pad = np.zeros(rate, np.int16)
+    for name in BOOSTABLE_NAMES:
+        async with VoxgateClient(target) as client:
+            greeting = f"Please call {name} support after six."
+            chunks = [c.data async for c in client.synthesize(greeting, sample_rate_hz=rate)]
+        speech = np.concatenate([pad, np.frombuffer(b"".join(chunks), np.int16), pad])
+        text = await hear(speech)
+        if name.lower() not in _words(text):
+            return name, speech
+        heard.append(text)
+    raise AssertionError(f"every name was heard without a boost: {heard}")

@@ -29,7 +29,7 @@ from livekit.agents.voice.keyterm_detection import KeytermDetector
 from livekit.plugins import voxgate
 
 from voxgate_client import VoxgateClient
-from voxgate_client.testing import LocalServer
+from voxgate_client.testing import LocalServer, name_heard_otherwise
 
 WAIT_S = 120.0  # a bound on waiting for an event, never a speed requirement
 NO_RETRY = APIConnectOptions(max_retry=0, timeout=30.0)
@@ -537,29 +537,6 @@ async def test_turn_detection_ends_speech_on_the_end_of_turn_not_each_final(
 
 # -- keyterms, options, voices --------------------------------------------------------------------
 
-#: Names the server's voice says that Whisper spells otherwise unboosted, most natural first.
-#: Which ones it misspells is the machine's: "voxgate" came out as two words ("Vox Gate") on one
-#: and as one on another, as small numeric differences tipped the decode. The test uses the
-#: first this machine's Whisper does not hear as written ("Zorblax" came out "Zor Black").
-KEYTERMS = ("voxgate", "Zorblax", "Quindlex")
-
-
-async def unheard_name(target: str, rate: int) -> tuple[str, np.ndarray]:
-    """The first of :data:`KEYTERMS` that is not heard unboosted, and its greeting's audio
-    (the server's own voice, a second of silence on each side)."""
-    heard: list[str] = []
-    for name in KEYTERMS:
-        async with VoxgateClient(target) as client:
-            greeting = f"Please call {name} support after six."
-            chunks = [c.data async for c in client.synthesize(greeting, sample_rate_hz=rate)]
-        pad = np.zeros(rate, np.int16)
-        speech = np.concatenate([pad, np.frombuffer(b"".join(chunks), np.int16), pad])
-        without = plain(" ".join(f.text for f in await hear(target, speech, rate)))
-        if plain(name) not in without.split():
-            return name, speech
-        heard.append(without)
-    pytest.fail(f"every name was heard without a boost: {heard}")
-
 
 async def test_session_keyterms_reach_a_running_stream_and_are_recognised(
     server: LocalServer,
@@ -569,7 +546,11 @@ async def test_session_keyterms_reach_a_running_stream_and_are_recognised(
     while a stream runs: the stream moves to a gRPC stream that boosts it, and the
     name is heard, on the same audio clock."""
     rate = 16000
-    name, speech = await unheard_name(server.target, rate)
+
+    async def unboosted(speech: np.ndarray) -> str:
+        return " ".join(f.text for f in await hear(server.target, speech, rate))
+
+    name, speech = await name_heard_otherwise(server.target, rate, unboosted)
     engine = voxgate.STT(target=server.target, language="en", hotwords=["support"])
     assert engine.capabilities.keyterms
     detector = KeytermDetector()

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 import soxr
 from conftest import IDLE_TIMEOUT_S, audio_frames
 from pipecat.frames.frames import (
@@ -55,7 +54,7 @@ from pipecat_voxgate import (
 )
 
 from voxgate_client import EndOfTurn, Transcript, VoxgateClient
-from voxgate_client.testing import FlakyNetwork, LocalServer
+from voxgate_client.testing import FlakyNetwork, LocalServer, name_heard_otherwise
 
 START_TIMEOUT_S = 60.0
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "answer_a_recording.py"
@@ -600,35 +599,16 @@ async def test_turn_detection_proposes_the_turns_stop_on_the_servers_end_of_turn
 
 # -- keyterms and voices -------------------------------------------------------------------------
 
-#: Names the server's voice says that Whisper spells otherwise unboosted, most natural first.
-#: Which ones it misspells is the machine's: "voxgate" came out as two words ("Vox Gate") on one
-#: and as one on another, as small numeric differences tipped the decode. The test uses the
-#: first this machine's Whisper does not hear as written ("Zorblax" came out "Zor Black").
-KEYTERMS = ("voxgate", "Zorblax", "Quindlex")
-
-
-async def unheard_name(target: str, rate: int) -> tuple[str, np.ndarray]:
-    """The first of :data:`KEYTERMS` that is not heard unboosted, and its greeting's audio
-    (the server's own voice, a second of silence on each side)."""
-    heard: list[str] = []
-    for name in KEYTERMS:
-        async with VoxgateClient(target) as client:
-            greeting = f"Please call {name} support after six."
-            chunks = [c.data async for c in client.synthesize(greeting, sample_rate_hz=rate)]
-        pad = np.zeros(rate, np.int16)
-        speech = np.concatenate([pad, np.frombuffer(b"".join(chunks), np.int16), pad])
-        without = plain(" ".join(t.text for t in await hear(target, speech, rate)))
-        if plain(name) not in without.split():
-            return name, speech
-        heard.append(without)
-    pytest.fail(f"every name was heard without a boost: {heard}")
-
 
 async def test_keyterms_are_sent_as_boosted_hotwords_and_recognised(server: LocalServer) -> None:
     """A name Whisper spells otherwise, spoken by the server's own voice: heard only when it
     is a keyterm (the server boosts ``term^6`` in its decode loop)."""
     rate = 16000
-    name, speech = await unheard_name(server.target, rate)
+
+    async def unboosted(speech: np.ndarray) -> str:
+        return " ".join(t.text for t in await hear(server.target, speech, rate))
+
+    name, speech = await name_heard_otherwise(server.target, rate, unboosted)
     stt_settings = VoxgateSTTSettings(keyterms=[name], hotwords=["support"])
     stt = VoxgateSTTService(
         target=server.target, audio_passthrough=False, sample_rate=rate, settings=stt_settings
