@@ -311,13 +311,13 @@ async def name_heard_otherwise(
     """
     heard: list[str] = []
     pad = np.zeros(rate, np.int16)
-    for name in BOOSTABLE_NAMES:
-        async with VoxgateClient(target) as client:
+    async with VoxgateClient(target) as client:
+        for name in BOOSTABLE_NAMES:
             greeting = f"Please call {name} support after six."
             chunks = [c.data async for c in client.synthesize(greeting, sample_rate_hz=rate)]
-        speech = np.concatenate([pad, np.frombuffer(b"".join(chunks), np.int16), pad])
-        text = await hear(speech)
-        if name.lower() not in _words(text):
-            return name, speech
-        heard.append(text)
+            speech = np.concatenate([pad, np.frombuffer(b"".join(chunks), np.int16), pad])
+            text = await hear(speech)
+            if name.lower() not in _words(text):
+                return name, speech
+            heard.append(text)
     raise AssertionError(f"every name was heard without a boost: {heard}")
