@@ -7,9 +7,10 @@ detection variant:
 * ``hangover600``: today's endpointing as turns (``silence``: every utterance a turn, 600 ms);
 * ``words``: ``smart`` with silence and the words so far;
 * ``audio``: ``smart`` with silence and the audio end-of-turn model, not the words
-  (``session.turns.words`` false; only with ``--smart-turn-model``);
-* ``combined``: ``smart`` with silence, the words and the audio model (the server's default
-  with a model; only with ``--smart-turn-model``).
+  (``session.turns.words`` false; only with a model);
+* ``combined``: ``smart`` with silence, the words and the audio model: the default server's
+  smart turns where the ``turn`` extra is installed (``--smart-turn-model auto``, the default;
+  a .onnx, a pipecat-ai wheel or ``pipecat`` names another copy).
 
 Two sets: the shared real clips (each one sentence or a few, one turn), and a pause set built
 from them: each clip with one pause of 0.3-1.5 s spliced into its quietest mid-sentence gap
@@ -314,6 +315,7 @@ def summarise(outcomes: list[Outcome]) -> dict[str, Any]:
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     """Every variant x set x callers, one server per variant (the audio model is a server's)."""
+    from voxgate.engines.turn import smart_turn_spec  # noqa: PLC0415
     from voxgate.gateway.config import load_config  # noqa: PLC0415
     from voxgate.gateway.runtime import build_hub  # noqa: PLC0415
     from voxgate.gateway.testing.server import running_server  # noqa: PLC0415
@@ -325,7 +327,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     if args.sets:
         sets = {k: v for k, v in sets.items() if k in args.sets}
     variants = ["hangover600", "words"]
-    if args.smart_turn_model:
+    if smart_turn_spec(args.smart_turn_model):
         variants += ["audio", "combined"]
     if args.variants:
         variants = [v for v in variants if v in args.variants]
@@ -333,7 +335,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     windows: list[tuple[float, ...] | None] = args.encoder_buckets or [None]
     runs = [(v, b) for v in variants for b in windows]
     for variant, buckets in runs:
-        turns: dict[str, Any] = {}
+        # Only the audio variants load a model: the others are measured without one, so the
+        # words are what decides ``words``'s turns whatever the install.
+        turns: dict[str, Any] = {"smart_turn_model": ""}
         if variant in ("audio", "combined"):
             turns["smart_turn_model"] = args.smart_turn_model
         if variant == "audio":
@@ -377,10 +381,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--smart-turn-model",
-        default="",
-        help="also run the audio model variants (alone, and combined with the words) with this "
-        "Smart Turn v3 model "
-        "(session.turns.smart_turn_model: a .onnx, a pipecat-ai wheel, or 'pipecat')",
+        default="auto",
+        help="the Smart Turn v3 model of the audio variants (alone, and combined with the "
+        "words): session.turns.smart_turn_model, 'auto' (the default: the turn extra's copy, "
+        "if installed), a .onnx, a pipecat-ai wheel, 'pipecat', or '' (no audio variants)",
     )
     parser.add_argument(
         "--variants",

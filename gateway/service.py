@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 
 from voxgate.common.pcm import WireEncoding
-from voxgate.engines.turn import SmartTurn
+from voxgate.engines.turn import SmartTurn, smart_turn_spec
 from voxgate.engines.vad import SileroVad
 from voxgate.gateway import wire
 from voxgate.gateway.admission import AdmissionPolicy, LoadSnapshot, Refusal, StreamKind
@@ -182,13 +182,25 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
                 raise ConfigError(f"vad.model=silero: {exc}") from None
         #: The audio end-of-turn model ``smart`` calls use (session.turns.smart_turn_model).
         self.turn_model: SmartTurn | None = None
-        spec = config.session.turns.smart_turn_model
+        # "auto" on a server without a recogniser loads nothing: its calls have no turns.
+        auto = config.session.turns.smart_turn_model == "auto"
+        spec = (
+            ""
+            if auto and transcriber is None
+            else smart_turn_spec(config.session.turns.smart_turn_model)
+        )
         if spec:
             try:
                 self.turn_model = SmartTurn.load(spec)
                 self.turn_model.warmup()
             except (FileNotFoundError, OSError, ValueError) as exc:
                 raise ConfigError(f"session.turns.smart_turn_model: {exc}") from None
+            log.info("audio end-of-turn model: %s", self.turn_model.name)
+        elif auto and transcriber is not None:
+            log.info(
+                "no audio end-of-turn model (pip install 'voxgate[turn]' brings Smart Turn): "
+                "smart turns read silence and the words"
+            )
 
     # -- RPCs --------------------------------------------------------------------------------------
 

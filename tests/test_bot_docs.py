@@ -3,7 +3,7 @@ installation only.
 
 Each bot runs as its own process with this environment's python and nothing on ``PYTHONPATH``,
 from a directory outside the repository, so ``import voxgate_client`` is served by the
-installation alone (``pip install -e '.[piper,viz]'``): it used to fail there, where only
+installation alone (``pip install -e '.[piper,viz,turn]'``): it used to fail there, where only
 ``clients.voxgate_client`` imported. The caller is ``voxgate call --bot grpc://...``, a door on
 the bot contract as the SIP bridge and the media-stream adapter are, and the example's own
 ``converse`` mode.

@@ -67,7 +67,7 @@ NOT_RUN: dict[str, str] = {
     # Creating a venv here would shadow the installed one the demo step must use.
     "python3 -m venv .venv": "venv",
     # Needs the package index (no network in CI's test step); .ci/run installs the same extras.
-    ".venv/bin/pip install -e '.[piper,viz]'": "extras",
+    ".venv/bin/pip install -e '.[piper,viz,turn]'": "extras",
     # The test command itself: it runs this file.
     "bash .ci/run": "ci",
 }

@@ -1,11 +1,11 @@
 """ListModels and a call's effective config say which turn detection the server runs.
 
-Real in-process servers: the default configuration with the bundled models (a recogniser, no
-audio end-of-turn model), a VAD-only one (no recogniser: no turn detection, refused when asked
-for), and one with a FAKE recogniser whose ``session.turns.smart_turn_model`` is a tiny ONNX
-classifier this test builds with Smart Turn's input and output shape (the real file ships in the
-pipecat-ai wheel, which the test environment does not have): what is reported is its file name,
-never a claim about its output.
+Real in-process servers: the default configuration with the bundled models (a recogniser, and
+Smart Turn v3.2 from the ``turn`` extra's pipecat-ai, which CI installs), the same where that
+extra is missing (no audio model; it still starts), a VAD-only one (no recogniser: no turn
+detection, refused when asked for, no model loaded), and one with a FAKE recogniser whose
+``session.turns.smart_turn_model`` is a tiny ONNX classifier this test builds with Smart Turn's
+input and output shape: what is reported is its file name, never a claim about its output.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from voxgate.engines.turn import SMART_TURN_FILE, _smart_turn, smart_turn_source, smart_turn_spec
 from voxgate.gateway.config import load_config
 from voxgate.gateway.runtime import build_hub
 from voxgate.gateway.testing.batched import FakeBatchedAsrHub, fake_result
@@ -48,7 +49,8 @@ def tiny_turn_model(path: Path) -> Path:
     return path
 
 
-async def test_the_default_server_offers_silence_and_smart_turns_without_an_audio_model() -> None:
+async def _default_server_turns() -> tuple[Any, Any]:
+    """ListModels' turn detection and a smart call's SessionStarted on the default server."""
     cfg = load_config(None, {"server": {"host": "127.0.0.1", "port": 0, "grace_s": 1.0}})
     async with (
         running_server(hub=build_hub(cfg), config=cfg) as srv,
@@ -61,16 +63,52 @@ async def test_the_default_server_offers_silence_and_smart_turns_without_an_audi
             await call.hangup()
             async for _ in call:
                 pass
+    return info, session
+
+
+async def test_the_default_server_offers_smart_turns_with_the_turn_extras_audio_model() -> None:
+    assert smart_turn_spec("auto") == "pipecat", (
+        "pipecat-ai is not installed: pip install -e '.[turn]' (CI's .ci/run does)"
+    )
+    info, session = await _default_server_turns()
     assert list(info.modes) == [pb.TURN_DETECTION_SILENCE, pb.TURN_DETECTION_SMART]
     assert info.default_mode == pb.TURN_DETECTION_OFF
+    assert info.audio_model == SMART_TURN_FILE
+    assert session is not None and session.turn_detection == "smart"
+    assert session.turn_model == SMART_TURN_FILE
+
+
+async def test_without_the_turn_extra_the_default_server_starts_without_an_audio_model(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(_smart_turn, "_installed_member", lambda: None)
+    with caplog.at_level("INFO", logger="voxgate.service"):
+        info, session = await _default_server_turns()
+    assert list(info.modes) == [pb.TURN_DETECTION_SILENCE, pb.TURN_DETECTION_SMART]
     assert info.audio_model == ""
     assert session is not None and session.turn_detection == "smart"
     assert session.turn_model == ""
+    assert "voxgate[turn]" in caplog.text
+
+
+def test_a_named_pipecat_copy_that_is_missing_says_how_to_get_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def missing(name: str) -> None:
+        raise _smart_turn.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(_smart_turn.metadata, "distribution", missing)
+    assert smart_turn_spec("auto") == ""
+    assert smart_turn_spec("pipecat") == "pipecat"
+    with pytest.raises(FileNotFoundError, match=r"voxgate\[turn\]"):
+        smart_turn_source("pipecat")
 
 
 async def test_a_server_without_a_recogniser_offers_no_turn_detection() -> None:
     async with running_server() as srv, VoxgateClient(srv.target) as client:
         info = await client.turn_detection()
+        assert srv.servicer is not None
+        assert srv.servicer.turn_model is None  # "auto" loads nothing no call could use
     assert list(info.modes) == []
     assert info.audio_model == ""
 

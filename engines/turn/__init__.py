@@ -5,6 +5,13 @@ from voxgate.engines.turn._smart_turn import (
     SMART_TURN_SECONDS,
     SmartTurn,
     smart_turn_source,
+    smart_turn_spec,
 )
 
-__all__ = ["SMART_TURN_FILE", "SMART_TURN_SECONDS", "SmartTurn", "smart_turn_source"]
+__all__ = [
+    "SMART_TURN_FILE",
+    "SMART_TURN_SECONDS",
+    "SmartTurn",
+    "smart_turn_source",
+    "smart_turn_spec",
+]

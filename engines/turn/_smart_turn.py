@@ -7,10 +7,12 @@ zeros in front) and answers one probability that the speech so far completes a t
 machine (benchmarks/turn_taking.py runs it once per utterance end).
 
 Where the file comes from: it ships inside the ``pipecat-ai`` wheel on PyPI
-(``pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx``). pipecat-ai requires
-protobuf < 7 and the server's stubs protobuf >= 7.35, so it cannot be installed beside the
-server; the file is therefore read, never imported, from one of:
+(``pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx``), which the ``turn`` extra
+installs (the server's stubs are protobuf 5.29 gencode, so they load on pipecat-ai's protobuf
+< 7). The file is read, never imported, from one of:
 
+* ``auto`` (the default): the installed ``pipecat-ai``'s copy where there is one, else no
+  model (:func:`smart_turn_spec`);
 * a path to the ``.onnx`` file;
 * a path to a ``pipecat_ai-*.whl`` (``pip download pipecat-ai --no-deps``): the member is read
   out of the zip in memory, nothing is unpacked;
@@ -35,7 +37,13 @@ import numpy.typing as npt
 import onnxruntime as ort
 from faster_whisper.feature_extractor import FeatureExtractor
 
-__all__ = ["SMART_TURN_FILE", "SMART_TURN_SECONDS", "SmartTurn", "smart_turn_source"]
+__all__ = [
+    "SMART_TURN_FILE",
+    "SMART_TURN_SECONDS",
+    "SmartTurn",
+    "smart_turn_source",
+    "smart_turn_spec",
+]
 
 #: The model file's name inside the pipecat-ai wheel.
 SMART_TURN_FILE = "smart-turn-v3.2-cpu.onnx"
@@ -44,6 +52,29 @@ _MEMBER = f"pipecat/audio/turn/smart_turn/data/{SMART_TURN_FILE}"
 SMART_TURN_SECONDS = 8
 _RATE_HZ = 16_000
 _FRAMES = SMART_TURN_SECONDS * 100
+
+
+def _installed_member() -> Path | None:
+    """The installed pipecat-ai's model file, found through its metadata, or None."""
+    try:
+        dist = metadata.distribution("pipecat-ai")
+    except metadata.PackageNotFoundError:
+        return None
+    path = Path(str(dist.locate_file(_MEMBER)))
+    return path if path.is_file() else None
+
+
+def smart_turn_spec(spec: str) -> str:
+    """What ``auto`` means here: ``pipecat`` where pipecat-ai's copy is installed, else ``""``.
+
+    ``auto`` is the default so that a server installed with the ``turn`` extra consults the
+    audio model without configuration, and one installed without it still starts (silence and
+    the words decide its turns; ListModels says no audio model). Any other spec is returned
+    as given: a configured path or ``pipecat`` that is missing stops start-up instead.
+    """
+    if spec != "auto":
+        return spec
+    return "pipecat" if _installed_member() is not None else ""
 
 
 def smart_turn_source(spec: str) -> bytes:
@@ -55,17 +86,18 @@ def smart_turn_source(spec: str) -> bytes:
     """
     if spec == "pipecat":
         try:
-            dist = metadata.distribution("pipecat-ai")
+            metadata.distribution("pipecat-ai")
         except metadata.PackageNotFoundError:
             raise FileNotFoundError(
                 "session.turns.smart_turn_model=pipecat, but pipecat-ai is not installed in "
-                "this environment; give the path of its wheel (pip download pipecat-ai "
-                "--no-deps) or of the .onnx file instead"
+                "this environment: install voxgate's turn extra (pip install 'voxgate[turn]'), "
+                "or give the path of its wheel (pip download pipecat-ai==1.14.0 --no-deps) or "
+                "of the .onnx file instead"
             ) from None
-        path = Path(str(dist.locate_file(_MEMBER)))
-        if not path.is_file():
+        member = _installed_member()
+        if member is None:
             raise FileNotFoundError(f"the installed pipecat-ai has no {_MEMBER}")
-        return path.read_bytes()
+        return member.read_bytes()
     path = Path(spec)
     if not path.is_file():
         raise FileNotFoundError(f"Smart Turn model not found: {spec}")

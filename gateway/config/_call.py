@@ -310,11 +310,12 @@ class TurnsConfig(_Frozen):
         "'audio' variant measures the model so).",
     )
     smart_turn_model: str = Field(
-        "",
-        description="The audio end-of-turn model (Smart Turn v3 ONNX, BSD-2-Clause): a path to "
-        "the .onnx file or to the pipecat-ai wheel that ships it, 'pipecat' for the installed "
-        "pipecat-ai distribution's copy (read, never imported), or '' for none (silence and "
-        "words only).",
+        "auto",
+        description="The audio end-of-turn model (Smart Turn v3 ONNX, BSD-2-Clause): 'auto' "
+        "for the installed pipecat-ai's copy where the turn extra brought it (pip install "
+        "'voxgate[turn]'), else none; 'pipecat' for that copy or a start-up error; a path to "
+        "the .onnx file or to the pipecat-ai wheel that ships it (read, never imported); or '' "
+        "for none (silence and words only).",
     )
 
     @model_validator(mode="after")

@@ -2,8 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -105,7 +104,7 @@ class SessionConfig(_message.Message):
     barge_in: BargeInConfig
     call_id: str
     turn_detection: TurnDetectionOptions
-    def __init__(self, input_audio: _Optional[_Union[AudioFormat, _Mapping]] = ..., output_audio: _Optional[_Union[AudioFormat, _Mapping]] = ..., vad: _Optional[_Union[VadConfig, _Mapping]] = ..., interim_results: _Optional[bool] = ..., interim_interval_ms: _Optional[int] = ..., language: _Optional[str] = ..., model: _Optional[str] = ..., decoding: _Optional[_Union[DecodingOptions, _Mapping]] = ..., voice: _Optional[str] = ..., barge_in: _Optional[_Union[BargeInConfig, _Mapping]] = ..., call_id: _Optional[str] = ..., turn_detection: _Optional[_Union[TurnDetectionOptions, _Mapping]] = ...) -> None: ...
+    def __init__(self, input_audio: _Optional[_Union[AudioFormat, _Mapping]] = ..., output_audio: _Optional[_Union[AudioFormat, _Mapping]] = ..., vad: _Optional[_Union[VadConfig, _Mapping]] = ..., interim_results: bool = ..., interim_interval_ms: _Optional[int] = ..., language: _Optional[str] = ..., model: _Optional[str] = ..., decoding: _Optional[_Union[DecodingOptions, _Mapping]] = ..., voice: _Optional[str] = ..., barge_in: _Optional[_Union[BargeInConfig, _Mapping]] = ..., call_id: _Optional[str] = ..., turn_detection: _Optional[_Union[TurnDetectionOptions, _Mapping]] = ...) -> None: ...
 
 class TurnDetectionOptions(_message.Message):
     __slots__ = ("mode", "eagerness", "end_silence_ms", "max_pause_ms", "audio_model")
@@ -155,7 +154,7 @@ class BargeInConfig(_message.Message):
     backchannels: _containers.RepeatedScalarFieldContainer[str]
     echo_guard_disabled: bool
     echo_handling: EchoHandling
-    def __init__(self, disabled: _Optional[bool] = ..., min_speech_ms: _Optional[int] = ..., policy: _Optional[_Union[BargeIn, str]] = ..., min_words: _Optional[int] = ..., backchannels: _Optional[_Iterable[str]] = ..., echo_guard_disabled: _Optional[bool] = ..., echo_handling: _Optional[_Union[EchoHandling, str]] = ...) -> None: ...
+    def __init__(self, disabled: bool = ..., min_speech_ms: _Optional[int] = ..., policy: _Optional[_Union[BargeIn, str]] = ..., min_words: _Optional[int] = ..., backchannels: _Optional[_Iterable[str]] = ..., echo_guard_disabled: bool = ..., echo_handling: _Optional[_Union[EchoHandling, str]] = ...) -> None: ...
 
 class DecodingOptions(_message.Message):
     __slots__ = ("beam_size", "mbr_candidates", "max_alternatives", "word_timestamps", "initial_prompt", "hotwords", "translate", "disable_silence_policy", "boosted_phrases")
@@ -177,7 +176,7 @@ class DecodingOptions(_message.Message):
     translate: bool
     disable_silence_policy: bool
     boosted_phrases: _containers.RepeatedCompositeFieldContainer[PhraseBoost]
-    def __init__(self, beam_size: _Optional[int] = ..., mbr_candidates: _Optional[int] = ..., max_alternatives: _Optional[int] = ..., word_timestamps: _Optional[bool] = ..., initial_prompt: _Optional[str] = ..., hotwords: _Optional[_Iterable[str]] = ..., translate: _Optional[bool] = ..., disable_silence_policy: _Optional[bool] = ..., boosted_phrases: _Optional[_Iterable[_Union[PhraseBoost, _Mapping]]] = ...) -> None: ...
+    def __init__(self, beam_size: _Optional[int] = ..., mbr_candidates: _Optional[int] = ..., max_alternatives: _Optional[int] = ..., word_timestamps: bool = ..., initial_prompt: _Optional[str] = ..., hotwords: _Optional[_Iterable[str]] = ..., translate: bool = ..., disable_silence_policy: bool = ..., boosted_phrases: _Optional[_Iterable[_Union[PhraseBoost, _Mapping]]] = ...) -> None: ...
 
 class PhraseBoost(_message.Message):
     __slots__ = ("phrase", "boost")
@@ -211,7 +210,7 @@ class Speak(_message.Message):
     uninterruptible: bool
     barge_in: BargeIn
     barge_in_min_words: int
-    def __init__(self, text: _Optional[str] = ..., speak_id: _Optional[str] = ..., voice: _Optional[str] = ..., rate: _Optional[float] = ..., speaker_id: _Optional[int] = ..., uninterruptible: _Optional[bool] = ..., barge_in: _Optional[_Union[BargeIn, str]] = ..., barge_in_min_words: _Optional[int] = ...) -> None: ...
+    def __init__(self, text: _Optional[str] = ..., speak_id: _Optional[str] = ..., voice: _Optional[str] = ..., rate: _Optional[float] = ..., speaker_id: _Optional[int] = ..., uninterruptible: bool = ..., barge_in: _Optional[_Union[BargeIn, str]] = ..., barge_in_min_words: _Optional[int] = ...) -> None: ...
 
 class Clear(_message.Message):
     __slots__ = ()
@@ -343,7 +342,7 @@ class Transcript(_message.Message):
     utterance_index: int
     latency_ms: int
     turn_index: int
-    def __init__(self, text: _Optional[str] = ..., is_final: _Optional[bool] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., words: _Optional[_Iterable[_Union[Word, _Mapping]]] = ..., confidence: _Optional[float] = ..., no_speech_probability: _Optional[float] = ..., alternatives: _Optional[_Iterable[_Union[Alternative, _Mapping]]] = ..., language: _Optional[str] = ..., utterance_index: _Optional[int] = ..., latency_ms: _Optional[int] = ..., turn_index: _Optional[int] = ...) -> None: ...
+    def __init__(self, text: _Optional[str] = ..., is_final: bool = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., words: _Optional[_Iterable[_Union[Word, _Mapping]]] = ..., confidence: _Optional[float] = ..., no_speech_probability: _Optional[float] = ..., alternatives: _Optional[_Iterable[_Union[Alternative, _Mapping]]] = ..., language: _Optional[str] = ..., utterance_index: _Optional[int] = ..., latency_ms: _Optional[int] = ..., turn_index: _Optional[int] = ...) -> None: ...
 
 class EndOfTurn(_message.Message):
     __slots__ = ("turn_index", "probability", "offset_ms", "text", "first_utterance_index", "last_utterance_index", "reason", "silence_ms", "latency_ms")
@@ -379,7 +378,7 @@ class AudioOut(_message.Message):
     speak_id: str
     offset_ms: int
     is_last: bool
-    def __init__(self, data: _Optional[bytes] = ..., sequence_number: _Optional[int] = ..., speak_id: _Optional[str] = ..., offset_ms: _Optional[int] = ..., is_last: _Optional[bool] = ...) -> None: ...
+    def __init__(self, data: _Optional[bytes] = ..., sequence_number: _Optional[int] = ..., speak_id: _Optional[str] = ..., offset_ms: _Optional[int] = ..., is_last: bool = ...) -> None: ...
 
 class MarkReached(_message.Message):
     __slots__ = ("name",)
@@ -457,7 +456,7 @@ class SynthesizeResponse(_message.Message):
     offset_ms: int
     is_last: bool
     words: _containers.RepeatedCompositeFieldContainer[Word]
-    def __init__(self, data: _Optional[bytes] = ..., sequence_number: _Optional[int] = ..., offset_ms: _Optional[int] = ..., is_last: _Optional[bool] = ..., words: _Optional[_Iterable[_Union[Word, _Mapping]]] = ...) -> None: ...
+    def __init__(self, data: _Optional[bytes] = ..., sequence_number: _Optional[int] = ..., offset_ms: _Optional[int] = ..., is_last: bool = ..., words: _Optional[_Iterable[_Union[Word, _Mapping]]] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()
@@ -479,7 +478,7 @@ class ModelInfo(_message.Message):
     compute_type: str
     is_default: bool
     loaded: bool
-    def __init__(self, name: _Optional[str] = ..., family: _Optional[str] = ..., languages: _Optional[_Iterable[str]] = ..., device: _Optional[str] = ..., compute_type: _Optional[str] = ..., is_default: _Optional[bool] = ..., loaded: _Optional[bool] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., family: _Optional[str] = ..., languages: _Optional[_Iterable[str]] = ..., device: _Optional[str] = ..., compute_type: _Optional[str] = ..., is_default: bool = ..., loaded: bool = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models", "turn_detection")
@@ -517,7 +516,7 @@ class VoiceInfo(_message.Message):
     num_speakers: int
     is_default: bool
     license_note: str
-    def __init__(self, name: _Optional[str] = ..., language: _Optional[str] = ..., sample_rate_hertz: _Optional[int] = ..., num_speakers: _Optional[int] = ..., is_default: _Optional[bool] = ..., license_note: _Optional[str] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., language: _Optional[str] = ..., sample_rate_hertz: _Optional[int] = ..., num_speakers: _Optional[int] = ..., is_default: bool = ..., license_note: _Optional[str] = ...) -> None: ...
 
 class ListVoicesResponse(_message.Message):
     __slots__ = ("voices",)
@@ -556,7 +555,7 @@ class CallInfo(_message.Message):
     channel: str
     headers: _containers.ScalarMap[str, str]
     transfer_supported: bool
-    def __init__(self, call_id: _Optional[str] = ..., from_uri: _Optional[str] = ..., to_uri: _Optional[str] = ..., channel: _Optional[str] = ..., headers: _Optional[_Mapping[str, str]] = ..., transfer_supported: _Optional[bool] = ...) -> None: ...
+    def __init__(self, call_id: _Optional[str] = ..., from_uri: _Optional[str] = ..., to_uri: _Optional[str] = ..., channel: _Optional[str] = ..., headers: _Optional[_Mapping[str, str]] = ..., transfer_supported: bool = ...) -> None: ...
 
 class BotAction(_message.Message):
     __slots__ = ("request", "transfer", "answer")

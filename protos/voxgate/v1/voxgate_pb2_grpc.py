@@ -5,7 +5,7 @@ import warnings
 
 from voxgate.v1 import voxgate_pb2 as voxgate_dot_v1_dot_voxgate__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.71.2'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in voxgate/v1/voxgate_pb2_grpc.py depends on'
+        + f' but the generated code in voxgate/v1/voxgate_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class VoiceGatewayStub:
+class VoiceGatewayStub(object):
     """One service for everything a voice bot needs on a call.
     """
 
@@ -62,7 +62,7 @@ class VoiceGatewayStub:
                 _registered_method=True)
 
 
-class VoiceGatewayServicer:
+class VoiceGatewayServicer(object):
     """One service for everything a voice bot needs on a call.
     """
 
@@ -139,7 +139,7 @@ def add_VoiceGatewayServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class VoiceGateway:
+class VoiceGateway(object):
     """One service for everything a voice bot needs on a call.
     """
 
@@ -279,7 +279,7 @@ class VoiceGateway:
             _registered_method=True)
 
 
-class VoxgateBotStub:
+class VoxgateBotStub(object):
     """---------------------------------------------------------------------------------------------
     Bots: calls that start elsewhere (a SIP INVITE, a media-stream WebSocket)
 
@@ -302,7 +302,7 @@ class VoxgateBotStub:
                 _registered_method=True)
 
 
-class VoxgateBotServicer:
+class VoxgateBotServicer(object):
     """---------------------------------------------------------------------------------------------
     Bots: calls that start elsewhere (a SIP INVITE, a media-stream WebSocket)
 
@@ -339,7 +339,7 @@ def add_VoxgateBotServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class VoxgateBot:
+class VoxgateBot(object):
     """---------------------------------------------------------------------------------------------
     Bots: calls that start elsewhere (a SIP INVITE, a media-stream WebSocket)
 
