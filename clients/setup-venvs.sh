@@ -5,9 +5,8 @@
 #                                   grpcio-tools 1.71.2, which generates the client's stubs)
 #   .venv-pipecat                    pipecat-ai (needs protobuf < 7) + pipecat-voxgate
 #   .venv-livekit                    livekit-agents + livekit-plugins-voxgate
-# They hold no server: their tests talk to a real server started from .venv (the server needs
-# protobuf 7 for its own stubs, which Pipecat cannot share). Installs are editable, so the
-# tests see the working tree. Re-running is cheap: an existing venv is only updated.
+# They hold no server: their tests talk to a real server started from .venv, as a bot talks to a
+# gateway in its own environment. Installs are editable, so the tests see the working tree. Re-running is cheap: an existing venv is only updated.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"

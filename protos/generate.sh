@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Regenerates the committed Python stubs from protos/voxgate/v1/*.proto with the OLDEST gencode
-# the server supports (protobuf 5.29, grpcio-tools 1.71.2): newer runtimes load older gencode,
-# never the reverse, so one set of stubs runs on protobuf 5.29 through 7.x, and the server
-# installs beside pipecat-ai (protobuf < 7; the `turn` extra).
+# Regenerates the committed Python stubs from protos/voxgate/v1/*.proto with the client
+# distribution's gencode (protobuf 5.29, grpcio-tools 1.71.2): newer runtimes load older
+# gencode, never the reverse, so the stubs load on any protobuf the server asks for (6.31
+# through 7.x) and the server installs beside pipecat-ai (protobuf < 7; the `turn` extra).
 # Usage: protos/generate.sh [OUTDIR] [PYTHON]
 #   OUTDIR: default protos, i.e. next to the .proto files
 #   PYTHON: an interpreter with grpcio-tools==1.71.2 (default: .venv-client-pb5/bin/python,

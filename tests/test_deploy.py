@@ -490,7 +490,8 @@ def test_dockerfile_rules(flavour: str) -> None:
 
     extras = re.search(r'pip install --no-cache-dir "\./\[([\w,]+)\]"', path.read_text())
     assert extras, "installs the project with extras"
-    expected = {"piper"} if flavour == "cpu" else {"gpu", "piper"}
+    # turn: the default server's audio end-of-turn model (Smart Turn, from pipecat-ai's wheel).
+    expected = {"piper", "turn"} if flavour == "cpu" else {"gpu", "piper", "turn"}
     assert set(extras.group(1).split(",")) == expected
 
 

@@ -15,8 +15,8 @@ PROTOS = Path(__file__).resolve().parents[1] / "protos"
 
 
 def test_committed_stubs_match_a_fresh_regeneration(tmp_path: Path) -> None:
-    """The stubs are protobuf 5.29 gencode from grpcio-tools 1.71.2 (protos/generate.sh): the
-    oldest runtime the server supports, so that it installs beside pipecat-ai (protobuf < 7)."""
+    """The stubs are protobuf 5.29 gencode from grpcio-tools 1.71.2 (protos/generate.sh), older
+    than any runtime the server asks for, so that it installs beside pipecat-ai (protobuf < 7)."""
     py = PROTOS.parent / ".venv-client-pb5" / "bin" / "python"
     if not py.exists():
         pytest.fail(f"{py.parent.parent.name} is missing: run clients/setup-venvs.sh (CI does)")
