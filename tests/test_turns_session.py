@@ -45,13 +45,20 @@ SMART = TurnOptions(mode="smart", min_silence_ms=200, max_pause_ms=1600, end_sil
 
 @dataclass
 class FakeTurnModel:
-    """A FAKE audio end-of-turn model: scripted probabilities, one per utterance end."""
+    """A FAKE audio end-of-turn model: scripted probabilities, one per utterance end.
+
+    ``transcriber``, when given, is read at each run: how many decodes were in flight then.
+    """
 
     answers: list[float]
     seen: list[int] = field(default_factory=list)
+    transcriber: FakeTranscriber | None = None
+    decodes_in_flight: list[int] = field(default_factory=list)
 
     def probability(self, audio: np.ndarray) -> float:
         self.seen.append(len(audio))
+        if self.transcriber is not None:
+            self.decodes_in_flight.append(self.transcriber.in_flight)
         return self.answers[len(self.seen) - 1]
 
 
@@ -193,3 +200,15 @@ def test_the_audio_model_holds_a_turn_over_a_pause_after_a_closed_fragment() -> 
     assert end.text == "Go forward. ten meters." and end.reason == "audio"
     # It read the caller's audio up to each utterance's end (8 s at most).
     assert len(model.seen) == 2 and 0 < model.seen[0] < model.seen[1] <= 8 * 16000
+
+
+def test_the_audio_model_runs_after_the_final_decode_it_would_slow_down() -> None:
+    """The final is what the caller waits for: the model's run never overlaps its decode."""
+    texts = ["Go forward.", "ten meters."]
+    transcriber = FakeTranscriber(texts, delay_s=0.4)  # still decoding when the speech ends
+    model = FakeTurnModel([0.05, 0.95], transcriber=transcriber)
+    call = Call(transcriber, turn_model=model)
+    call.run(tone(800) + silence(900) + tone(800) + silence(1500))
+    (end,) = call.of(EndOfTurnOut)
+    assert end.text == "Go forward. ten meters." and end.reason == "audio"
+    assert model.decodes_in_flight == [0, 0]
