@@ -1,17 +1,7 @@
-"""Audio end-of-turn models: whether the last seconds of a caller's speech end their turn."""
+"""Audio end-of-turn models: whether the last seconds of a caller's speech end their turn.
 
-from voxgate.engines.turn._smart_turn import (
-    SMART_TURN_FILE,
-    SMART_TURN_SECONDS,
-    SmartTurn,
-    smart_turn_source,
-    smart_turn_spec,
-)
+The API is ``_smart_turn``'s, re-exported whole (its ``__all__`` is this package's).
+"""
 
-__all__ = [
-    "SMART_TURN_FILE",
-    "SMART_TURN_SECONDS",
-    "SmartTurn",
-    "smart_turn_source",
-    "smart_turn_spec",
-]
+from voxgate.engines.turn._smart_turn import *  # noqa: F403
+from voxgate.engines.turn._smart_turn import __all__ as __all__
