@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from venvs import ROOT, venv_python
 
 from voxgate_client.testing import (
     BOOSTABLE_NAMES,
@@ -33,16 +34,7 @@ from voxgate_client.testing import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
-ROOT = Path(__file__).resolve().parents[1]
 CLIENTS = ROOT / "clients"
-SETUP = "clients/setup-venvs.sh"
-
-
-def venv_python(name: str) -> Path:
-    py = ROOT / name / "bin" / "python"
-    if not py.exists():
-        pytest.fail(f"{name} is missing: run {SETUP} (CI's .ci/run does) to create it")
-    return py
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from venvs import venv_python
 
 from voxgate.v1 import voxgate_pb2 as pb
 
@@ -17,9 +18,7 @@ PROTOS = Path(__file__).resolve().parents[1] / "protos"
 def test_committed_stubs_match_a_fresh_regeneration(tmp_path: Path) -> None:
     """The stubs are protobuf 5.29 gencode from grpcio-tools 1.71.2 (protos/generate.sh), older
     than any runtime the server asks for, so that it installs beside pipecat-ai (protobuf < 7)."""
-    py = PROTOS.parent / ".venv-client-pb5" / "bin" / "python"
-    if not py.exists():
-        pytest.fail(f"{py.parent.parent.name} is missing: run clients/setup-venvs.sh (CI does)")
+    py = venv_python(".venv-client-pb5")
     subprocess.run(["bash", str(PROTOS / "generate.sh"), str(tmp_path), str(py)], check=True)
     for name in ("voxgate_pb2.py", "voxgate_pb2.pyi", "voxgate_pb2_grpc.py"):
         fresh = (tmp_path / "voxgate/v1" / name).read_text()
