@@ -182,13 +182,16 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
                 raise ConfigError(f"vad.model=silero: {exc}") from None
         #: The audio end-of-turn model ``smart`` calls use (session.turns.smart_turn_model).
         self.turn_model: SmartTurn | None = None
-        # "auto" on a server without a recogniser loads nothing: its calls have no turns.
-        auto = config.session.turns.smart_turn_model == "auto"
-        spec = (
-            ""
-            if auto and transcriber is None
-            else smart_turn_spec(config.session.turns.smart_turn_model)
-        )
+        spec = config.session.turns.smart_turn_model
+        if spec == "auto" and transcriber is None:
+            spec = ""  # a server without a recogniser has no turns: nothing could use it
+        elif spec == "auto":
+            spec = smart_turn_spec(spec)
+            if not spec:
+                log.info(
+                    "no audio end-of-turn model (pip install 'voxgate[turn]' brings Smart "
+                    "Turn): smart turns read silence and the words"
+                )
         if spec:
             try:
                 self.turn_model = SmartTurn.load(spec)
@@ -196,11 +199,6 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             except (FileNotFoundError, OSError, ValueError) as exc:
                 raise ConfigError(f"session.turns.smart_turn_model: {exc}") from None
             log.info("audio end-of-turn model: %s", self.turn_model.name)
-        elif auto and transcriber is not None:
-            log.info(
-                "no audio end-of-turn model (pip install 'voxgate[turn]' brings Smart Turn): "
-                "smart turns read silence and the words"
-            )
 
     # -- RPCs --------------------------------------------------------------------------------------
 
