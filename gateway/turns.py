@@ -59,6 +59,9 @@ class TurnOptions:
         audio_model: ``smart``: use the server's audio end-of-turn model when it has one.
         words: ``smart``: read the words so far; False leaves silence and the audio model
             (to measure the audio model on its own; without a model the probability is 0.5).
+        whole_text: ``smart``: a turn of two or more utterances is decoded again as one, from
+            spare capacity, while the turn may end; its EndOfTurn's text is that decode when
+            it is back in time, else the finals joined (gateway/call/turn_taking.py).
     """
 
     mode: TurnMode = "off"
@@ -69,6 +72,7 @@ class TurnOptions:
     decode_after_ms: int = 80
     audio_model: bool = True
     words: bool = True
+    whole_text: bool = True
 
     @property
     def on(self) -> bool:

@@ -218,6 +218,7 @@ def _turn_options(
         max_pause_ms=max_pause,
         decode_after_ms=min(defaults.decode_after_ms, min_silence),
         words=defaults.words,
+        whole_text=defaults.whole_text,
     )
 
 

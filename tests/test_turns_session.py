@@ -8,7 +8,7 @@ and EndOfTurn follows the turn's last final with the whole text. Every timestamp
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -58,7 +58,9 @@ class FakeTurnModel:
     def probability(self, audio: np.ndarray) -> float:
         self.seen.append(len(audio))
         if self.transcriber is not None:
-            self.decodes_in_flight.append(self.transcriber.in_flight)
+            # The utterances' decodes (the turn decoded whole is spare-capacity work after them).
+            running = self.transcriber.running
+            self.decodes_in_flight.append(sum(1 for r in running if not r.bulk))
         return self.answers[len(self.seen) - 1]
 
 
@@ -194,10 +196,12 @@ def test_the_audio_model_holds_a_turn_over_a_pause_after_a_closed_fragment() -> 
     assert len(words_only.of(EndOfTurnOut)) == 2  # the full stop ended the turn too soon
 
     model = FakeTurnModel([0.05, 0.95])
-    call = Call(FakeTranscriber(texts, delay_s=0.05), turn_model=model)
+    # The third request is the turn decoded whole (both utterances as one).
+    call = Call(FakeTranscriber([*texts, "Go forward ten meters."], delay_s=0.05), turn_model=model)
     call.run(tone(800) + silence(900) + tone(800) + silence(1500))
     (end,) = call.of(EndOfTurnOut)
-    assert end.text == "Go forward. ten meters." and end.reason == "audio"
+    assert end.text == "Go forward ten meters." and end.reason == "audio"
+    assert [f.result.text for f in call.of(TranscriptOut)] == texts
     # It read the caller's audio up to each utterance's end (8 s at most).
     assert len(model.seen) == 2 and 0 < model.seen[0] < model.seen[1] <= 8 * 16000
 
@@ -210,5 +214,102 @@ def test_the_audio_model_runs_after_the_final_decode_it_would_slow_down() -> Non
     call = Call(transcriber, turn_model=model)
     call.run(tone(800) + silence(900) + tone(800) + silence(1500))
     (end,) = call.of(EndOfTurnOut)
+    # The whole-turn decode (0.4 s) was not back when the turn ended: the finals joined.
     assert end.text == "Go forward. ten meters." and end.reason == "audio"
     assert model.decodes_in_flight == [0, 0]
+
+
+# -- the turn decoded whole ---------------------------------------------------------------------
+
+#: Two parts of one sentence with a pause between them (held: the first part is unfinished).
+TWO_PARTS = silence(200) + tone(1000) + silence(900) + tone(1200) + silence(1500)
+PARTS = ["The cut on his", "chest is still dripping blood."]
+WHOLE = "The cut on his chest is still dripping blood."
+
+
+def _whole_requests(asr: FakeTranscriber) -> list[Any]:
+    return [r for r in asr.requests if r.bulk]
+
+
+def test_a_turn_of_two_utterances_is_decoded_whole_and_that_is_its_text() -> None:
+    """The finals are sent as decoded; EndOfTurn's text is the turn decoded as one: both
+    utterances' audio in one request, from spare capacity (bulk), without the turn's words as
+    a prompt and without word times; the end of the turn came when it would have anyway."""
+    asr = FakeTranscriber([*PARTS, WHOLE], delay_s=0.05)
+    call = Call(asr)
+    call.run(TWO_PARTS)
+    assert [f.result.text for f in call.of(TranscriptOut)] == PARTS
+    (end,) = call.of(EndOfTurnOut)
+    assert end.text == WHOLE and end.reason == "words"
+    first, second = (r for r in asr.requests if not r.bulk)
+    (whole,) = _whole_requests(asr)
+    # Both utterances as they ended (the finals' decodes started before their hangovers ran
+    # out, on less of the audio): the first one's audio first, then the second's.
+    assert whole.is_final and len(whole.audio) >= len(first.audio) + len(second.audio)
+    assert np.array_equal(whole.audio[: len(first.audio)], first.audio)
+    assert whole.options.initial_prompt == "" and not whole.options.word_timestamps
+    assert whole.stats.speech_ms == first.stats.speech_ms + second.stats.speech_ms
+
+    # The same call, the whole decode off: the same end of turn, at the same time.
+    off = Call(FakeTranscriber(PARTS, delay_s=0.05), turns=replace(SMART, whole_text=False))
+    off.run(TWO_PARTS)
+    (end_off,) = off.of(EndOfTurnOut)
+    assert end_off.text == "The cut on his chest is still dripping blood."  # the finals joined
+    assert not _whole_requests(off.transcriber)
+    at = next(t for t, e in call.out if e is end)
+    assert at == pytest.approx(next(t for t, e in off.out if e is end_off), abs=1e-9)
+
+
+def test_a_whole_decode_not_back_when_the_turn_ends_is_not_waited_for() -> None:
+    """The end of the turn never waits for it: a slow one leaves the finals joined."""
+    asr = FakeTranscriber([*PARTS, "never shown"], delay_s=lambda i: 5.0 if i == 2 else 0.05)
+    call = Call(asr)
+    call.run(TWO_PARTS + silence(6000))
+    (end,) = call.of(EndOfTurnOut)
+    assert end.text == "The cut on his chest is still dripping blood."
+    assert len(_whole_requests(asr)) == 1
+    assert 2 in asr.cancelled  # it was stopped once the turn ended
+
+
+def test_a_whole_decode_that_lost_words_is_not_the_turns_text() -> None:
+    """A whole decode with under half the finals' words (it lost a clause) is not used."""
+    call = Call(FakeTranscriber([*PARTS, "The cut."], delay_s=0.05))
+    call.run(TWO_PARTS)
+    (end,) = call.of(EndOfTurnOut)
+    assert end.text == "The cut on his chest is still dripping blood."
+
+
+def test_the_caller_going_on_starts_the_whole_decode_again_with_every_part() -> None:
+    """Three parts: the decode of the first two is stopped when the third begins, and the one
+    that is the turn's text holds all three."""
+    # In arrival order: two finals, their whole decode (slow: the caller goes on before it is
+    # back), the third final, the whole decode of all three.
+    texts = ["The cut on his", "chest is still", "stale", "dripping blood.", WHOLE]
+    asr = FakeTranscriber(texts, delay_s=lambda i: 1.5 if i == 2 else 0.05)
+    call = Call(asr)
+    call.run(
+        silence(200)
+        + tone(1000)
+        + silence(900)
+        + tone(700)
+        + silence(900)
+        + tone(900)
+        + silence(1500)
+    )
+    (end,) = call.of(EndOfTurnOut)
+    assert end.text == WHOLE
+    assert [f.result.text for f in call.of(TranscriptOut)] == [texts[0], texts[1], texts[3]]
+    parts = [r for r in asr.requests if not r.bulk]
+    wholes = _whole_requests(asr)
+    assert len(parts) == 3 and len(wholes) == 2
+    assert len(wholes[0].audio) < sum(len(r.audio) for r in parts) <= len(wholes[-1].audio)
+    first_whole = next(k for k, r in enumerate(asr.requests) if r is wholes[0])
+    assert first_whole in asr.cancelled  # the caller went on
+
+
+def test_a_single_utterance_turn_is_not_decoded_again() -> None:
+    asr = FakeTranscriber(["I would like to book a table."], delay_s=0.05)
+    call = Call(asr)
+    call.run(silence(200) + tone(1000) + silence(1500))
+    (end,) = call.of(EndOfTurnOut)
+    assert end.text == "I would like to book a table." and not _whole_requests(asr)

@@ -259,7 +259,8 @@ class EndOfTurn:
         turn_index: the turn, from 0; its finals carry it (``Transcript.turn_index``).
         probability: how sure the detector is that the caller has finished, 0..1.
         offset_ms: end of the turn's last speech, ms of the call's audio.
-        text: the turn's whole text, its finals joined.
+        text: the turn's whole text: its finals joined, or the server's decode of the turn's
+            audio as one (a turn of two or more utterances, where that was back in time).
         reason: what ended it: "silence", "words", "audio", "max_pause", "flush", "hangup".
         silence_ms: silence after the last speech when the turn was declared over, ms.
         latency_ms: server time from end of speech to this event, ms.

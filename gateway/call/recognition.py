@@ -318,6 +318,10 @@ class Recognition:
             utt.index,
             result.text if result is not None else "",
             result.end_mark_probability if result is not None else None,
+            utterance=utt,
+            # The call's own options (its prompt and hotwords, not the turn's words), in the
+            # language this final was decoded in: what decoding the turn whole starts from.
+            options=self._whole_turn_options(result),
         )
         if result is None:
             assert failure is not None
@@ -382,6 +386,19 @@ class Recognition:
             ",".join(steps[:-1]) or "none",
         )
         return replace(interim, fallbacks=steps)
+
+    def _whole_turn_options(self, result: AsrResult | None) -> AsrOptions:
+        """The call's decoding options for its turn decoded whole, hinted at ``result``'s language.
+
+        A call that sets no language names the one its final was just decoded in as the hint
+        (the whole decode still detects its own), else the call's learned language.
+        """
+        options = self.asr_options()
+        if options.language is None:
+            hint = (result.language if result is not None else "") or self._learned_language
+            if hint:
+                options = replace(options, language_hint=hint)
+        return options
 
     def _learn_language(self, options: AsrOptions, result: AsrResult) -> None:
         """Remember a final's language when it was detected confidently (for the interims)."""

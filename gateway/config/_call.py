@@ -309,6 +309,15 @@ class TurnsConfig(_Frozen):
         "clause); false leaves silence and the audio model alone (benchmarks.turn_taking's "
         "'audio' variant measures the model so).",
     )
+    whole_text: bool = Field(
+        True,
+        description="'smart': decode a turn of two or more utterances again as one while it may "
+        "end (from spare capacity); its EndOfTurn text is that decode when it is back by the "
+        "time the turn ends, else the finals joined. A pause splits a sentence into utterances "
+        "decoded apart ('The codon is chest.' for 'The cut on his chest'); with it the turn "
+        "benchmark's pause set had a turn WER of 0.070 against 0.100, the end of turn unmoved "
+        "(docs/turns.md).",
+    )
     smart_turn_model: str = Field(
         "auto",
         description="The audio end-of-turn model (Smart Turn v3 ONNX, BSD-2-Clause): 'auto' "

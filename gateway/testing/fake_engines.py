@@ -403,6 +403,7 @@ class FakeTranscriber:
     Attributes:
         requests: every request, in arrival order (the observation channel).
         cancelled: numbers of requests cancelled while running.
+        running: the requests in flight now.
     """
 
     def __init__(
@@ -426,6 +427,7 @@ class FakeTranscriber:
         self.requests: list[AsrRequest] = []
         self.cancelled: list[int] = []
         self.in_flight = 0
+        self.running: list[AsrRequest] = []
         #: The most requests that were in flight at once.
         self.most_in_flight = 0
 
@@ -446,6 +448,7 @@ class FakeTranscriber:
         index = len(self.requests)
         self.requests.append(request)
         self.in_flight += 1
+        self.running.append(request)
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
             if index in self._hang:
@@ -458,6 +461,7 @@ class FakeTranscriber:
             raise
         finally:
             self.in_flight -= 1
+            self.running.remove(request)
         if index in self._fail:
             raise FakeEngineError(f"fake recogniser fault on request {index} (scripted)")
         if callable(self._texts):
