@@ -313,3 +313,14 @@ def test_a_single_utterance_turn_is_not_decoded_again() -> None:
     call.run(silence(200) + tone(1000) + silence(1500))
     (end,) = call.of(EndOfTurnOut)
     assert end.text == "I would like to book a table." and not _whole_requests(asr)
+
+
+def test_an_engine_fault_in_the_whole_decode_leaves_the_finals_joined() -> None:
+    """A fault in the turn's whole decode (request 2) costs that text only: the turn ends on
+    time with its finals joined, and the call goes on to its next turn."""
+    asr = FakeTranscriber([*PARTS], delay_s=0.05, fail={2})
+    call = Call(asr)
+    call.run(TWO_PARTS + tone(1000) + silence(1500))
+    first, second = call.of(EndOfTurnOut)
+    assert first.text == "The cut on his chest is still dripping blood."
+    assert second.turn_index == 1 and second.text == "utterance 3"

@@ -307,6 +307,9 @@ class TurnTaking:
                 return await transcriber.transcribe(request)
             except (CallError, WithdrawnError):
                 return None  # no capacity to spare: the finals joined are the text
+            except Exception:  # an engine fault costs this text, not the turn or the call
+                log.exception("call %s: decoding turn %d whole failed", self.log_id, turn.index)
+                return None
 
         task = asyncio.create_task(decode(), name="whole-turn")
         self._whole_tasks.add(task)
