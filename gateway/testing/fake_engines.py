@@ -461,7 +461,8 @@ class FakeTranscriber:
             raise
         finally:
             self.in_flight -= 1
-            self.running.remove(request)
+            # By identity: requests hold arrays, whose == is elementwise.
+            self.running = [r for r in self.running if r is not request]
         if index in self._fail:
             raise FakeEngineError(f"fake recogniser fault on request {index} (scripted)")
         if callable(self._texts):
