@@ -1,0 +1,113 @@
+"""The text a Pipecat bot's LLM reads for each user turn, with voxgate's smart turns.
+
+    .venv/bin/python -m benchmarks.pipecat_turns [--clips 40] [--sets real,pauses]
+
+One real server on the default configuration (bundled models) from this environment; then,
+in the Pipecat environment (clients/setup-venvs.sh), a worker plays each clip of
+benchmarks/turn_taking's sets (the shared clips, and the same clips with a 0.3-1.5 s pause
+spliced into a sentence) at real time through the voxgate STT service with
+``turn_detection="smart"`` and Pipecat's own ``LLMUserAggregator``. Per set, the mean word
+error rate of each call's text, read three ways from the same calls:
+
+- ``llm``: the user messages the aggregator wrote to the LLM context, joined;
+- ``end_of_turn``: the server's EndOfTurn texts, joined (the service's ``on_end_of_turn``);
+- ``finals``: the turns' finals, joined: what the aggregator got before 2026-12-06, when the
+  service pushed each final as a ``TranscriptionFrame``.
+
+Also the user messages per call against the EndOfTurn events (one message per turn).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import wave
+from pathlib import Path
+from typing import Any
+
+from benchmarks._wer import wer
+from benchmarks.turn_taking import RATE_HZ, load_items
+from voxgate_client.testing import SERVER_ENV, TARGET_ENV, LocalServer
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEECH = ROOT.parent / "shared" / "data" / "speech"
+
+
+def run_worker(target: str, paths: list[str]) -> list[dict[str, Any]]:
+    py = ROOT / ".venv-pipecat" / "bin" / "python"
+    if not py.exists():
+        raise SystemExit(".venv-pipecat is missing: run clients/setup-venvs.sh first")
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_") and k != "PYTHONPATH"
+    }
+    out = subprocess.run(
+        [str(py), str(ROOT / "benchmarks" / "pipecat_turns_worker.py"), "--target", target]
+        + ["--clips", *paths],
+        check=False,  # the return code is checked below, with the worker's stderr
+        cwd=ROOT / "clients",  # nothing of the server importable from here
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=7200,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"pipecat worker failed:\n{out.stderr[-4000:]}")
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clips", type=int, default=40, help="shared clips (JFK first)")
+    ap.add_argument("--sets", default="real,pauses", help="real, pauses or both")
+    ap.add_argument("--json", type=Path, help="write the per-call rows here")
+    args = ap.parse_args()
+    real, paused = load_items(SPEECH, args.clips)
+    sets = {"real": real, "pauses": paused}
+    chosen = [s for s in args.sets.split(",") if s]
+    os.environ.setdefault(SERVER_ENV, str(Path(sys.executable).parent / "voxgate"))
+    os.environ.pop(TARGET_ENV, None)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp, LocalServer() as server:
+        for name in chosen:
+            items = sets[name]
+            paths = []
+            for i, item in enumerate(items):
+                path = Path(tmp) / f"{name}-{i:03d}.wav"
+                with wave.open(str(path), "wb") as w:
+                    w.setnchannels(1)
+                    w.setsampwidth(2)
+                    w.setframerate(RATE_HZ)
+                    w.writeframes(item.pcm.tobytes())
+                paths.append(str(path))
+            for item, row in zip(items, run_worker(server.target, paths), strict=True):
+                rows.append(
+                    {
+                        "set": name,
+                        "name": item.name,
+                        **row,
+                        "wer_llm": wer(item.text, " ".join(row["messages"])),
+                        "wer_end_of_turn": wer(item.text, " ".join(row["turn_texts"])),
+                        "wer_finals": wer(item.text, " ".join(row["finals"])),
+                    }
+                )
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    print("set      calls   WER llm  end_of_turn   finals   messages/turns")
+    for name in chosen:
+        sel = [r for r in rows if r["set"] == name]
+        n = len(sel)
+        mean = {k: sum(r[k] for r in sel) / n for k in ("wer_llm", "wer_end_of_turn", "wer_finals")}
+        msgs = sum(len(r["messages"]) for r in sel)
+        turns = sum(len(r["turn_texts"]) for r in sel)
+        print(
+            f"{name:<8} {n:>5}   {mean['wer_llm']:.4f}   {mean['wer_end_of_turn']:.4f}"
+            f"     {mean['wer_finals']:.4f}   {msgs}/{turns}"
+        )
+
+
+if __name__ == "__main__":
+    main()
