@@ -21,12 +21,16 @@ End of turn (the ``turn_detection`` argument, ``"smart"`` or ``"silence"``): the
 when the user's *turn* is over (``EndOfTurn``: a pause inside a sentence ends an utterance,
 not the turn), and the service takes the route Pipecat's Deepgram Flux service takes for its
 own end-of-turn events: ``ProposedUserStartedSpeakingFrame`` when a turn's first speech
-begins, the turn's finals (its last one marked ``finalized``, as Flux's turn transcript is: it
-is held until the EndOfTurn says it is the last), then ``ProposedUserStoppedSpeakingFrame`` and the
+begins, ``InterimTranscriptionFrame``s holding the turn so far (its finals, then the
+utterance's interim), and on the server's EndOfTurn one ``TranscriptionFrame`` per turn marked
+``finalized``, as Flux's turn transcript is, then ``ProposedUserStoppedSpeakingFrame`` and the
 ``on_end_of_turn`` event (with the :class:`~voxgate_client.EndOfTurn`, on the service's audio
-clock) on the server's EndOfTurn, with ``ExternalUserTurnStrategies`` asked for in the
-metadata, so the user aggregator's turn stop, and the LLM's reply, follow the server's end
-of turn.
+clock), with ``ExternalUserTurnStrategies`` asked for in the metadata, so the user aggregator's
+turn stop, and the LLM's reply, follow the server's end of turn. That frame's text is the
+EndOfTurn's: the turn decoded again as one when that decode is back in time (a pause splits a
+sentence into utterances decoded apart: "The codon is chest" for "the cut on his chest"), else
+its finals joined; its ``result`` is the EndOfTurn. The turn's finals (with their word times)
+reach the pipeline as the interims' ``result``s.
 
 Reconnection, with Pipecat's own hooks (``STTService._reconnect`` / ``_do_reconnect``, as its
 NVIDIA gRPC service does): when the server ends the stream (``DEADLINE_EXCEEDED`` after its
@@ -305,9 +309,9 @@ class VoxgateSTTService(STTService):
         self._server_turns = server_turns or self._turns
         #: A proposed turn is open (with ``_turns``): its start was broadcast, not its stop.
         self._turn_open = False
-        #: With ``_turns``: the turn's latest final, held until the turn goes on (its next
-        #: speech or final: pushed as it is) or ends (EndOfTurn: pushed ``finalized``).
-        self._held_final: Transcript | None = None
+        #: With ``_turns``: the open turn's finals, shown as interims until its EndOfTurn
+        #: brings the turn's text (or the stream ends first: then they are the text).
+        self._turn_finals: list[Transcript] = []
         #: One write and its bookkeeping at a time (pipeline audio and keepalive silence).
         self._write_lock = asyncio.Lock()
         self._reconnect_attempts = reconnect_attempts
@@ -579,7 +583,7 @@ class VoxgateSTTService(STTService):
         await s.call.aclose()
         if s.reader is not None and s.reader is not asyncio.current_task():
             await self.cancel_task(s.reader)
-        await self._release_final()  # no EndOfTurn will come for it on this stream
+        await self._release_turn()  # no EndOfTurn will come for it on this stream
         self._clock_s = s.base_s + s.audio_s
         self._utterances = s.index_base + s.utterances
         if not hung_up and s.replay:
@@ -650,9 +654,8 @@ class VoxgateSTTService(STTService):
             why += f" ({self._quick_failures.count} streams in a row ended within seconds)"
         await self._call_event_handler("on_connection_error", why)
         # The dead stream's open utterances get no final: close the turn they opened (the
-        # new stream proposes a new one when it hears speech); its last final, if held, is
-        # not lost.
-        await self._release_final()
+        # new stream proposes a new one when it hears speech); its finals are not lost.
+        await self._release_turn()
         if self._open_utterances or self._turn_open:
             self._open_utterances.clear()
             self._turn_open = False
@@ -668,7 +671,6 @@ class VoxgateSTTService(STTService):
         # Utterances overlap on the wire: the next one can begin before the previous one's
         # final is decoded. One proposed turn spans them all.
         if self._turns:
-            await self._release_final()  # the turn goes on: that final was not its last
             if not self._turn_open:
                 self._turn_open = True
                 await self.broadcast_frame(ProposedUserStartedSpeakingFrame)
@@ -686,15 +688,21 @@ class VoxgateSTTService(STTService):
             if t.text:
                 await self.push_frame(
                     InterimTranscriptionFrame(
-                        t.text, self._user_id, time_now_iso8601(), language, result=t
+                        self._turn_so_far(t), self._user_id, time_now_iso8601(), language, result=t
                     )
                 )
             return
         # The first final after a Flush is the one that Flush produced.
         self.confirm_finalize()  # type: ignore[no-untyped-call]
         if self._turns and t.text:
-            await self._release_final()
-            self._held_final = t  # the turn's last final, if its EndOfTurn comes next
+            # The turn's text comes with its EndOfTurn; until then the final shows as the
+            # turn so far, as Flux's updates do.
+            self._turn_finals.append(t)
+            await self.push_frame(
+                InterimTranscriptionFrame(
+                    self._turn_so_far(), self._user_id, time_now_iso8601(), language, result=t
+                )
+            )
             return
         if t.text:
             await self.emit_stt_usage_metrics()  # type: ignore[no-untyped-call]
@@ -723,35 +731,46 @@ class VoxgateSTTService(STTService):
             first_utterance_index=s.index_base + eot.first_utterance_index,
             last_utterance_index=s.index_base + eot.last_utterance_index,
         )
-        await self._release_final(finalized=True)
+        await self._release_turn(eot)
         if self._turn_open:
             self._turn_open = False
             await self.broadcast_frame(ProposedUserStoppedSpeakingFrame)
         await self._call_event_handler("on_end_of_turn", eot)
 
-    async def _release_final(self, *, finalized: bool = False) -> None:
-        """Push the held final of the open turn (``finalized`` when it is the turn's last).
+    def _turn_so_far(self, interim: Transcript | None = None) -> str:
+        """The open turn's finals and ``interim`` (the utterance still being heard), joined."""
+        parts = [t.text.strip() for t in self._turn_finals]
+        if interim is not None:
+            parts.append(interim.text.strip())
+        return " ".join(p for p in parts if p)
 
-        The server sends a turn's finals, then its EndOfTurn; a final is known to be the
-        turn's last only when the EndOfTurn follows it. Pipecat reads ``finalized`` as "this
-        transcript is complete" (its STT span and TTFB end there, and its turn stop
-        strategies stop waiting for text), as on the one transcript Deepgram Flux sends per
-        turn. So with turns the latest final waits for what comes next: more of the turn (its
-        next speech or final) pushes it as it is, the EndOfTurn pushes it ``finalized``, just
-        before the turn's stop is proposed. A final never waits longer than its turn.
+    async def _release_turn(self, eot: EndOfTurn | None = None) -> None:
+        """Push the open turn's transcript: one ``TranscriptionFrame`` per turn.
+
+        With the server's ``eot``: its text (the turn decoded whole, or its finals joined),
+        ``finalized``, as Deepgram Flux's service pushes its turn transcript on its
+        EndOfTurn: Pipecat reads ``finalized`` as "this transcript is complete" (its STT
+        span and TTFB end there, and its turn stop strategies stop waiting for text).
+        Without (the stream ended before the turn did): the finals heard so far, not
+        finalized, as Flux's service does for a turn its connection cut short. Nothing when
+        the turn holds no words.
         """
-        t, self._held_final = self._held_final, None
-        if t is None:
+        finals, self._turn_finals = self._turn_finals, []
+        text = eot.text.strip() if eot is not None else ""
+        if not text:
+            text = " ".join(t.text.strip() for t in finals if t.text.strip())
+        if not text:
             return
+        language = _language(finals[-1].language) if finals else None
         await self.emit_stt_usage_metrics()  # type: ignore[no-untyped-call]
         await self.push_frame(
             TranscriptionFrame(
-                t.text,
+                text,
                 self._user_id,
                 time_now_iso8601(),
-                _language(t.language),
-                result=t,
-                finalized=finalized,
+                language,
+                result=eot if eot is not None else finals[-1],
+                finalized=eot is not None,
             )
         )
 

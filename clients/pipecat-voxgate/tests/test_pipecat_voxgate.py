@@ -551,7 +551,8 @@ async def test_turn_detection_proposes_the_turns_stop_on_the_servers_end_of_turn
     """Kennedy's sentence with the server's smart turn detection: its pauses end utterances
     (each with its final), and the proposed turn (what ExternalUserTurnStrategies, which the
     service asks for, turns into the user's turn) stops once per EndOfTurn, after the turn's
-    last final, which alone is marked finalized; on_end_of_turn gets the turn's text."""
+    one TranscriptionFrame: the EndOfTurn's text, marked finalized, as Flux's turn transcript.
+    Meanwhile the interims hold the turn so far: its finals, then the utterance's interim."""
     pcm, rate = sample_call
     stt = VoxgateSTTService(
         target=server.target, audio_passthrough=False, sample_rate=rate, turn_detection="smart"
@@ -566,35 +567,91 @@ async def test_turn_detection_proposes_the_turns_stop_on_the_servers_end_of_turn
     speech = audio_frames(pcm[: int(CUT_S * rate)], rate)
     down, up = await run_test(stt, frames_to_send=speech, start_timeout=START_TIMEOUT_S)
     open_turn: list[Transcript] | None = None
+    texts: list[TranscriptionFrame] = []
     ended: list[list[Transcript]] = []
-    flags: list[bool] = []
     for f in down:
         if isinstance(f, ProposedUserStartedSpeakingFrame):
             assert open_turn is None
-            open_turn = []
+            open_turn, texts = [], []
+        elif isinstance(f, InterimTranscriptionFrame):
+            assert open_turn is not None, "an interim outside a turn"
+            so_far = plain(" ".join(t.text for t in open_turn)).split()
+            assert plain(f.text).split()[: len(so_far)] == so_far, (f.text, so_far)
+            if f.result.is_final:  # a final of the turn, shown as the turn so far
+                open_turn.append(f.result)
         elif isinstance(f, TranscriptionFrame):
-            assert open_turn is not None, "a final outside a turn"
-            open_turn.append(f.result)
-            flags.append(f.finalized)
+            assert open_turn is not None, "a transcript outside a turn"
+            texts.append(f)
         elif isinstance(f, ProposedUserStoppedSpeakingFrame):
             assert open_turn, "a turn stops after its finals"
-            # Its last final, and only that one, is marked finalized (as Flux's turn text).
-            assert flags == [False] * (len(flags) - 1) + [True], flags
+            assert len(texts) == 1 and texts[0].finalized, texts
             ended.append(open_turn)
-            open_turn, flags = None, []
+            open_turn = None
+            assert isinstance(texts[0].result, EndOfTurn)
+            assert texts[0].text == texts[0].result.text.strip()
     assert open_turn is None and ended
     assert [e.turn_index for e in turns] == list(range(len(ended)))
     for eot, finals in zip(turns, ended, strict=True):
         assert {t.turn_index for t in finals} == {eot.turn_index}
-        assert plain(eot.text).split() == plain(" ".join(t.text for t in finals)).split()
         assert eot.first_utterance_index == finals[0].utterance_index
         assert abs(eot.offset_ms - finals[-1].end_ms) <= 500, (eot, finals[-1])
-    utterances = {t.utterance_index for finals in ended for t in finals}
-    assert len(ended) < len(utterances), "turns span pauses that end utterances"
+    assert any(len(finals) > 1 for finals in ended), "turns span pauses that end utterances"
     heard = plain(" ".join(e.text for e in turns))
     assert "ask not what your country can do for you" in heard, heard
     proposals = (ProposedUserStartedSpeakingFrame, ProposedUserStoppedSpeakingFrame)
     assert kinds(list(up), *proposals) == kinds(list(down), *proposals)
+
+
+async def test_a_turn_the_connection_cuts_short_keeps_its_finals(
+    server: LocalServer, sample_call: tuple[np.ndarray, int]
+) -> None:
+    """Smart turns, and the connection dies inside Kennedy's turn, right after its first final
+    ("And so my fellow Americans") came: no EndOfTurn will come for that turn, so its finals
+    are pushed as its transcript, not finalized (as Flux's service does for a turn its
+    connection cut short), and its stop is proposed; the rest of the sentence, heard again on
+    the next stream, comes as a turn of its own, finalized on its EndOfTurn."""
+    pcm, rate = sample_call
+    frames = audio_frames(pcm[: int(CUT_S * rate)], rate, speed=1.0)
+
+    async with FlakyNetwork(server.target) as net:
+
+        class CutAfterFirstFinal(BaseObserver):
+            async def on_push_frame(self, data: FramePushed) -> None:
+                f = data.frame
+                if isinstance(f, InterimTranscriptionFrame) and f.result.is_final and not net.cuts:
+                    net.cut()
+
+        stt = VoxgateSTTService(
+            target=net.target, audio_passthrough=False, sample_rate=rate, turn_detection="smart"
+        )
+        down, _ = await run_test(
+            stt,
+            frames_to_send=frames,
+            observers=[CutAfterFirstFinal()],
+            start_timeout=START_TIMEOUT_S,
+        )
+    assert net.cuts == 1 and len(stt.sessions) >= 2
+    shown = [f for f in down if isinstance(f, InterimTranscriptionFrame) and f.result.is_final]
+    texts = [f for f in down if isinstance(f, TranscriptionFrame)]
+    assert texts and not texts[0].finalized, texts
+    first = plain(shown[0].text)
+    assert plain(texts[0].text).startswith(first), (texts[0].text, first)
+    assert texts[-1].finalized and isinstance(texts[-1].result, EndOfTurn), texts[-1]
+    # One transcript per proposed turn, before its stop.
+    in_turn = 0
+    for f in down:
+        if isinstance(f, ProposedUserStartedSpeakingFrame):
+            in_turn = 0
+        elif isinstance(f, TranscriptionFrame):
+            in_turn += 1
+        elif isinstance(f, ProposedUserStoppedSpeakingFrame):
+            assert in_turn <= 1, "one transcript per turn"
+    # The sentence goes on after the cut. (Its one-word fragments "Ask" and "not", replayed
+    # into the new stream as a backlog, may miss their decode budget, as on a loaded machine:
+    # docs/turns.md, "A loaded machine and JFK's 'Ask'".)
+    heard = plain(" ".join(f.text for f in texts))
+    assert heard.startswith(first) and "what your country can do for you" in heard, heard
+    assert heard.endswith("ask what you can do for your country"), heard
 
 
 # -- keyterms and voices -------------------------------------------------------------------------
