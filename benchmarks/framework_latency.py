@@ -74,10 +74,13 @@ def server(target: str | None) -> Iterator[str]:
         yield srv.target
 
 
-def run_worker(
-    framework: str, target: str, clip_paths: list[str], texts: list[str], speed: float, repeats: int
-) -> list[dict[str, Any]]:
-    venv, script = WORKERS[framework]
+def run_venv_script(venv: str, script: str, args: list[str], timeout: int = 3600) -> list[str]:
+    """Run ``benchmarks/script`` with ``venv``'s python from ``clients/``; its stdout lines.
+
+    The working directory is ``clients/`` and no ``VOXGATE_*`` or ``PYTHONPATH`` goes with it,
+    so nothing of the server is importable by accident: the framework's environment has only
+    the client library and the adapters.
+    """
     py = ROOT / venv / "bin" / "python"
     if not py.exists():
         raise SystemExit(f"{venv} is missing: run clients/setup-venvs.sh first")
@@ -85,30 +88,26 @@ def run_worker(
         k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_") and k != "PYTHONPATH"
     }
     out = subprocess.run(
-        [
-            str(py),
-            str(ROOT / "benchmarks" / script),
-            "--target",
-            target,
-            "--speed",
-            str(speed),
-            "--repeats",
-            str(repeats),
-            "--clips",
-            *clip_paths,
-            "--texts",
-            *texts,
-        ],
+        [str(py), str(ROOT / "benchmarks" / script), *args],
         check=False,  # the return code is checked below, with the worker's stderr
-        cwd=ROOT / "clients",  # nothing of the server importable from here
+        cwd=ROOT / "clients",
         env=env,
         capture_output=True,
         text=True,
-        timeout=3600,
+        timeout=timeout,
     )
     if out.returncode != 0:
-        raise SystemExit(f"{framework} worker failed:\n{out.stderr[-4000:]}")
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+        raise SystemExit(f"{script} failed:\n{out.stderr[-4000:]}")
+    return out.stdout.splitlines()
+
+
+def run_worker(
+    framework: str, target: str, clip_paths: list[str], texts: list[str], speed: float, repeats: int
+) -> list[dict[str, Any]]:
+    venv, script = WORKERS[framework]
+    args = ["--target", target, "--speed", str(speed), "--repeats", str(repeats)]
+    lines = run_venv_script(venv, script, [*args, "--clips", *clip_paths, "--texts", *texts])
+    return [json.loads(line) for line in lines if line.startswith("{")]
 
 
 def _fmt(values: list[float]) -> str:

@@ -1,6 +1,6 @@
 """The text a Pipecat bot's LLM reads for each user turn, with voxgate's smart turns.
 
-    .venv/bin/python -m benchmarks.pipecat_turns [--clips 40] [--sets real,pauses]
+    .venv/bin/python -m benchmarks.pipecat_turns [--clips 40] [--sets real,pauses] [--target T]
 
 One real server on the default configuration (bundled models) from this environment; then,
 in the Pipecat environment (clients/setup-venvs.sh), a worker plays each clip of
@@ -20,9 +20,9 @@ Also the user messages per call against the EndOfTurn events (one message per tu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import wave
@@ -30,33 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._wer import wer
+from benchmarks.framework_latency import SPEECH, run_venv_script
 from benchmarks.turn_taking import RATE_HZ, load_items
 from voxgate_client.testing import SERVER_ENV, TARGET_ENV, LocalServer
 
-ROOT = Path(__file__).resolve().parents[1]
-SPEECH = ROOT.parent / "shared" / "data" / "speech"
-
 
 def run_worker(target: str, paths: list[str]) -> list[dict[str, Any]]:
-    py = ROOT / ".venv-pipecat" / "bin" / "python"
-    if not py.exists():
-        raise SystemExit(".venv-pipecat is missing: run clients/setup-venvs.sh first")
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_") and k != "PYTHONPATH"
-    }
-    out = subprocess.run(
-        [str(py), str(ROOT / "benchmarks" / "pipecat_turns_worker.py"), "--target", target]
-        + ["--clips", *paths],
-        check=False,  # the return code is checked below, with the worker's stderr
-        cwd=ROOT / "clients",  # nothing of the server importable from here
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=7200,
-    )
-    if out.returncode != 0:
-        raise SystemExit(f"pipecat worker failed:\n{out.stderr[-4000:]}")
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    args = ["--target", target, "--clips", *paths]
+    lines = run_venv_script(".venv-pipecat", "pipecat_turns_worker.py", args, timeout=7200)
+    return [json.loads(line) for line in lines if line.startswith("{")]
 
 
 def main() -> None:
@@ -64,6 +46,7 @@ def main() -> None:
     ap.add_argument("--clips", type=int, default=40, help="shared clips (JFK first)")
     ap.add_argument("--sets", default="real,pauses", help="real, pauses or both")
     ap.add_argument("--json", type=Path, help="write the per-call rows here")
+    ap.add_argument("--target", help="a running server (default: start one, default config)")
     args = ap.parse_args()
     real, paused = load_items(SPEECH, args.clips)
     sets = {"real": real, "pauses": paused}
@@ -71,7 +54,8 @@ def main() -> None:
     os.environ.setdefault(SERVER_ENV, str(Path(sys.executable).parent / "voxgate"))
     os.environ.pop(TARGET_ENV, None)
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp, LocalServer() as server:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        target = args.target or stack.enter_context(LocalServer()).target
         for name in chosen:
             items = sets[name]
             paths = []
@@ -83,7 +67,7 @@ def main() -> None:
                     w.setframerate(RATE_HZ)
                     w.writeframes(item.pcm.tobytes())
                 paths.append(str(path))
-            for item, row in zip(items, run_worker(server.target, paths), strict=True):
+            for item, row in zip(items, run_worker(target, paths), strict=True):
                 rows.append(
                     {
                         "set": name,

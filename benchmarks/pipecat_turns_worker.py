@@ -17,13 +17,12 @@ from typing import Any
 
 import numpy as np
 from _framework_direct import paced
-from pipecat.frames.frames import EndFrame, Frame, InputAudioRawFrame, InterimTranscriptionFrame
-from pipecat.pipeline.pipeline import Pipeline
-from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+from framework_latency_pipecat import run_pipeline
+from pipecat.frames.frames import Frame, InputAudioRawFrame, InterimTranscriptionFrame
+from pipecat.pipeline.worker import PipelineWorker
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMUserAggregator
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
-from pipecat.workers.runner import WorkerRunner
 from pipecat_voxgate import VoxgateSTTService, VoxgateSTTSettings
 
 from voxgate_client import EndOfTurn, Transcript
@@ -79,25 +78,11 @@ async def one_clip(target: str, path: str) -> dict[str, Any]:
         InputAudioRawFrame(audio[i : i + step].tobytes(), rate, 1)
         for i in range(0, len(audio), step)
     ]
-    worker = PipelineWorker(
-        Pipeline([stt, finals, user]),
-        params=PipelineParams(audio_in_sample_rate=rate),
-        cancel_on_idle_timeout=False,
-    )
-    started = asyncio.Event()
 
-    @worker.event_handler("on_pipeline_started")
-    async def _started(_: PipelineWorker, __: Frame) -> None:
-        started.set()
-
-    async def drive() -> None:
-        await started.wait()
+    async def body(worker: PipelineWorker) -> None:
         await paced(frames, 1.0, 0.1, worker.queue_frame)
-        await worker.queue_frame(EndFrame())
 
-    runner = WorkerRunner()
-    await runner.add_workers(worker)
-    await asyncio.gather(runner.run(), drive())
+    await run_pipeline([stt, finals, user], rate, body)
     return {
         "messages": messages,
         "turn_texts": [t.text for t in turns],

@@ -219,3 +219,22 @@ def test_framework_latency_benchmark_runs_in_its_tiny_mode(server: LocalServer) 
         assert f"{framework}: TTS request -> first audio" in out.stdout, out.stdout
     assert out.stdout.count("adapter added to each final") == 2, out.stdout
     assert out.stdout.count("adapter added to the first audio") == 2, out.stdout
+
+
+def test_pipecat_turns_benchmark_runs_on_one_clip(server: LocalServer) -> None:
+    """benchmarks/pipecat_turns.py end to end on Kennedy's sentence (its set's first clip), so
+    it never rots: one user message per EndOfTurn, and the message the LLM reads is the
+    EndOfTurn's text (the same WER)."""
+    out = subprocess.run(  # noqa: PLW1510 - the return code is the assertion
+        [sys.executable, "-m", "benchmarks.pipecat_turns", "--clips", "1", "--sets", "real"]
+        + ["--target", server.target],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    row = next(line.split() for line in out.stdout.splitlines() if line.startswith("real"))
+    _, calls, llm, end_of_turn, _, counts = row
+    messages, turns = counts.split("/")
+    assert calls == "1" and llm == end_of_turn and messages == turns != "0", out.stdout
