@@ -64,13 +64,14 @@ def clips(n: int) -> list[str]:
 
 
 @contextmanager
-def server(target: str | None) -> Iterator[str]:
+def server(target: str | None, config_yaml: str = BENCH_CONFIG_YAML) -> Iterator[str]:
+    """``target``, or a server started from this environment with ``config_yaml``."""
     if target:
         yield target
         return
     os.environ.setdefault(SERVER_ENV, str(Path(sys.executable).parent / "voxgate"))
     os.environ.pop(TARGET_ENV, None)
-    with LocalServer(config_yaml=BENCH_CONFIG_YAML) as srv:
+    with LocalServer(config_yaml=config_yaml) as srv:
         yield srv.target
 
 

@@ -20,19 +20,15 @@ Also the user messages per call against the EndOfTurn events (one message per tu
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import sys
 import tempfile
 import wave
 from pathlib import Path
 from typing import Any
 
 from benchmarks._wer import wer
-from benchmarks.framework_latency import SPEECH, run_venv_script
+from benchmarks.framework_latency import SPEECH, run_venv_script, server
 from benchmarks.turn_taking import RATE_HZ, load_items
-from voxgate_client.testing import SERVER_ENV, TARGET_ENV, LocalServer
 
 
 def run_worker(target: str, paths: list[str]) -> list[dict[str, Any]]:
@@ -51,11 +47,9 @@ def main() -> None:
     real, paused = load_items(SPEECH, args.clips)
     sets = {"real": real, "pauses": paused}
     chosen = [s for s in args.sets.split(",") if s]
-    os.environ.setdefault(SERVER_ENV, str(Path(sys.executable).parent / "voxgate"))
-    os.environ.pop(TARGET_ENV, None)
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        target = args.target or stack.enter_context(LocalServer()).target
+    # The default configuration (config_yaml ""): the text a user's bot gets.
+    with tempfile.TemporaryDirectory() as tmp, server(args.target, config_yaml="") as target:
         for name in chosen:
             items = sets[name]
             paths = []
