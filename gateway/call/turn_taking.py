@@ -297,8 +297,16 @@ class TurnTaking:
         options = replace(options, word_timestamps=False, end_mark=False)
         # Named for the queue as the utterances are (a final withdraws the queued interims of
         # its name): this turn of this call, which has no interims.
+        # The finals joined are what this decode mostly says: checked in one decoder pass.
+        draft = " ".join(t.strip() for _, t in sorted(turn.texts.items()) if t.strip())
         request = AsrRequest(
-            audio, stats, options, is_final=True, bulk=True, utterance=(self, "turn", turn.index)
+            audio,
+            stats,
+            options,
+            is_final=True,
+            bulk=True,
+            utterance=(self, "turn", turn.index),
+            draft=draft,
         )
         transcriber = self._transcriber
 
