@@ -230,36 +230,19 @@ class WhisperDecoder:
 
     def prefill(self, cache: _Cache, tokens: Sequence[int], logits_at: int | None) -> F32 | None:
         """Run ``tokens`` (one row, positions 0..T-1) into ``cache``; logits at one position."""
-        cache.length = 0
-        x = self.extend(cache, tokens)
-        if logits_at is None:
-            return None
-        return self.logits(x[logits_at : logits_at + 1])
-
-    def extend(self, cache: _Cache, tokens: Sequence[int]) -> F32:
-        """Run ``tokens`` (one row) at the cache's next positions in one pass; their states.
-
-        Each token attends to everything before it in the cache and to the tokens before it
-        here (causal), its K/V are written at its position and the length advances. Returns
-        the final layer's hidden states (T, d_model), before the final norm: project the rows
-        that are wanted with :meth:`logits`. One pass over T tokens reads the weights once,
-        where T :meth:`step` calls read them T times; that is what lets a draft's tokens be
-        checked together (:mod:`voxgate.engines.asr._draft`).
-        """
-        t, n0 = len(tokens), cache.length
-        n = n0 + t
+        t = len(tokens)
         h, dh = self.heads, self.d_head
-        x = self.w.embeddings[np.asarray(tokens)] + self.w.positions[n0:n]
-        mask = np.triu(np.full((t, n), _NEG_INF, np.float32), n0 + 1)
+        x = self.w.embeddings[np.asarray(tokens)] + self.w.positions[:t]
+        mask = np.triu(np.full((t, t), _NEG_INF, np.float32), 1)
         for li, layer in enumerate(self.w.layers):
             y = _layer_norm(x, layer.ln_self)
             q = (_linear(y, layer.q) * self._qscale).reshape(t, h, dh).transpose(1, 0, 2)
             k = _linear(y, layer.k).reshape(t, h, dh)
             v = _linear(y, layer.v).reshape(t, h, dh)
-            cache.self_k[li][0, :, :, n0:n] = k.transpose(1, 2, 0)
-            cache.self_v[li][0, :, n0:n, :] = v.transpose(1, 0, 2)
-            att = q @ cache.self_k[li][0, :, :, :n] + mask  # (H, T, n)
-            o = _softmax_inplace(att) @ cache.self_v[li][0, :, :n, :]  # (H, T, dh)
+            cache.self_k[li][0, :, :, :t] = k.transpose(1, 2, 0)
+            cache.self_v[li][0, :, :t, :] = v.transpose(1, 0, 2)
+            att = q @ cache.self_k[li][0, :, :, :t] + mask  # (H, T, T)
+            o = _softmax_inplace(att) @ cache.self_v[li][0, :, :t, :]  # (H, T, dh)
             x = x + _linear(o.transpose(1, 0, 2).reshape(t, h * dh), layer.out_self)
             y = _layer_norm(x, layer.ln_cross)
             q = (_linear(y, layer.q_cross) * self._qscale).reshape(t, h, dh).transpose(1, 0, 2)
@@ -268,9 +251,10 @@ class WhisperDecoder:
             x = x + _linear(o.transpose(1, 0, 2).reshape(t, h * dh), layer.out_cross)
             y = _layer_norm(x, layer.ln_ffn)
             x = x + _linear(_gelu(_linear(y, layer.ffn_in)), layer.ffn_out)
-        cache.length = n
-        out: F32 = x
-        return out
+        cache.length = t
+        if logits_at is None:
+            return None
+        return self.logits(x[logits_at : logits_at + 1])
 
     def logits(self, x: F32) -> F32:
         """Final norm and the projection on the (tied) embeddings."""

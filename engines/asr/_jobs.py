@@ -69,11 +69,6 @@ class EngineCounters:
             together, ``loop_rows`` exceeds ``loop_steps``.
         loop_joined: loop decodes that joined a batch mid-run (``add`` after the batch's
             first step, while another item was still decoding).
-        draft_items: greedy decodes that checked a draft (``AsrRequest.draft``).
-        draft_accepted: their tokens taken from the draft without a step of their own.
-        draft_tokens: their tokens in all (EOT included).
-        draft_passes: their decoder passes after the prompt's (one step's weight reads each).
-        draft_s: wall time of those decodes.
     """
 
     encode_s: float = 0.0
@@ -91,11 +86,6 @@ class EngineCounters:
     loop_steps: int = 0
     loop_rows: int = 0
     loop_joined: int = 0
-    draft_items: int = 0
-    draft_accepted: int = 0
-    draft_tokens: int = 0
-    draft_passes: int = 0
-    draft_s: float = 0.0
 
     def reset(self) -> None:
         """Zero every counter."""
@@ -171,8 +161,6 @@ class Job:
     decode_s: float = 0.0
     #: When its decode in our loop began (``add`` / ``step``), on the engine's clock.
     round_started: float = 0.0
-    #: The request's draft (``AsrRequest.draft``); single-chunk jobs only.
-    draft: str = ""
 
     @property
     def content_frames(self) -> int:
@@ -528,6 +516,5 @@ def plan_jobs(
         )
         if len(audio) <= _WINDOW_SAMPLES:
             job.voiced_spans_ms = req.voiced_spans_ms
-            job.draft = req.draft
         jobs.append(job)
     return jobs

@@ -33,7 +33,6 @@ import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
@@ -54,7 +53,6 @@ from voxgate.engines.asr._decode import (
     SharedDecoder,
     StepLoop,
 )
-from voxgate.engines.asr._draft import draft_greedy, with_first_merge
 from voxgate.engines.asr._jobs import (
     Attempt,
     EngineCounters,
@@ -96,16 +94,6 @@ _RECITED_HOTWORD_NO_SPEECH = 0.3
 _WORD_RE = re.compile(r"[\w']+")
 
 
-@dataclass(slots=True)
-class _Drafted:
-    """A drafted decode (:func:`draft_greedy`) in the shape ``_record`` reads from ``generate``."""
-
-    sequences_ids: list[list[int]]
-    scores: list[float]
-    no_speech_prob: float
-    logits: list[list[npt.NDArray[np.float32]]]
-
-
 class WhisperEngine:
     """A Whisper recogniser over CTranslate2 that decodes many utterances per call.
 
@@ -138,7 +126,6 @@ class WhisperEngine:
         self._encode_cost_s: dict[int, float] = {}
         self._model = model
         self._hf_tokenizer = hf_tokenizer
-        self._draft_tokenizer: Any = None
         self._multilingual = bool(model.is_multilingual)
         self._features = FeatureExtractor(feature_size=int(model.n_mels))
         self._tokenizers: dict[tuple[str, str], Tokenizer] = {}
@@ -201,7 +188,6 @@ class WhisperEngine:
         twin._halved_max_length = self._halved_max_length
         twin._encode_cost_s = dict(self._encode_cost_s)
         twin._loop_shared = self._loop_shared
-        twin._draft_tokenizer = self._draft_tokenizer
         return twin
 
     def warmup(self) -> None:
@@ -217,10 +203,6 @@ class WhisperEngine:
         audio = (rng.standard_normal(ASR_SAMPLE_RATE_HZ) * 0.01).astype(np.float32)
         stats = UtteranceStats(1000, 1000, 1.0, 0, 0, -40.0, -40.0, -30.0)
         self.infer_batch([AsrRequest(audio, stats, AsrOptions(silence_aware=False))])
-        if self._drafting():
-            # Read the decoder's weights now, not on the first final that has a draft.
-            self._loop_shared.decoder()
-            self._draft_tokens("")
         began = self._clock()
         self._model.encode(self._storage([self._feature(audio, FULL_WINDOW_FRAMES)]))
         self._encode_cost_s[FULL_WINDOW_FRAMES] = self._clock() - began
@@ -388,11 +370,6 @@ class WhisperEngine:
         Jobs a logits processor applies to go through our own loop instead, all together
         (the loop has no batch keys: every item carries its own options and processors).
         """
-        drafted = [j for j in jobs if self._drafts(j)]
-        for j in drafted:
-            self._draft_decode(j)
-        if drafted:
-            jobs = [j for j in jobs if not any(j is x for x in drafted)]
         looped = [j for j in jobs if self._wants_loop(j)]
         if looped:
             self._loop_decode(looped)
@@ -467,76 +444,6 @@ class WhisperEngine:
         if cfg.always or self._phrase_tree(job.options.hotwords) is not None:
             return True
         return job.options.silence_aware and (cfg.silence_end or cfg.hallucination_bias > 0.0)
-
-    def _drafting(self) -> bool:
-        """Whether drafts are checked at all: on the CPU, with the decoder's weights at hand."""
-        cfg = self.config
-        return (
-            cfg.decode_loop.draft_finals
-            and cfg.device == "cpu"
-            and self._loop_shared.model_dir is not None
-        )
-
-    def _drafts(self, job: Job) -> bool:
-        """Whether ``job``'s decode now is a greedy one that checks its draft (see _draft)."""
-        plan = job.plan
-        return (
-            bool(job.draft)
-            and self._drafting()
-            and not job.attempts
-            and plan.temperatures[job.temp_idx] == 0.0
-            and plan.beam_size == 1
-            and plan.num_hypotheses == 1
-            and plan.no_repeat_ngram_size == 0
-            and not self._wants_loop(job)
-        )
-
-    def _draft_tokens(self, text: str) -> list[int]:
-        """``text`` as the tokens Whisper would decode it to (a leading space, then BPE).
-
-        The bundled ``tokenizer.json`` (faster-whisper base's) lacks GPT-2's first merge,
-        "Ġ t", so it spells " the", " to", " that" ... as a bare space and the rest: 220, 3322
-        where Whisper decodes 264 (the vocabulary holds "Ġt", 256). A draft spelled that way
-        disagrees with the decoder at every such word, so drafts are encoded with the merge
-        put back (a copy of the tokenizer; prompts still use the file as it is).
-        """
-        if self._draft_tokenizer is None:
-            self._draft_tokenizer = with_first_merge(self._hf_tokenizer)
-        return list(self._draft_tokenizer.encode(" " + text.strip(), add_special_tokens=False).ids)
-
-    def _draft_decode(self, job: Job) -> None:
-        """Decode ``job`` greedily on the loop's decoder, checking its draft in passes.
-
-        The same rules as ``generate`` here (Whisper's suppress lists and blank, the
-        repetition penalty), the same prompt and length cap; recorded in ``generate``'s
-        shape, so the gates and retries read it as they read ``generate``'s.
-        """
-        assert job.language is not None
-        tok = self._tokenizer(job.language, job.options.task)
-        draft = self._draft_tokens(job.draft)
-        procs, _ = self._loop_processors(job, tok, False)
-        prompt = self._prompt(job)
-        t0 = time.perf_counter()
-        out = draft_greedy(
-            self._loop_shared.decoder(),
-            job.encoder_out[job.frames],
-            prompt,
-            draft,
-            sot=tok.sot,
-            eot=tok.eot,
-            no_speech=tok.no_speech,
-            max_length=job.plan.max_new_tokens,
-            processors=procs,
-        )
-        c = self.counters
-        c.draft_s += time.perf_counter() - t0
-        c.draft_items += 1
-        c.draft_accepted += out.accepted
-        c.draft_tokens += len(out.logits)
-        c.draft_passes += out.passes
-        res = out.result
-        drafted = _Drafted(res.sequences_ids, res.scores, res.no_speech_prob, [out.logits])
-        self._record(job, 0.0, drafted)
 
     def _loop_processors(
         self, job: Job, tok: Tokenizer, timestamps: bool

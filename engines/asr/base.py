@@ -98,10 +98,6 @@ class AsrRequest:
             utterance; None = unnamed): when its final is submitted, that utterance's interims
             still queued leave the queue, so that none runs ahead of, or in one batch with,
             the final it is superseded by. Scheduling only; the engine ignores it.
-        draft: words this utterance is expected to decode to, from a decode of a shorter
-            prefix of it (its latest interim): a greedy final checks them in one decoder
-            pass and steps only where the decoder disagrees (``decode_loop.draft_finals``).
-            Speed only: the result is the decoder's own choice, whatever the draft says.
     """
 
     audio: FloatArray
@@ -112,7 +108,6 @@ class AsrRequest:
     urgent: bool = False
     bulk: bool = False
     utterance: Hashable = None
-    draft: str = ""
 
     @property
     def batch_key(self) -> Hashable:

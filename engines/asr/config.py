@@ -234,14 +234,6 @@ class DecodeLoopConfig(BaseModel):
         description="Decode every item with the loop, even with no processor active "
         "(equality checks and benchmarks).",
     )
-    draft_finals: bool = Field(
-        default=True,
-        description="On the CPU, a greedy decode that comes with a draft (a final whose "
-        "utterance had an interim: AsrRequest.draft) runs on the loop's decoder and checks "
-        "the draft's tokens in one pass, stepping only where the decoder disagrees; else "
-        "generate. Speed only (docs/decode_loop.md, 'Drafted finals'); the decoder's weights "
-        "are loaded at warmup.",
-    )
 
 
 class WhisperConfig(BaseModel):

@@ -272,15 +272,12 @@ class Recognition:
         the hint (``AsrOptions.language_hint``): the final still detects its own, and falls
         back to the call's before a window re-encode. A call whose turns read the words asks
         for the end mark's probability (``AsrOptions.end_mark``): the turn detector believes
-        a full stop as far as Whisper did. The utterance's longest interim is the decode's
-        draft (``AsrRequest.draft``): its words are checked in one decoder pass, not decoded
-        one step each.
+        a full stop as far as Whisper did.
         """
         if options.language is None and self._learned_language is not None:
             options = replace(options, language_hint=self._learned_language)
         if self._turns.reads_end_marks:
             options = replace(options, end_mark=True)
-        kept = self._interim_texts.get(index)
         return AsrRequest(
             utt.audio,
             utt.stats,
@@ -288,7 +285,6 @@ class Recognition:
             is_final=True,
             bulk=self._bulk(),
             utterance=self.utterance(index),
-            draft=kept[1].text if kept is not None else "",
         )
 
     # -- finals ------------------------------------------------------------------------------------

@@ -297,16 +297,8 @@ class TurnTaking:
         options = replace(options, word_timestamps=False, end_mark=False)
         # Named for the queue as the utterances are (a final withdraws the queued interims of
         # its name): this turn of this call, which has no interims.
-        # The finals joined are what this decode mostly says: checked in one decoder pass.
-        draft = " ".join(t.strip() for _, t in sorted(turn.texts.items()) if t.strip())
         request = AsrRequest(
-            audio,
-            stats,
-            options,
-            is_final=True,
-            bulk=True,
-            utterance=(self, "turn", turn.index),
-            draft=draft,
+            audio, stats, options, is_final=True, bulk=True, utterance=(self, "turn", turn.index)
         )
         transcriber = self._transcriber
 
