@@ -29,7 +29,10 @@ clip's own). Reported per variant, set and number of concurrent callers (1 and 4
 
 ``--encoder-buckets`` (repeatable) runs each variant once per encoder window setting
 (``asr.encoder.buckets_s``; ``default`` for the server's own), side by side in the same run; the
-cells' ``variant`` then names the buckets too (``combined b5/10/15/20/30``).
+cells' ``variant`` then names the buckets too (``combined b5/10/15/20/30``). ``--setting``
+(repeatable) does the same for any server setting, ``KEY=VALUE`` in the config's dotted names
+(``--setting default --setting asr.lone_encode_threads=1``: the server as it comes, and
+without the lone final's wide encode).
 """
 
 from __future__ import annotations
@@ -333,8 +336,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         variants = [v for v in variants if v in args.variants]
     report: dict[str, Any] = {"cells": [], "calls": []}
     windows: list[tuple[float, ...] | None] = args.encoder_buckets or [None]
-    runs = [(v, b) for v in variants for b in windows]
-    for variant, buckets in runs:
+    settings: list[str] = args.setting or ["default"]
+    runs = [(v, b, st) for v in variants for b in windows for st in settings]
+    for variant, buckets, setting in runs:
         # Only the audio variants load a model: the others are measured without one, so the
         # words are what decides ``words``'s turns whatever the install.
         turns: dict[str, Any] = {"smart_turn_model": ""}
@@ -351,6 +355,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             label += " " + (
                 "default" if buckets is None else "b" + "/".join(f"{b:g}" for b in buckets)
             )
+        if setting != "default":
+            merge_setting(overrides, setting)
+        if len(settings) > 1:
+            label += " " + setting
         cfg = load_config(None, overrides)
         hub = build_hub(cfg)
         async with running_server(hub=hub, config=cfg) as srv:
@@ -366,6 +374,22 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                     report["calls"].extend(asdict(o) for o in outcomes)
                     print(json.dumps(cell), flush=True)
     return report
+
+
+def merge_setting(overrides: dict[str, Any], setting: str) -> None:
+    """Put ``KEY=VALUE`` (dotted config names; VALUE as JSON, else a string) in ``overrides``."""
+    key, sep, raw = setting.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"--setting wants KEY=VALUE, got {setting!r}")
+    try:
+        value: Any = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    *path, last = key.split(".")
+    node = overrides
+    for part in path:
+        node = node.setdefault(part, {})
+    node[last] = value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -406,6 +430,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="S,S,...|default",
         help="run each variant on these encoder windows (asr.encoder.buckets_s), or 'default' "
         "for the server's own; repeatable, side by side in one run",
+    )
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE|default",
+        help="run each variant with this server setting (dotted config name), or 'default'; "
+        "repeatable, side by side in one run",
     )
     parser.add_argument("--tiny", action="store_true", help="2 clips, 1 pause set item")
     parser.add_argument("--json", type=Path, help="write the whole report here")
