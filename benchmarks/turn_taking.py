@@ -31,8 +31,8 @@ clip's own). Reported per variant, set and number of concurrent callers (1 and 4
 (``asr.encoder.buckets_s``; ``default`` for the server's own), side by side in the same run; the
 cells' ``variant`` then names the buckets too (``combined b5/10/15/20/30``). ``--setting``
 (repeatable) does the same for any server setting, ``KEY=VALUE`` in the config's dotted names
-(``--setting default --setting asr.lone_encode_threads=1``: the server as it comes, and
-without the lone final's wide encode).
+(``--setting default --setting session.turns.decode_after_ms=40``: the server as it comes,
+and with the final decode started 40 ms after the loud end).
 """
 
 from __future__ import annotations

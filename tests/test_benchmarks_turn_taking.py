@@ -8,7 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.turn_taking import Outcome, last_word_ms, main, splice_pause, summarise
+from benchmarks.turn_taking import (
+    Outcome,
+    last_word_ms,
+    main,
+    merge_setting,
+    splice_pause,
+    summarise,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -24,6 +31,21 @@ def words(*spans_ms: tuple[int, int], total_ms: int) -> np.ndarray:
             np.int16
         )
     return pcm
+
+
+def test_a_setting_lands_in_the_servers_overrides_beside_the_others() -> None:
+    """``--setting KEY=VALUE``: dotted names nest, values read as JSON (else text), and the
+    benchmark's own overrides stay."""
+    overrides: dict[str, object] = {"session": {"turns": {"smart_turn_model": ""}}}
+    merge_setting(overrides, "session.turns.decode_after_ms=40")
+    merge_setting(overrides, "asr.decode_loop.always=true")
+    merge_setting(overrides, "asr.model=tiny.en")
+    assert overrides == {
+        "session": {"turns": {"smart_turn_model": "", "decode_after_ms": 40}},
+        "asr": {"decode_loop": {"always": True}, "model": "tiny.en"},
+    }
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        merge_setting(overrides, "session.turns.decode_after_ms")
 
 
 def test_the_pause_goes_into_the_quietest_mid_sentence_gap() -> None:

@@ -7,7 +7,6 @@ validated once at start-up.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -308,17 +307,6 @@ class WhisperConfig(BaseModel):
     intra_threads: int = Field(
         default=0, ge=0, le=256, description="OpenMP threads per worker (0 = CTranslate2 default)."
     )
-    lone_encode_threads: int = Field(
-        default=0,
-        ge=0,
-        le=256,
-        description="CPU: a final's encoder pass runs on this many threads while no other "
-        "worker of the engine is busy (a second CTranslate2 replica of the model, encoder "
-        "passes only; identical output). 0 = the machine's cores when that is more than "
-        "intra_threads, for a model.bin of at most 400 MB (a larger model's copy costs its "
-        "memory again; set the threads to have one anyway); 1 = off. See docs/turns.md "
-        "('A lone final encoded on both cores').",
-    )
     flash_attention: bool = Field(
         default=False, description="Flash attention 2 in self-attention; GPU only."
     )
@@ -413,14 +401,6 @@ class WhisperConfig(BaseModel):
         if self.compute_type != "auto":
             return self.compute_type
         return "int8" if self.device == "cpu" else "float16"
-
-    @property
-    def resolved_lone_encode_threads(self) -> int:
-        """Threads of a lone final's encoder pass; 1 or less = no second replica."""
-        if self.device != "cpu":
-            return 0
-        wanted = self.lone_encode_threads or (os.cpu_count() or 1)
-        return wanted if wanted > max(1, self.resolved_intra_threads) else 0
 
     @property
     def resolved_intra_threads(self) -> int:
