@@ -100,7 +100,8 @@ class GatewayMetrics:
         self.asr_model_requests = Counter(
             "voxgate_asr_model_requests_total",
             "Recognition requests by model (the default's name, a named model's, or _barge-in "
-            "for asr.barge_in_model), kind (final, interim) and outcome (ok, failed, refused; "
+            "for asr.barge_in_model), kind (final, interim; turn: a smart turn decoded again as "
+            "one, session.turns.whole_text) and outcome (ok, failed, refused; "
             "withdrawn: an interim taken off the queue when its utterance's final came).",
             ["model", "kind", "outcome"],
             registry=r,
@@ -114,11 +115,11 @@ class GatewayMetrics:
         )
         self.asr_model_fallbacks = Counter(
             "voxgate_asr_fallbacks_total",
-            "Decoding retries by model, kind (final, interim) and step: window (re-encoded on "
-            "the full 30 s window), temperature (sampled hotter), language (the runner-up "
-            "detected language); each costs about one more decode. Step budget: the ladder "
-            "stopped because its next retry would have ended after asr.policy.decode_budget_s "
-            "(the best text so far was kept).",
+            "Decoding retries by model, kind (final, interim, turn) and step: window "
+            "(re-encoded on the full 30 s window), temperature (sampled hotter), language "
+            "(the runner-up detected language); each costs about one more decode. Step "
+            "budget: the ladder stopped because its next retry would have ended after "
+            "asr.policy.decode_budget_s (the best text so far was kept).",
             ["model", "kind", "step"],
             registry=r,
         )

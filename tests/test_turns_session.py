@@ -246,6 +246,8 @@ def test_a_turn_of_two_utterances_is_decoded_whole_and_that_is_its_text() -> Non
     # Both utterances as they ended (the finals' decodes started before their hangovers ran
     # out, on less of the audio): the first one's audio first, then the second's.
     assert whole.is_final and len(whole.audio) >= len(first.audio) + len(second.audio)
+    # Named as a turn's second pass, so the gateway's metrics do not count it as an utterance.
+    assert whole.whole_turn and not first.whole_turn and not second.whole_turn
     assert np.array_equal(whole.audio[: len(first.audio)], first.audio)
     assert whole.options.initial_prompt == "" and not whole.options.word_timestamps
     assert whole.stats.speech_ms == first.stats.speech_ms + second.stats.speech_ms

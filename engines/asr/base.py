@@ -98,6 +98,10 @@ class AsrRequest:
             utterance; None = unnamed): when its final is submitted, that utterance's interims
             still queued leave the queue, so that none runs ahead of, or in one batch with,
             the final it is superseded by. Scheduling only; the engine ignores it.
+        whole_turn: a turn decoded again as one, after its utterances' finals (smart turns,
+            gateway/call/turn_taking.py): a second pass over speech already counted, so the
+            gateway's metrics count it as kind ``turn``, not as a final or an utterance.
+            Accounting only; the engine ignores it.
     """
 
     audio: FloatArray
@@ -108,6 +112,7 @@ class AsrRequest:
     urgent: bool = False
     bulk: bool = False
     utterance: Hashable = None
+    whole_turn: bool = False
 
     @property
     def batch_key(self) -> Hashable:

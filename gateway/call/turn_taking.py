@@ -298,7 +298,13 @@ class TurnTaking:
         # Named for the queue as the utterances are (a final withdraws the queued interims of
         # its name): this turn of this call, which has no interims.
         request = AsrRequest(
-            audio, stats, options, is_final=True, bulk=True, utterance=(self, "turn", turn.index)
+            audio,
+            stats,
+            options,
+            is_final=True,
+            bulk=True,
+            utterance=(self, "turn", turn.index),
+            whole_turn=True,
         )
         transcriber = self._transcriber
 

@@ -287,7 +287,9 @@ class AsrTranscriber:
             deadline = began + (self._deadline_s if first_rank else 4 * self._deadline_s)
         # Counted by model name (a replaced model's generations share it).
         model = model_name_of(request.options.model) or self._default_model
-        kind = "final" if request.is_final else "interim"
+        # A turn decoded again as one is neither an utterance's final nor its interim: counted
+        # apart, so that final counts and latencies stay one per utterance.
+        kind = "turn" if request.whole_turn else "final" if request.is_final else "interim"
         try:
             fut = self.batcher.submit(
                 request,
@@ -316,7 +318,7 @@ class AsrTranscriber:
         for step in result.fallbacks:
             self._metrics.asr_model_fallbacks.labels(model, kind, step).inc()
         self._metrics.asr_model_latency.labels(model, kind).observe(loop.time() - began)
-        if request.is_final:  # interim re-decodes are not utterances
+        if request.is_final and not request.whole_turn:  # nor are re-decodes of a turn
             self._metrics.utterances.labels(result.dropped_reason or "text").inc()
         return result
 
