@@ -15,9 +15,7 @@ import pytest
 
 from voxgate.engines.asr.base import AsrOptions, AsrRequest, AsrResult
 from voxgate.gateway.metrics import GatewayMetrics
-from voxgate.gateway.runtime import AsrTranscriber, BatchMetrics
-from voxgate.gateway.scheduling import Batcher, BatchPolicy
-from voxgate.gateway.testing.batched import fake_result
+from voxgate.gateway.testing.batched import FakeBatchedAsrHub, fake_result
 from voxgate.gateway.testing.fake_engines import FakeBatchEngine
 from voxgate.gateway.testing.signals import stats_for
 
@@ -26,29 +24,27 @@ pytestmark = pytest.mark.unit
 
 async def test_a_turn_decoded_whole_is_counted_apart_from_finals_and_utterances() -> None:
     metrics = GatewayMetrics()
-    engine = FakeBatchEngine[AsrRequest, AsrResult](fake_result)
-    batcher: Batcher[AsrRequest, AsrResult] = Batcher(
-        [engine], BatchPolicy(max_batch_size=1), observer=BatchMetrics(metrics), name="t"
-    )
+    hub = FakeBatchedAsrHub([FakeBatchEngine[AsrRequest, AsrResult](fake_result)])
+    await hub.start(metrics)
+    assert hub.transcriber is not None
     audio = np.zeros(16000, np.float32)
     stats = stats_for(audio)
-    async with batcher:
-        asr = AsrTranscriber(batcher, 1, lambda prompt, words: (), metrics, default_model="base")
+    try:
         for request in (
             AsrRequest(audio, stats, AsrOptions(), is_final=False, utterance=0),
             AsrRequest(audio, stats, AsrOptions(), utterance=0),
             AsrRequest(audio, stats, AsrOptions(), utterance=1),
             AsrRequest(audio, stats, AsrOptions(), bulk=True, utterance="turn", whole_turn=True),
         ):
-            await asr.transcribe(request)
+            await hub.transcriber.transcribe(request)
+    finally:
+        await hub.aclose()
 
     def requests(kind: str) -> float:
-        return metrics.value(
-            "voxgate_asr_model_requests_total", model="base", kind=kind, outcome="ok"
-        )
+        return metrics.value("voxgate_asr_model_requests_total", model="", kind=kind, outcome="ok")
 
     def decodes_timed(kind: str) -> float:
-        return metrics.value("voxgate_asr_model_latency_seconds_count", model="base", kind=kind)
+        return metrics.value("voxgate_asr_model_latency_seconds_count", model="", kind=kind)
 
     assert (requests("interim"), requests("final"), requests("turn")) == (1, 2, 1)
     assert (decodes_timed("final"), decodes_timed("turn")) == (2, 1)
