@@ -379,3 +379,21 @@ def test_a_runner_up_languages_failed_text_never_beats_the_calls_own() -> None:
     assert chosen_attempt(job, 2.4) is job_attempts[0]  # type: ignore[arg-type]
     job.options = AsrOptions()  # no hint: the first attempt's language is the call's
     assert chosen_attempt(job, 2.4) is job_attempts[0]  # type: ignore[arg-type]
+
+
+def test_a_full_window_retry_that_reads_worse_does_not_replace_the_buckets_words() -> None:
+    """Every attempt fails the retry rule. JFK's lone "Not!" on the default server: the short
+    bucket read it at -1.08 (a retry under -1.0, kept over -1.2), the full window worse (-1.32,
+    dropped): the surer text is kept, as among Whisper's temperatures. Only a short window's
+    own artifact (a phrase said twice, the prompt recited) yields to the full window, however
+    sure it was."""
+    job_attempts = [
+        Attempt(1000, "en", 0.0, [Hyp([3], "NOT!", -1.08, -2.16)], 0.05, True),
+        Attempt(3000, "en", 0.0, [Hyp([1], "hello", -1.32, -2.64)], 0.05, True),
+    ]
+    job = SimpleNamespace(attempts=job_attempts, frames=3000, options=AsrOptions())
+    assert chosen_attempt(job, 2.4) is job_attempts[0]  # type: ignore[arg-type]
+    job_attempts[0] = Attempt(
+        1000, "en", 0.0, [Hyp([3, 3], "not not", -0.3, -0.6)], 0.05, True, window_artifact=True
+    )
+    assert chosen_attempt(job, 2.4) is job_attempts[1]  # type: ignore[arg-type]

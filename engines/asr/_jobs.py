@@ -318,10 +318,15 @@ def chosen_attempt(job: Job, ratio_threshold: float) -> Attempt:
     Text cut short of its speech (``Attempt.short``) comes after all other text, and text in
     a runner-up language after text in the call's (its ``language_hint``, else the first
     attempt's): a runner-up's retry is a guess that the detection was wrong, and when it
-    fails too it has not shown that it was. Attempts on the latest window (the full one after
-    a ``window`` step) come before those on the short bucket it replaced, among texts that do
-    not loop; a ladder cut by the budget gets the same choice over the attempts it had time
-    for.
+    fails too it has not shown that it was. A short window's own artifact (a phrase said
+    twice, the prompt recited: ``Attempt.window_artifact``, often sure of itself) comes after
+    the rest; otherwise the short bucket's decode and the full window's compete on log-prob,
+    as Whisper's temperatures do. Until 2026-12-07 the latest window always came first, and
+    JFK's lone "Not!" (0.9 s) lost its word on the default server: the bucket's decode read
+    "NOT!" at -1.08, which only asks for a retry (under -1.0), the full window's read worse
+    (-1.32), and the full window's text was kept and then dropped under -1.2
+    (tests/test_budget_converse.py). A ladder cut by the budget gets the same choice over the
+    attempts it had time for.
     """
     last = job.attempts[-1]
     if not last.degenerate:
@@ -334,7 +339,7 @@ def chosen_attempt(job: Job, ratio_threshold: float) -> Attempt:
         loops = policy.compression_ratio(best.text) > ratio_threshold
         loops = loops or policy.has_repetition_loop(best.tokens)
         ours = a.language == spoken
-        return (not loops, not a.short, ours, a.frames == job.frames, best.avg_logprob)
+        return (not loops, not a.short, ours, not a.window_artifact, best.avg_logprob)
 
     return max(job.attempts, key=rank)
 
