@@ -281,6 +281,14 @@ class CallSession:
                 timer.cancel()
             if self._idle_timer is not None:
                 self._idle_timer.cancel()
+            # Every task the call owns is cancelled before any is awaited: a second
+            # cancellation (the client gone, then the server stopping) ends the awaits below,
+            # and a task cancelled only after one of them would outlive the call.
+            reader.cancel()
+            if self._interims is not None:
+                self._interims.cancel()
+            self._turns.cancel()
+            self._recognition.cancel()
             await cancel_and_wait(reader)
             await self._cancel_interims()
             await self._turns.aclose()

@@ -427,6 +427,42 @@ def test_shutdown_flushes_the_open_utterance_then_ends_with_unavailable() -> Non
     assert call.of(InterruptedOut)  # the reply was stopped, not left playing
 
 
+def test_a_call_cancelled_again_while_it_cleans_up_leaves_no_task_running() -> None:
+    """The client leaves (grpc cancels the handler), then the server stops (it cancels again).
+
+    The cleanup awaited the call's tasks one by one and cancelled each only when its turn
+    came: a second cancellation during the first wait ended the cleanup, and the interim loop
+    and its decode ran on after the call, for good. Where the loop was then closed without
+    cancelling them, they were destroyed pending. CI once failed on exactly that: a later
+    test's garbage collection ran the interim loop's ``finally`` on a closed loop. The second
+    cancellation is tried at each of the first loop iterations of the cleanup.
+    """
+    left_over: dict[int, list[str]] = {}
+    for gap in range(40):
+        call = Call(
+            FakeTranscriber(lambda r: "words", delay_s=0.3),
+            synth=None,
+            options={"interims": InterimOptions(results=True)},
+        )
+
+        async def main(call: Call = call, gap: int = gap) -> list[str]:
+            runner = asyncio.create_task(call.run())
+            await call.say(tone(2500))  # interims running, one decode in flight
+            runner.cancel()
+            for _ in range(gap):
+                await asyncio.sleep(0)
+            runner.cancel()
+            await asyncio.wait([runner])
+            await asyncio.sleep(1.0)  # what was cancelled has ended by now
+            me = asyncio.current_task()
+            return [t.get_name() for t in asyncio.all_tasks() if t is not me and not t.done()]
+
+        left = run_virtual(main())
+        if left:
+            left_over[gap] = left
+    assert left_over == {}
+
+
 # --- limits: idle calls and the longest call ---------------------------------------------------
 
 

@@ -243,6 +243,11 @@ class Interims:
         """Start the interim loop (the ``asr`` task does, beside the finals)."""
         self._task = asyncio.create_task(self._run(), name="interim")
 
+    def cancel(self) -> None:
+        """Ask the interim loop to stop, without waiting (see ``CallSession.run``'s cleanup)."""
+        if self._task is not None:
+            self._task.cancel()
+
     async def aclose(self) -> None:
         """Stop the interim loop and its decodes in flight."""
         task, self._task = self._task, None
@@ -310,8 +315,9 @@ class Interims:
                 task = asyncio.create_task(self._decode(utt, decision), name="interim-decode")
                 running.add(task)
         finally:
-            for task in list(running):
-                await cancel_and_wait(task)
+            # All at once: awaited one by one, a second cancellation during the first wait
+            # left the others running after the call.
+            await cancel_and_wait(*running)
 
     async def _decode(self, utt: Utterance, decision: Decode) -> None:
         """One interim decode: to the client when it asked for interims, then to barge-in."""

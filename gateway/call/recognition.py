@@ -179,10 +179,14 @@ class Recognition:
                 continue
             await self._transcribe_final(item)
 
-    async def aclose(self) -> None:
-        """Cancel the speculative finals in flight (the call ends) and await them."""
+    def cancel(self) -> None:
+        """Ask the speculative finals in flight to stop, without waiting."""
         for spec in self._specs.values():
             spec.task.cancel()
+
+    async def aclose(self) -> None:
+        """Cancel the speculative finals in flight (the call ends) and await them."""
+        self.cancel()
         specs, self._specs = list(self._specs.values()), {}
         await asyncio.gather(*(sp.task for sp in specs), return_exceptions=True)
 

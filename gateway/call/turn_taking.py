@@ -327,12 +327,14 @@ class TurnTaking:
         ends, self._pending_turn_ends = self._pending_turn_ends, []
         return ends
 
+    def cancel(self) -> None:
+        """Ask the turn model's runs and the whole-turn decodes to stop, without waiting."""
+        for task in (*self._turn_model_tasks, *self._whole_tasks):
+            task.cancel()
+
     async def aclose(self) -> None:
         """Cancel the turn model's runs and the whole-turn decodes in flight (the call ends)."""
-        for model_task in list(self._turn_model_tasks):
-            await cancel_and_wait(model_task)
-        for whole_task in list(self._whole_tasks):
-            await cancel_and_wait(whole_task)
+        await cancel_and_wait(*self._turn_model_tasks, *self._whole_tasks)
 
     def check(self) -> None:
         """Whether the open turn is over, now that more of the call's audio has been heard.
