@@ -87,7 +87,8 @@ class GatewayMetrics:
         )
         self.utterances = Counter(
             "voxgate_utterances_total",
-            "Utterances whose final decode finished, by outcome (text or why there is none).",
+            "Utterances whose final decode finished, one per utterance (the decode its final came "
+            "from), by outcome (text or why there is none).",
             ["outcome"],
             registry=r,
         )

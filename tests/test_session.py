@@ -350,6 +350,28 @@ def test_speech_resuming_cancels_the_speculation() -> None:
     assert call.metrics.value("voxgate_asr_speculative_finals_total", outcome="cancelled") == 1
 
 
+def test_a_speculation_that_finished_before_speech_resumed_is_not_an_utterance() -> None:
+    """``voxgate_utterances_total`` counts the decode each final came from, one per utterance.
+
+    The recogniser counted every final decode that finished: a speculation done before the
+    caller went on was counted, and so was the utterance's real final after it.
+    """
+    asr = FakeTranscriber(["hello there"], delay_s=0.05)
+    call = Call(transcriber=asr, synth=None)
+
+    async def script(c: Call) -> None:
+        # The speculation starts at the 320 ms settle point and is back at 370 ms; speech
+        # resumes at 500 ms, short of the 600 ms hangover.
+        await c.say(tone(800) + silence(500) + tone(800) + silence(1500))
+        await c.inbox.put(None)
+
+    drive(call, script)
+    finals = [e for _, e in call.of(TranscriptOut) if e.is_final]
+    assert len(finals) == 1 and finals[0].utterance_index == 0
+    assert [r.is_final for r in asr.requests] == [True, True] and asr.cancelled == []
+    assert call.metrics.value("voxgate_utterances_total", outcome="text") == 1
+
+
 def test_interims_come_at_the_interval_and_never_after_speech_end() -> None:
     asr = FakeTranscriber(lambda r: "final" if r.is_final else "partial", delay_s=0.05)
     call = Call(transcriber=asr, synth=None, options={"interims": InterimOptions(results=True)})

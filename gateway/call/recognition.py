@@ -317,6 +317,11 @@ class Recognition:
             message = f"recognition failed (internal error; server log has call {self.log_id})"
             failure = ErrorOut(ErrorKind.INTERNAL, message, "utterance", utt.index)
         self._final_done.add(utt.index)
+        if decoded is not None:
+            # Counted here, where the call uses the decode, not in the recogniser: a
+            # speculative final that finished before the caller went on is decoded again, and
+            # only the decode that stands for the utterance is one.
+            self._metrics.utterances.labels(decoded.dropped_reason or "text").inc()
         result = self._final_or_interim(utt.index, decoded, failure)
         turn = self._turns.final_came(
             utt.index,

@@ -318,8 +318,6 @@ class AsrTranscriber:
         for step in result.fallbacks:
             self._metrics.asr_model_fallbacks.labels(model, kind, step).inc()
         self._metrics.asr_model_latency.labels(model, kind).observe(loop.time() - began)
-        if request.is_final and not request.whole_turn:  # nor are re-decodes of a turn
-            self._metrics.utterances.labels(result.dropped_reason or "text").inc()
         return result
 
 
