@@ -73,3 +73,37 @@ def test_a_thread_waiting_for_the_loop_holds_the_clock_only_so_long(
 
     # Without the bound the clock would hold for the thread's 30 s wait, which then fails.
     assert run_virtual(main()) == 5.0
+
+
+def test_a_task_left_running_is_cancelled_on_an_open_loop_and_reported() -> None:
+    """A leak fails the test that made it, and the leaked task's cleanup runs while it can."""
+    cleaned_up: list[bool] = []
+
+    async def forever() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            cleaned_up.append(not asyncio.get_running_loop().is_closed())
+
+    tasks: list[asyncio.Task[None]] = []
+
+    async def main() -> int:
+        tasks.append(asyncio.create_task(forever(), name="leaked"))
+        await asyncio.sleep(1.0)
+        return 1
+
+    with pytest.raises(virtual_time.LeftRunningError, match="leaked"):
+        run_virtual(main())
+    assert cleaned_up == [True] and tasks[0].cancelled()
+
+
+def test_the_coroutines_own_error_stands_over_a_leak() -> None:
+    tasks: list[asyncio.Task[None]] = []
+
+    async def main() -> None:
+        tasks.append(asyncio.create_task(asyncio.sleep(3600), name="leaked"))
+        raise ValueError("the test's own failure")
+
+    with pytest.raises(ValueError, match="own failure"):
+        run_virtual(main())
+    assert tasks[0].cancelled()

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["HOLD_S", "VirtualClockLoop", "run_virtual"]
+__all__ = ["HOLD_S", "LeftRunningError", "VirtualClockLoop", "run_virtual"]
 
 T = TypeVar("T")
 
@@ -88,11 +88,33 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
         self._now += max(0.0, seconds)
 
 
+class LeftRunningError(AssertionError):
+    """Tasks were still running when the coroutine given to :func:`run_virtual` returned."""
+
+
 def run_virtual(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` to completion on a fresh :class:`VirtualClockLoop`."""
+    """Run ``coro`` to completion on a fresh :class:`VirtualClockLoop`.
+
+    Tasks it leaves running are cancelled and awaited, as ``asyncio.run`` does, and then
+    reported as :class:`LeftRunningError` (unless ``coro`` failed, whose error stands): a task
+    outliving the code under test is a leak (a call's interim loop once outlived its call).
+    Closed unfinished, such a task was destroyed pending and its ``finally`` ran, on a closed
+    loop, whenever the garbage collector came by: the failure surfaced in a later, unrelated
+    test.
+    """
     loop = VirtualClockLoop()
+    left: list[str] = []
     try:
-        return loop.run_until_complete(coro)
+        result = loop.run_until_complete(coro)
+        left = sorted(t.get_name() for t in asyncio.all_tasks(loop))
+        return result
     finally:
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.wait(pending))
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
+        if left:
+            raise LeftRunningError(f"tasks left running: {', '.join(left)}")
