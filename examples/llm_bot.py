@@ -75,6 +75,8 @@ class StandInLlm:
         self.requests: list[list[dict[str, str]]] = []
         self.done_at: list[float] = []
         self._server: asyncio.Server | None = None
+        self._answering: set[asyncio.Task[object]] = set()
+        self._closing = False
         self.port = 0
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -83,12 +85,21 @@ class StandInLlm:
         self.port = int(self._server.sockets[0].getsockname()[1])
 
     async def aclose(self) -> None:
-        """Stop listening."""
+        """Stop listening, and stop the answers still streaming (their bot may be gone)."""
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        # Ended, not cancelled: on Python 3.11 asyncio's streams log a cancelled handler as
+        # an error. Each answer stops at its next token.
+        self._closing = True
+        if self._answering:
+            await asyncio.wait(self._answering, timeout=5.0)  # a silent client: not for ever
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._answering.add(task)
+            task.add_done_callback(self._answering.discard)
         try:
             head = await reader.readuntil(b"\r\n\r\n")
             length = 0
@@ -105,6 +116,8 @@ class StandInLlm:
             )
             for token in re.findall(r"\S+\s*", stand_in_answer(messages)):
                 await asyncio.sleep(self.token_delay_s)
+                if self._closing:
+                    return
                 writer.write(b"data: " + json.dumps({"token": token}).encode() + b"\n\n")
                 await writer.drain()
             self.done_at.append(asyncio.get_running_loop().time())
