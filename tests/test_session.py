@@ -334,18 +334,24 @@ def test_a_speculative_final_hides_the_decode_behind_the_hangover() -> None:
     assert latency(speculative=False) == (100, 1)
 
 
-def test_speech_resuming_cancels_the_speculation() -> None:
-    asr = FakeTranscriber(delay_s=0.5)
+def speech_resumes_after(asr: FakeTranscriber, pause_ms: int) -> Call:
+    """Speech, ``pause_ms`` of silence (past the 320 ms settle point, short of the 600 ms
+    hangover), speech again: one utterance, whose final the call must send once."""
     call = Call(transcriber=asr, synth=None)
 
     async def script(c: Call) -> None:
-        # 400 ms of silence: past the 320 ms settle point, short of the 600 ms hangover.
-        await c.say(tone(800) + silence(400) + tone(800) + silence(1500))
+        await c.say(tone(800) + silence(pause_ms) + tone(800) + silence(1500))
         await c.inbox.put(None)
 
     drive(call, script)
     finals = [e for _, e in call.of(TranscriptOut) if e.is_final]
     assert len(finals) == 1 and finals[0].utterance_index == 0
+    return call
+
+
+def test_speech_resuming_cancels_the_speculation() -> None:
+    asr = FakeTranscriber(delay_s=0.5)
+    call = speech_resumes_after(asr, 400)
     assert asr.cancelled == [0]  # the speculation on the first part
     assert call.metrics.value("voxgate_asr_speculative_finals_total", outcome="cancelled") == 1
 
@@ -357,17 +363,9 @@ def test_a_speculation_that_finished_before_speech_resumed_is_not_an_utterance()
     caller went on was counted, and so was the utterance's real final after it.
     """
     asr = FakeTranscriber(["hello there"], delay_s=0.05)
-    call = Call(transcriber=asr, synth=None)
-
-    async def script(c: Call) -> None:
-        # The speculation starts at the 320 ms settle point and is back at 370 ms; speech
-        # resumes at 500 ms, short of the 600 ms hangover.
-        await c.say(tone(800) + silence(500) + tone(800) + silence(1500))
-        await c.inbox.put(None)
-
-    drive(call, script)
-    finals = [e for _, e in call.of(TranscriptOut) if e.is_final]
-    assert len(finals) == 1 and finals[0].utterance_index == 0
+    # The speculation starts at the 320 ms settle point and is back at 370 ms; speech resumes
+    # at 500 ms.
+    call = speech_resumes_after(asr, 500)
     assert [r.is_final for r in asr.requests] == [True, True] and asr.cancelled == []
     assert call.metrics.value("voxgate_utterances_total", outcome="text") == 1
 
