@@ -33,6 +33,12 @@ cells' ``variant`` then names the buckets too (``combined b5/10/15/20/30``). ``-
 (repeatable) does the same for any server setting, ``KEY=VALUE`` in the config's dotted names
 (``--setting default --setting session.turns.decode_after_ms=40``: the server as it comes,
 and with the final decode started 40 ms after the loud end).
+
+``--server`` (repeatable) says where the server runs: ``inprocess`` (the default: in this
+interpreter, beside the callers) or ``process`` (``voxgate serve`` in its own process, as users
+run it; ``$VOXGATE_TEST_SERVER``, else the ``voxgate`` beside this Python, else on ``PATH``).
+Both share the machine's cores with the callers; only ``process`` keeps the server's Python
+work (VAD, grpc, the session) off the callers' interpreter lock.
 """
 
 from __future__ import annotations
@@ -40,8 +46,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import wave
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -319,9 +328,6 @@ def summarise(outcomes: list[Outcome]) -> dict[str, Any]:
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     """Every variant x set x callers, one server per variant (the audio model is a server's)."""
     from voxgate.engines.turn import smart_turn_spec  # noqa: PLC0415
-    from voxgate.gateway.config import load_config  # noqa: PLC0415
-    from voxgate.gateway.runtime import build_hub  # noqa: PLC0415
-    from voxgate.gateway.testing.server import running_server  # noqa: PLC0415
 
     real, paused = load_items(args.speech_dir, args.clips)
     if args.tiny:
@@ -337,8 +343,11 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {"cells": [], "calls": []}
     windows: list[tuple[float, ...] | None] = args.encoder_buckets or [None]
     settings: list[str] = args.setting or ["default"]
-    runs = [(v, b, st) for v in variants for b in windows for st in settings]
-    for variant, buckets, setting in runs:
+    placements: list[str] = args.server or ["inprocess"]
+    runs = [
+        (v, b, st, pl) for v in variants for b in windows for st in settings for pl in placements
+    ]
+    for variant, buckets, setting, placement in runs:
         # Only the audio variants load a model: the others are measured without one, so the
         # words are what decides ``words``'s turns whatever the install.
         turns: dict[str, Any] = {"smart_turn_model": ""}
@@ -359,10 +368,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             merge_setting(overrides, setting)
         if len(settings) > 1:
             label += " " + setting
-        cfg = load_config(None, overrides)
-        hub = build_hub(cfg)
-        async with running_server(hub=hub, config=cfg) as srv:
-            target = srv.target
+        if len(placements) > 1:
+            label += " " + placement
+        async with _server(placement, overrides) as target:
             for callers in args.callers:
                 for set_name, items in sets.items():
                     outcomes = await run_variant(target, items, variant, callers, set_name)
@@ -374,6 +382,36 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                     report["calls"].extend(asdict(o) for o in outcomes)
                     print(json.dumps(cell), flush=True)
     return report
+
+
+@asynccontextmanager
+async def _server(placement: str, overrides: dict[str, Any]) -> AsyncIterator[str]:
+    """A server with ``overrides`` on a loopback port, in this process or its own; its target."""
+    if placement == "inprocess":
+        from voxgate.gateway.config import load_config  # noqa: PLC0415
+        from voxgate.gateway.runtime import build_hub  # noqa: PLC0415
+        from voxgate.gateway.testing.server import running_server  # noqa: PLC0415
+
+        cfg = load_config(None, overrides)
+        async with running_server(hub=build_hub(cfg), config=cfg) as srv:
+            yield srv.target
+        return
+    from voxgate_client.testing import SERVER_ENV, LocalServer  # noqa: PLC0415
+
+    # The port and host are LocalServer's flags; the rest of the overrides is its config file
+    # (JSON is YAML).
+    config = {k: v for k, v in overrides.items() if k != "server"}
+    config["server"] = {"grace_s": overrides.get("server", {}).get("grace_s", 1.0)}
+    sibling = Path(sys.executable).with_name("voxgate")
+    chosen = os.environ.get(SERVER_ENV)
+    if not chosen and sibling.exists():
+        os.environ[SERVER_ENV] = str(sibling)
+    try:
+        with LocalServer(config_yaml=json.dumps(config)) as srv:
+            yield srv.target
+    finally:
+        if not chosen:
+            os.environ.pop(SERVER_ENV, None)
 
 
 def merge_setting(overrides: dict[str, Any], setting: str) -> None:
@@ -438,6 +476,15 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE|default",
         help="run each variant with this server setting (dotted config name), or 'default'; "
         "repeatable, side by side in one run",
+    )
+    parser.add_argument(
+        "--server",
+        action="append",
+        default=[],
+        choices=["inprocess", "process"],
+        help="where the server runs: in this interpreter beside the callers (inprocess, the "
+        "default) or as 'voxgate serve' in its own process (process); repeatable, side by "
+        "side in one run",
     )
     parser.add_argument("--tiny", action="store_true", help="2 clips, 1 pause set item")
     parser.add_argument("--json", type=Path, help="write the whole report here")

@@ -97,13 +97,15 @@ def test_the_summary_splits_the_finals_time_at_speech_end() -> None:
 
 
 @pytest.mark.e2e
-def test_a_real_call_reports_where_its_final_time_went(tmp_path: Path) -> None:
+@pytest.mark.parametrize("placement", ["inprocess", "process"])
+def test_a_real_call_reports_where_its_final_time_went(tmp_path: Path, placement: str) -> None:
     """Through Converse on the default server (smart turns, the bundled model): the final of
     the last word comes after its SPEECH_END, and the server's latency is the difference's
-    upper bound (it counts from the server's SPEECH_END, before the client received it)."""
+    upper bound (it counts from the server's SPEECH_END, before the client received it).
+    Whether the server shares the callers' interpreter or runs as ``voxgate serve``."""
     out = tmp_path / "tt.json"
-    argv = ["--tiny", "--callers", "1", "--variants", "words", "--sets", "real", "--json", str(out)]
-    assert main(argv) == 0
+    argv = ["--tiny", "--callers", "1", "--variants", "words", "--sets", "real"]
+    assert main([*argv, "--server", placement, "--json", str(out)]) == 0
     calls = json.loads(out.read_text())["calls"]
     assert len(calls) == 2 and not any(c["error"] for c in calls)
     timed = [c for c in calls if c["final_ms"] is not None]
