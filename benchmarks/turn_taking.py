@@ -26,6 +26,7 @@ clip's own). Reported per variant, set and number of concurrent callers (1 and 4
 
     python -m benchmarks.turn_taking [--tiny] [--clips N] [--callers 1,4] [--json OUT]
         [--variants combined,words] [--sets real] [--encoder-buckets 5,10,15,20,30 ...]
+        [--lead zeros --lead noise]
 
 ``--encoder-buckets`` (repeatable) runs each variant once per encoder window setting
 (``asr.encoder.buckets_s``; ``default`` for the server's own), side by side in the same run; the
@@ -39,6 +40,12 @@ interpreter, beside the callers) or ``process`` (``voxgate serve`` in its own pr
 run it; ``$VOXGATE_TEST_SERVER``, else the ``voxgate`` beside this Python, else on ``PATH``).
 Both share the machine's cores with the callers; only ``process`` keeps the server's Python
 work (VAD, grpc, the session) off the callers' interpreter lock.
+
+``--lead`` (repeatable) says what the 0.5 s before each clip is: ``zeros`` (the default: digital
+silence, as a bridge sends before the caller is connected) or ``noise`` (the recording's own
+quietest 60 ms that is not digital silence, repeated: a phone line, which carries its noise
+from the first frame). On 2026-12-07 the segmenter's floor learnt the zeros and read the noisy
+recordings' hum as speech; ``--lead zeros --lead noise`` shows what a call's opening does.
 """
 
 from __future__ import annotations
@@ -67,6 +74,8 @@ CHUNK_MS = 20
 CHUNK_SAMPLES = RATE_HZ * CHUNK_MS // 1000
 LEAD_MS = 500
 TAIL_MS = 2_500
+#: A 20 ms frame under this is digital silence, not a line's noise (the ``noise`` lead-in skips it).
+DIGITAL_SILENCE_DBFS = -80.0
 #: A turn not ended this long after the last word counts as not ended.
 NOT_ENDED_MS = 2_000
 PAUSES_MS = (300, 600, 1_000, 1_500)
@@ -138,6 +147,28 @@ def last_word_ms(pcm: np.ndarray) -> int:
     return int((loud[-1] + 1) * CHUNK_MS) if len(loud) else len(pcm) * 1000 // RATE_HZ
 
 
+def lead_in(pcm: np.ndarray, kind: str) -> np.ndarray:
+    """The ``LEAD_MS`` a call of ``pcm`` opens with: ``zeros``, or ``noise``.
+
+    ``noise`` is the recording's own quietest 60 ms whose frames all stand over
+    ``DIGITAL_SILENCE_DBFS``, repeated: the line before the caller speaks. A recording with no
+    such 60 ms (digital silence between its words, or none at all) gets zeros.
+    """
+    n = LEAD_MS * RATE_HZ // 1000
+    if kind == "zeros":
+        return np.zeros(n, np.int16)
+    if kind != "noise":
+        raise ValueError(f"lead-in {kind!r}: zeros or noise")
+    rms = frame_rms(pcm)
+    real = rms > 10 ** (DIGITAL_SILENCE_DBFS / 20)
+    window = np.convolve(rms, np.ones(3) / 3, mode="valid")
+    starts = [i for i in range(len(window)) if real[i : i + 3].all()]
+    if not starts:
+        return np.zeros(n, np.int16)
+    at = min(starts, key=lambda i: float(window[i]))
+    return np.resize(pcm[at * CHUNK_SAMPLES : (at + 3) * CHUNK_SAMPLES], n).astype(np.int16)
+
+
 def splice_pause(pcm: np.ndarray, pause_ms: int) -> tuple[np.ndarray, int] | None:
     """``pcm`` with ``pause_ms`` of silence inserted in its quietest mid-sentence gap.
 
@@ -188,8 +219,10 @@ def load_items(speech_dir: Path, n: int) -> tuple[list[Item], list[Item]]:
 # --- calls --------------------------------------------------------------------------------------
 
 
-async def play_call(target: str, item: Item, variant: str, callers: int, set_name: str) -> Outcome:
-    """One real-time call of ``item``; the outcome measured from the client's side."""
+async def play_call(
+    target: str, item: Item, variant: str, callers: int, set_name: str, lead: str = "zeros"
+) -> Outcome:
+    """One real-time call of ``item`` after ``lead`` (:func:`lead_in`); seen from the client."""
     from voxgate_client import (  # noqa: PLC0415
         CallConfig,
         EndOfTurn,
@@ -209,7 +242,7 @@ async def play_call(target: str, item: Item, variant: str, callers: int, set_nam
     loop = asyncio.get_running_loop()
     pcm = np.concatenate(
         [
-            np.zeros(LEAD_MS * RATE_HZ // 1000, np.int16),
+            lead_in(item.pcm, lead),
             item.pcm,
             np.zeros(TAIL_MS * RATE_HZ // 1000, np.int16),
         ]
@@ -284,14 +317,15 @@ async def play_call(target: str, item: Item, variant: str, callers: int, set_nam
 
 
 async def run_variant(
-    target: str, items: list[Item], variant: str, callers: int, set_name: str
+    target: str, items: list[Item], variant: str, callers: int, set_name: str, lead: str = "zeros"
 ) -> list[Outcome]:
     """``callers`` concurrent real-time callers share ``items`` (each plays its slice)."""
 
     async def one(k: int) -> list[Outcome]:
         await asyncio.sleep(0.37 * k)  # callers do not all start on one frame
         return [
-            await play_call(target, item, variant, callers, set_name) for item in items[k::callers]
+            await play_call(target, item, variant, callers, set_name, lead)
+            for item in items[k::callers]
         ]
 
     results = await asyncio.gather(*(one(k) for k in range(callers)))
@@ -344,6 +378,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     windows: list[tuple[float, ...] | None] = args.encoder_buckets or [None]
     settings: list[str] = args.setting or ["default"]
     placements: list[str] = args.server or ["inprocess"]
+    leads: list[str] = args.lead or ["zeros"]
     runs = [
         (v, b, st, pl) for v in variants for b in windows for st in settings for pl in placements
     ]
@@ -373,14 +408,18 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         async with _server(placement, overrides) as target:
             for callers in args.callers:
                 for set_name, items in sets.items():
-                    outcomes = await run_variant(target, items, variant, callers, set_name)
-                    for o in outcomes:
-                        o.variant = label
-                    cell = {"variant": label, "set": set_name, "callers": callers}
-                    cell.update(summarise(outcomes))
-                    report["cells"].append(cell)
-                    report["calls"].extend(asdict(o) for o in outcomes)
-                    print(json.dumps(cell), flush=True)
+                    for lead in leads:
+                        cell_label = label + (f" lead {lead}" if len(leads) > 1 else "")
+                        outcomes = await run_variant(
+                            target, items, variant, callers, set_name, lead
+                        )
+                        for o in outcomes:
+                            o.variant = cell_label
+                        cell = {"variant": cell_label, "set": set_name, "callers": callers}
+                        cell.update(summarise(outcomes))
+                        report["cells"].append(cell)
+                        report["calls"].extend(asdict(o) for o in outcomes)
+                        print(json.dumps(cell), flush=True)
     return report
 
 
@@ -485,6 +524,14 @@ def main(argv: list[str] | None = None) -> int:
         help="where the server runs: in this interpreter beside the callers (inprocess, the "
         "default) or as 'voxgate serve' in its own process (process); repeatable, side by "
         "side in one run",
+    )
+    parser.add_argument(
+        "--lead",
+        action="append",
+        default=[],
+        choices=["zeros", "noise"],
+        help="what the 0.5 s before each clip is: digital silence (zeros, the default) or the "
+        "recording's own line noise (noise); repeatable, side by side in one run",
     )
     parser.add_argument("--tiny", action="store_true", help="2 clips, 1 pause set item")
     parser.add_argument("--json", type=Path, help="write the whole report here")

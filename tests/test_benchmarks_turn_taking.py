@@ -9,8 +9,11 @@ import numpy as np
 import pytest
 
 from benchmarks.turn_taking import (
+    LEAD_MS,
     Outcome,
+    frame_rms,
     last_word_ms,
+    lead_in,
     main,
     merge_setting,
     splice_pause,
@@ -71,6 +74,25 @@ def test_a_noisy_recordings_noise_is_not_its_last_word() -> None:
     assert last_word_ms(words((200, 2000), total_ms=4000)) == 2000  # a clean one as before
 
 
+def test_the_noise_lead_in_is_the_recordings_own_line_noise_not_its_zeros() -> None:
+    """``--lead noise``: the quietest 60 ms of real audio, repeated; never the digital silence
+    a recording opens with, never a word; zeros where the recording has no line noise."""
+    rng = np.random.default_rng(1)
+    pcm = words((600, 1500), total_ms=2000).astype(np.float64)
+    pcm += rng.normal(0.0, 32768 * 10 ** (-50 / 20), len(pcm))
+    pcm[: 200 * 16] = 0.0  # the recording opens on 200 ms of digital silence
+    rec = np.clip(pcm, -32768, 32767).astype(np.int16)
+    lead = lead_in(rec, "noise")
+    assert lead.dtype == np.int16 and len(lead) == LEAD_MS * 16
+    level = 20 * np.log10(np.sqrt(np.mean(lead.astype(np.float64) ** 2)) / 32768)
+    assert -53 < level < -47, level  # the line's noise: not its zeros, not the 200 Hz word
+    assert (frame_rms(lead) > 10 ** (-80 / 20)).all()  # no frame of digital silence
+    assert not lead_in(rec, "zeros").any() and len(lead_in(rec, "zeros")) == LEAD_MS * 16
+    assert not lead_in(np.zeros(16_000, np.int16), "noise").any()
+    with pytest.raises(ValueError, match="zeros or noise"):
+        lead_in(rec, "hum")
+
+
 def test_a_clip_with_no_gap_is_not_spliced() -> None:
     assert splice_pause(np.zeros(16_000, np.int16), 300) is None
 
@@ -97,17 +119,26 @@ def test_the_summary_splits_the_finals_time_at_speech_end() -> None:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("placement", ["inprocess", "process"])
-def test_a_real_call_reports_where_its_final_time_went(tmp_path: Path, placement: str) -> None:
+@pytest.mark.parametrize(
+    ("placement", "leads"), [("inprocess", ["zeros", "noise"]), ("process", [])]
+)
+def test_a_real_call_reports_where_its_final_time_went(
+    tmp_path: Path, placement: str, leads: list[str]
+) -> None:
     """Through Converse on the default server (smart turns, the bundled model): the final of
     the last word comes after its SPEECH_END, and the server's latency is the difference's
     upper bound (it counts from the server's SPEECH_END, before the client received it).
-    Whether the server shares the callers' interpreter or runs as ``voxgate serve``."""
+    Whether the server shares the callers' interpreter or runs as ``voxgate serve``, and
+    whichever lead-in the calls open with (each its own cell)."""
     out = tmp_path / "tt.json"
     argv = ["--tiny", "--callers", "1", "--variants", "words", "--sets", "real"]
+    argv += [arg for lead in leads for arg in ("--lead", lead)]
     assert main([*argv, "--server", placement, "--json", str(out)]) == 0
-    calls = json.loads(out.read_text())["calls"]
-    assert len(calls) == 2 and not any(c["error"] for c in calls)
+    report = json.loads(out.read_text())
+    calls = report["calls"]
+    assert len(calls) == 2 * max(1, len(leads)) and not any(c["error"] for c in calls)
+    labels = [c["variant"] for c in report["cells"]]
+    assert labels == ([f"words lead {lead}" for lead in leads] if leads else ["words"])
     timed = [c for c in calls if c["final_ms"] is not None]
     assert timed, calls
     for c in timed:
