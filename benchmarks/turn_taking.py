@@ -44,8 +44,9 @@ work (VAD, grpc, the session) off the callers' interpreter lock.
 ``--lead`` (repeatable) says what the 0.5 s before each clip is: ``zeros`` (the default: digital
 silence, as a bridge sends before the caller is connected) or ``noise`` (the recording's own
 quietest 60 ms that is not digital silence, repeated: a phone line, which carries its noise
-from the first frame). On 2026-12-07 the segmenter's floor learnt the zeros and read the noisy
-recordings' hum as speech; ``--lead zeros --lead noise`` shows what a call's opening does.
+from the first frame). The segmenter's floor learns the zeros and then reads a noisy
+recording's hum as speech (docs/turns.md, "The floor out of digital silence"); ``--lead zeros
+--lead noise`` shows what a call's opening does.
 """
 
 from __future__ import annotations
