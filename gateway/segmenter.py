@@ -205,6 +205,23 @@ class Segmenter:
     #: end stays where it is; only the final decode may start from the loud end
     #: (:attr:`quiet_ms`), since nothing after it is a word.
     LOUD_REL_DB = 30.0
+    #: Digital silence: a frame whose levels both stand under this (about three steps of
+    #: 16-bit audio) is no line's noise but its absence: the zeros a bridge or media stream
+    #: sends before the caller is connected, a muted phone, a benchmark's lead-in. A floor
+    #: learnt there (-120 dB) climbed out at the floor's slow rate, so 240 ms of a caller's
+    #: line noise before the first word left it 30-40 dB under that noise; the hum after the
+    #: words then stood TAIL_DB over it and counted as speech for TAIL_MS, so the final decode
+    #: started on the hum's end, not the words'. So between utterances, after digital silence,
+    #: the floor rises at once to the quietest of FLOOR_RISE_FRAMES unvoiced frames of real
+    #: audio in a row whose levels lie within FLOOR_STEADY_DB of each other: a line's noise
+    #: holds its level. Not in the quiet right after words (a word fading into digital
+    #: silence, as a noise gate or a synthetic voice leaves it, is the word's tail), and not
+    #: on a climbing onset (a word's first frames out of silence rise 10 dB a frame before
+    #: the voice model is sure of them; taken for the floor, they moved the start and lost
+    #: a lone short word's text).
+    DIGITAL_SILENCE_DB = -80.0
+    FLOOR_RISE_FRAMES = 3
+    FLOOR_STEADY_DB = 3.0
 
     def __init__(self, config: VadConfig, detector: VoiceDetector | None = None) -> None:
         self.config = config
@@ -244,6 +261,8 @@ class Segmenter:
         self._tail_frames = self.TAIL_MS // fm
         self._noise_db: float | None = None  # running noise floor of the call (unvoiced frames)
         self._noise_pdb: float | None = None  # the same on the plain level
+        # Unvoiced frames of real audio in a row while the floor is digital silence (levels).
+        self._rise: list[tuple[float, float]] = []
         self._end_floors: tuple[float | None, float | None] = (None, None)
         self._last_energetic = -1  # index in _frames of the last unvoiced-but-loud tail frame
         self._last_loud = -1  # index in _frames of the last loud speech frame (LOUD_REL_DB)
@@ -401,14 +420,9 @@ class Segmenter:
             else:
                 self._head.append(frame)
         if not voiced and st is not SegmenterState.SPEAKING:
-            # An EMA that tracks down fast and up slowly: a floor, not an average.
-            if self._noise_db is None or self._noise_pdb is None:
-                self._noise_db, self._noise_pdb = db, pdb
-            else:
-                alpha = 0.3 if db < self._noise_db else 0.05
-                self._noise_db += alpha * (db - self._noise_db)
-                alpha = 0.3 if pdb < self._noise_pdb else 0.05
-                self._noise_pdb += alpha * (pdb - self._noise_pdb)
+            self._learn_floor(db, pdb, between=st is SegmenterState.QUIET)
+        else:
+            self._rise.clear()
         if st is SegmenterState.QUIET:
             if voiced:
                 self.state = SegmenterState.STARTING
@@ -492,6 +506,33 @@ class Segmenter:
             self._finalise(events, forced=False)
         elif len(self._frames) >= self._max_frames:
             self._finalise(events, forced=True)
+
+    def _learn_floor(self, db: float, pdb: float, *, between: bool) -> None:
+        """Teach the call's noise floor an unvoiced frame's two levels.
+
+        An EMA that tracks down fast and up slowly: a floor, not an average. Out of digital
+        silence, between utterances (``between``), it rises at once to the quietest of the
+        first steady frames of real audio (:attr:`DIGITAL_SILENCE_DB`).
+        """
+        if self._noise_db is None or self._noise_pdb is None:
+            self._noise_db, self._noise_pdb = db, pdb
+            return
+        digital = self.DIGITAL_SILENCE_DB
+        if between and max(self._noise_db, self._noise_pdb) < digital and max(db, pdb) >= digital:
+            self._rise.append((db, pdb))
+            del self._rise[: -self.FLOOR_RISE_FRAMES]
+            spread = max(max(lv) - min(lv) for lv in zip(*self._rise, strict=True))
+            steady = spread <= self.FLOOR_STEADY_DB
+            if len(self._rise) >= self.FLOOR_RISE_FRAMES and steady:
+                self._noise_db = min(d for d, _ in self._rise)
+                self._noise_pdb = min(p for _, p in self._rise)
+                self._rise.clear()
+            return
+        self._rise.clear()
+        alpha = 0.3 if db < self._noise_db else 0.05
+        self._noise_db += alpha * (db - self._noise_db)
+        alpha = 0.3 if pdb < self._noise_pdb else 0.05
+        self._noise_pdb += alpha * (pdb - self._noise_pdb)
 
     def _onset_back(self, available: int) -> int:
         """Frames of pre-roll before this first voiced frame that belong to the speech onset."""

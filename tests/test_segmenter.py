@@ -510,3 +510,54 @@ def test_a_tail_within_the_loud_range_is_not_quiet() -> None:
     trace, utts = _loud_trace(-30.0, -50.0)
     assert all(q == 0 for q, _, _ in trace[20:75])
     assert utts[0].loud_end_ms == 1500  # the end of the tail
+
+
+def _noise(rng: np.random.Generator, frames: int, dbfs: float) -> npt.NDArray[np.float32]:
+    return (rng.standard_normal(frames * FRAME) * 10 ** (dbfs / 20)).astype(np.float32)
+
+
+@pytest.mark.parametrize("digital_lead_ms", [0, 500, 3000])
+def test_an_utterance_ends_at_its_words_whether_or_not_the_call_began_in_digital_silence(
+    digital_lead_ms: int,
+) -> None:
+    """Line noise 26 dB under the words, 240 ms of it before them, the voice model hearing the
+    first 100 ms of it after them (Silero's lag). After digital silence (a bridge's zeros
+    before the caller is connected) the floor used to climb out at its slow rate and stood
+    30 dB under the noise, so the noise after the words counted as their unvoiced tail and the
+    utterance, its loud end with it, ran 300 ms past them (the final decode started there)."""
+    rng = np.random.default_rng(7)
+    lead = digital_lead_ms // 20
+    audio = np.concatenate(
+        [np.zeros(lead * FRAME, np.float32), _noise(rng, 12, -40.0), _noise(rng, 50, -14.0)]
+        + [_noise(rng, 30, -40.0)]
+    )
+    confs = [0.0] * (lead + 12) + [0.9] * 55 + [0.0] * 25
+    s = Segmenter(VadConfig(**{**SCRIPTED, "end_silence_ms": 200}), ConfidenceDetector(confs))
+    utts = [e for e in s.push(audio) if isinstance(e, Utterance)]
+    words_end = digital_lead_ms + 240 + 1000
+    assert len(utts) == 1
+    assert utts[0].speech_end_ms == words_end
+    assert utts[0].loud_end_ms == words_end
+
+
+@pytest.mark.parametrize("digital_lead_ms", [500, 3000])
+def test_a_word_onset_out_of_digital_silence_is_not_taken_for_the_line_noise(
+    digital_lead_ms: int,
+) -> None:
+    """A word that starts straight out of digital silence climbs 10-12 dB a frame before the
+    voice model is sure of it. Those frames are unvoiced and real, but not the line's noise:
+    only frames that hold one level teach the floor, so the onset still reads as loud against
+    the zeros and the utterance starts on its first frame (JFK's lone "not" lost its onset,
+    and its text, to a floor that took them)."""
+    rng = np.random.default_rng(7)
+    lead = digital_lead_ms // 20
+    onset = [_noise(rng, 1, dbfs) for dbfs in (-60.0, -48.0, -36.0, -26.0)]
+    audio = np.concatenate(
+        [np.zeros(lead * FRAME, np.float32), *onset, _noise(rng, 40, -14.0)]
+        + [np.zeros(30 * FRAME, np.float32)]
+    )
+    confs = [0.0] * (lead + 4) + [0.9] * 40 + [0.0] * 30
+    s = Segmenter(VadConfig(**{**SCRIPTED, "end_silence_ms": 200}), ConfidenceDetector(confs))
+    utts = [e for e in s.push(audio) if isinstance(e, Utterance)]
+    assert len(utts) == 1
+    assert utts[0].speech_start_ms == digital_lead_ms
