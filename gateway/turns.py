@@ -68,7 +68,7 @@ class TurnOptions:
     eagerness: float = 0.5
     end_silence_ms: int = 600
     min_silence_ms: int = 200
-    max_pause_ms: int = 1_600
+    max_pause_ms: int = 1_800
     decode_after_ms: int = 80
     audio_model: bool = True
     words: bool = True
