@@ -522,13 +522,15 @@ class Segmenter:
             self._rise.append((db, pdb))
             del self._rise[: -self.FLOOR_RISE_FRAMES]
             spread = max(max(lv) - min(lv) for lv in zip(*self._rise, strict=True))
-            steady = spread <= self.FLOOR_STEADY_DB
-            if len(self._rise) >= self.FLOOR_RISE_FRAMES and steady:
+            if len(self._rise) >= self.FLOOR_RISE_FRAMES and spread <= self.FLOOR_STEADY_DB:
                 self._noise_db = min(d for d, _ in self._rise)
                 self._noise_pdb = min(p for _, p in self._rise)
                 self._rise.clear()
-            return
-        self._rise.clear()
+                return
+            # Not steady (yet): learn as on any line, so noise that never holds its level
+            # for three frames still lifts the floor at the slow rate.
+        else:
+            self._rise.clear()
         alpha = 0.3 if db < self._noise_db else 0.05
         self._noise_db += alpha * (db - self._noise_db)
         alpha = 0.3 if pdb < self._noise_pdb else 0.05

@@ -561,3 +561,22 @@ def test_a_word_onset_out_of_digital_silence_is_not_taken_for_the_line_noise(
     utts = [e for e in s.push(audio) if isinstance(e, Utterance)]
     assert len(utts) == 1
     assert utts[0].speech_start_ms == digital_lead_ms
+
+
+def test_a_floor_out_of_digital_silence_still_learns_noise_that_never_holds_its_level() -> None:
+    """Line noise that swings 10 dB from frame to frame never holds one level for three frames,
+    so the floor never jumps to it; it must still learn it at the slow rate, as on any line.
+    A floor left at digital silence would read every frame of that noise before the words as
+    their onset and start the utterance 100 ms early."""
+    rng = np.random.default_rng(7)
+    swinging = np.concatenate([_noise(rng, 1, -40.0 if i % 2 else -50.0) for i in range(100)])
+    words = _noise(rng, 40, -14.0)
+    starts = []
+    for lead in (0, 25):
+        audio = np.concatenate([np.zeros(lead * FRAME, np.float32), swinging, words])
+        confs = [0.0] * (lead + 100) + [0.9] * 40
+        s = Segmenter(VadConfig(**SCRIPTED), ConfidenceDetector(confs))
+        events = s.push(audio)
+        begin = next(e for e in events if isinstance(e, SpeechBegin))
+        starts.append(begin.offset_ms - lead * 20)
+    assert starts[1] == starts[0]
