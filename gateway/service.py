@@ -353,7 +353,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         began = loop.time()
         outcome = "ok"
         try:
-            ended_by_eof = await self._call(context, mode, session_id, declared_bulk)
+            ended_by_eof = await self._call(context, mode, session_id, declared_bulk, began)
             if ended_by_eof and not context.cancelled():
                 await _settle_cancel(context)
             if context.cancelled():  # the client cancelled; the session saw it as EOF
@@ -392,8 +392,12 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         mode: Literal["converse", "recognize"],
         session_id: str,
         declared_bulk: bool = False,
+        opened_at: float | None = None,
     ) -> bool:
-        """Run one call; True when it ended because its request stream ended (EOF)."""
+        """Run one call; True when it ended because its request stream ended (EOF).
+
+        ``opened_at``: the loop's time when the stream opened (the audio quota's origin).
+        """
         limits = self.config.limits
         try:
             # A stream that never sends its config holds a call slot for nothing.
@@ -423,7 +427,13 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         lease = await self._acquire_model(first.config.model)
         try:
             return await self._run_session(
-                context, mode, session_id, first, lease, declared_bulk=declared_bulk
+                context,
+                mode,
+                session_id,
+                first,
+                lease,
+                declared_bulk=declared_bulk,
+                opened_at=opened_at,
             )
         finally:
             if lease is not None:
@@ -438,6 +448,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         lease: ModelLease | None,
         *,
         declared_bulk: bool = False,
+        opened_at: float | None = None,
     ) -> bool:
         limits = self.config.limits
         call_cfg = wire.call_config(self, first.config, mode, lease)
@@ -452,6 +463,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             realtime_slack_ms=self.config.admission.realtime_slack_ms,
             turn_model=self.turn_model,
             declared_bulk=declared_bulk,
+            opened_at=opened_at,
         )
         self.calls.started(session_id, session)
         started = pb.SessionStarted(

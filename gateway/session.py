@@ -111,6 +111,9 @@ class CallSession:
         turn_model: the audio end-of-turn model ``smart`` turn detection consults, if any.
         declared_bulk: the client said it sends faster than real time (``voxgate-pacing:
             bulk``): the call is :attr:`bulk` from its start, until its pace says otherwise.
+        opened_at: the loop's time when the call's stream opened, where the real-time-factor
+            quota starts counting (see :class:`~voxgate.gateway.call.ingress.Ingress`); from
+            the first audio chunk when omitted.
     """
 
     def __init__(
@@ -128,6 +131,7 @@ class CallSession:
         realtime_slack_ms: int = 2_000,
         turn_model: EndOfTurnModel | None = None,
         declared_bulk: bool = False,
+        opened_at: float | None = None,
     ) -> None:
         self.config = config
         self._quality = quality if quality is not None else QualityLevel()
@@ -142,6 +146,7 @@ class CallSession:
             plays_replies=config.mode == "converse" and synthesizer is not None,
             realtime_slack_ms=realtime_slack_ms,
             declared_bulk=declared_bulk,
+            opened_at=opened_at,
         )
         self._segmenter = Segmenter(config.vad, detector)
         self._out: asyncio.Queue[OutboundEvent | End] = asyncio.Queue(maxsize=256)

@@ -49,6 +49,7 @@ from voxgate.gateway.testing.fake_engines import (
     FakeTranscriber,
 )
 from voxgate.gateway.testing.virtual_time import run_virtual
+from voxgate_client import AS_FAST_AS_ALLOWED, Pacing
 
 pytestmark = pytest.mark.component
 
@@ -157,6 +158,58 @@ def test_a_call_is_bulk_while_its_audio_runs_ahead_and_a_declared_one_from_its_s
     drive(declared, script)
     assert seen["plain"] == [False, False, False, False, False, True]
     assert seen["declared"] == [True, True, True, True, False, True]
+
+
+def _paced_with_server_lag(
+    call: Call, factor: float, burst_ms: float, lag_s: float, audio_ms: int = 12_000
+) -> list[CallError]:
+    """A client paced on its own clock from the stream's opening (t = 0), whose chunks the
+    server reads no sooner than ``lag_s`` (a busy loop): those sent meanwhile arrive at once.
+    The refusal that ends the call, if any."""
+    pacing = Pacing(factor, burst_ms)
+    ended: list[CallError] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        runner = asyncio.create_task(call.run())
+        for sent_ms in range(0, audio_ms, 20):
+            delay = max(pacing.due_s(sent_ms), lag_s) - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if runner.done():
+                break
+            await call.inbox.put(AudioIn(silence(20)))
+        await call.inbox.put(None)
+        try:
+            await asyncio.wait_for(runner, 600)
+        except CallError as exc:
+            ended.append(exc)
+
+    run_virtual(main())
+    return ended
+
+
+def test_a_client_sending_as_fast_as_allowed_is_not_refused_for_the_servers_own_lag() -> None:
+    """The real-time-factor quota counts real time from the stream's opening, not from the
+    first chunk the server got round to: a client sending a file as fast as the default limits
+    allow (4 s at once, then 3.5x) and read 400 ms late by a busy server had 5.4 s of audio
+    bunched in its first read, and counting from there refused it (a suite run hit this)."""
+    fast = AS_FAST_AS_ALLOWED
+    assert fast.factor is not None
+    from_open = Call(synth=None, session_options={"opened_at": 0.0})
+    assert _paced_with_server_lag(from_open, fast.factor, fast.burst_ms, lag_s=0.4) == []
+    from_first_chunk = Call(synth=None)  # the origin before: the first chunk read
+    (refused,) = _paced_with_server_lag(from_first_chunk, fast.factor, fast.burst_ms, lag_s=0.4)
+    assert refused.kind is ErrorKind.RESOURCE_EXHAUSTED
+
+
+def test_a_client_faster_than_the_limit_is_still_refused_counting_from_the_opening() -> None:
+    """The earlier origin forgives the server's lag, not a client's speed: past the 5 s burst
+    at 5x real time (limit 4x), the call is still refused."""
+    call = Call(synth=None, session_options={"opened_at": 0.0})
+    (refused,) = _paced_with_server_lag(call, 5.0, 4000.0, lag_s=0.4)
+    assert refused.kind is ErrorKind.RESOURCE_EXHAUSTED
+    assert "max_realtime_factor=4x" in refused.message
 
 
 # --- pacing and playback accounting ------------------------------------------------------------
