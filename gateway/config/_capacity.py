@@ -23,7 +23,7 @@ class LimitsConfig(_Frozen):
         4.0,
         ge=1.0,
         description="Audio may arrive at most this many times faster than real time (measured "
-        "after a burst allowance).",
+        "after a burst allowance, with real time counted from the call's stream opening).",
     )
     burst_allowance_ms: int = Field(
         5_000, ge=0, description="Audio a client may send ahead of real time before pacing, ms."
