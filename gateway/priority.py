@@ -11,6 +11,8 @@ synthesis workers got a third of a core each while the recogniser's threads took
 let the loop take a core the moment it needs one, a reply's audio come before a caller's final,
 and still give the engines every cycle nobody more urgent wants.
 
+NumPy's BLAS is the other thread that competes for the cores unasked (:func:`limit_blas_threads`).
+
 Linux only: there the nice value is per thread (``setpriority(PRIO_PROCESS, tid, ...)``, see
 ``man 2 setpriority``, NOTES) and a new thread inherits its creator's, so an engine loaded on a
 lowered thread runs its own worker threads lowered too. Elsewhere, or where the kernel refuses,
@@ -27,7 +29,9 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["call_lowered", "lower_current_thread", "thread_nice"]
+from threadpoolctl import threadpool_info, threadpool_limits
+
+__all__ = ["call_lowered", "limit_blas_threads", "lower_current_thread", "thread_nice"]
 
 log = logging.getLogger("voxgate.priority")
 
@@ -92,3 +96,30 @@ def call_lowered(by: int, fn: Callable[..., T], *args: Any) -> T:
     if error:
         raise error[0]
     return result[0]
+
+
+def limit_blas_threads(threads: int) -> int | None:
+    """Cap the thread pool of NumPy's BLAS at ``threads`` for the whole process.
+
+    Returns the largest pool a BLAS library had before, or None where nothing changed
+    (``threads`` 0, or no BLAS library with a pool of its own is loaded).
+
+    Why: NumPy's OpenBLAS starts a helper thread per core when it loads, at the importing
+    thread's priority (the loop's), and after each call big enough to split (the mel
+    features of every decode, the audio end-of-turn model's features) the helpers spin,
+    yielding but runnable, for about 0.1 s before they sleep. On 2 cores that spin took as
+    much CPU as the recogniser's work (a ``perf`` profile of ``voxgate serve`` under one
+    real-time caller: 4.3 % of the machine in OpenBLAS's ``blas_thread_server`` against
+    5.1 % in CTranslate2), at a priority above the engine threads' (``engine_nice``), right
+    when a final decode starts. The calls are small (a 10 s window's features take a few
+    milliseconds on one thread), so one thread loses nothing. Measured through ``Converse``,
+    the same tree as two servers, clip by clip: 35 of 36 finals came sooner with one BLAS
+    thread, by 15 ms at the median (docs/turns.md, "NumPy's BLAS threads").
+    """
+    if threads <= 0:
+        return None
+    before = [int(i["num_threads"]) for i in threadpool_info() if i["user_api"] == "blas"]
+    if not before:
+        return None
+    threadpool_limits(limits=threads, user_api="blas")
+    return max(before)

@@ -12,7 +12,10 @@ real engines, by thread priority and by which thread runs what, never by timing:
   windows on workers ``tts_nice`` levels below;
 * on a served default gateway, the synthesis workers, the first-audio thread and the
   recogniser's CTranslate2 threads have the nice values of the configuration, and the loop's
-  own thread is untouched.
+  own thread is untouched;
+* a served default gateway keeps NumPy's BLAS to one thread: OpenBLAS's helper threads, at the
+  loop's priority, spin after each call (a decode's features) and took the cores from the
+  finals (``limit_blas_threads``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from voxgate.engines.tts import (
     ReplyJob,
@@ -37,7 +41,7 @@ from voxgate.engines.tts import (
     WindowPlan,
 )
 from voxgate.gateway.config import load_config
-from voxgate.gateway.priority import thread_nice
+from voxgate.gateway.priority import limit_blas_threads, thread_nice
 from voxgate.gateway.runtime import build_hub
 from voxgate.gateway.scheduling.synthesis import SynthesisScheduler, policy_for
 from voxgate.gateway.testing.server import running_server
@@ -184,3 +188,28 @@ async def test_a_served_gateway_puts_its_engine_threads_below_the_loop() -> None
         lowered = [t for t in started if t not in python and _nice_of(t) == base + asr_nice]
         assert lowered
         assert thread_nice() == base
+
+
+def _blas_threads() -> set[int]:
+    return {int(i["num_threads"]) for i in threadpool_info() if i["user_api"] == "blas"}
+
+
+def test_blas_threads_are_capped_process_wide_and_zero_leaves_them() -> None:
+    """The cap applies to NumPy's own BLAS (what threadpoolctl reports for it); 0 is a no-op."""
+    assert _blas_threads(), "NumPy's BLAS reports no thread pool"
+    with threadpool_limits(limits=2, user_api="blas"):
+        assert limit_blas_threads(0) is None
+        assert _blas_threads() == {2}
+        assert limit_blas_threads(1) == 2
+        assert _blas_threads() == {1}
+        assert np.allclose(np.ones((64, 64)) @ np.ones((64, 64)), 64.0)
+
+
+async def test_a_served_default_gateway_keeps_numpy_blas_to_one_thread() -> None:
+    """Default configuration: after the engines load, NumPy's BLAS has one thread, from two."""
+    cfg = load_config(None, {"server": {"host": "127.0.0.1", "port": 0}})
+    assert cfg.batcher.numpy_blas_threads == 1
+    with threadpool_limits(limits=2, user_api="blas"):
+        assert _blas_threads() == {2}
+        async with running_server(hub=build_hub(cfg), config=cfg):
+            assert _blas_threads() == {1}

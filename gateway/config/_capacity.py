@@ -141,6 +141,16 @@ class BatcherConfig(_Frozen):
         "reply's next window comes before a final (a late final is latency, a late window a "
         "gap in speech). Idle cores are theirs at any level (Linux; 0 = the loop's priority).",
     )
+    numpy_blas_threads: int = Field(
+        1,
+        ge=0,
+        le=256,
+        description="Threads of NumPy's BLAS in the server's process (set when the engines "
+        "load; process-wide). Its calls here are small (a decode's features), and OpenBLAS's "
+        "helper threads spin for about 0.1 s after each at the loop's priority, above the "
+        "engine threads: on 2 cores that spin delayed finals (gateway/priority.py "
+        "limit_blas_threads). 0 = NumPy's own default (one per core).",
+    )
 
 
 class AdmissionConfig(_Frozen):

@@ -53,7 +53,7 @@ from voxgate.gateway.models import (
     ModelEntry,
     ModelRegistry,
 )
-from voxgate.gateway.priority import call_lowered
+from voxgate.gateway.priority import call_lowered, limit_blas_threads
 from voxgate.gateway.runtime._adapters import (
     AsrTranscriber,
     BatchMetrics,
@@ -107,6 +107,10 @@ class EngineHubImpl:
         self._metrics = metrics
         names = self.config.engines
         self._check_files(names)
+        blas = self.config.batcher.numpy_blas_threads
+        was = limit_blas_threads(blas)
+        if was is not None and was != blas:
+            log.info("numpy BLAS: %d thread(s), was %d (batcher.numpy_blas_threads)", blas, was)
         jobs = []
         if "tts" in names:
             jobs.append(asyncio.to_thread(self._load_tts))
