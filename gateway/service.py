@@ -25,7 +25,7 @@ from voxgate.gateway import wire
 from voxgate.gateway.admission import AdmissionPolicy, LoadSnapshot, Refusal, StreamKind
 from voxgate.gateway.audio import OutputEncoder
 from voxgate.gateway.base import EngineInfo, Synthesizer, Transcriber
-from voxgate.gateway.calls import CallRegistry
+from voxgate.gateway.calls import CallRegistry, CountingSynthesizer
 from voxgate.gateway.config import (
     ConfigError,
     GatewayConfig,
@@ -165,10 +165,14 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         self.models = models
         self.metrics = metrics if metrics is not None else GatewayMetrics()
         self.transcriber = transcriber
-        self.synthesizer = synthesizer
         self.info = info or EngineInfo()
         #: The calls in progress, their counts and the drain (gateway/calls.py).
         self.calls = CallRegistry()
+        #: The voice, counting its replies into ``calls`` (a call alone on the server with
+        #: no reply being synthesized may have every core for its finals: CallRegistry.alone).
+        self.synthesizer: Synthesizer | None = (
+            CountingSynthesizer(synthesizer, self.calls) if synthesizer is not None else None
+        )
         #: Admission by measured load; the server's monitor refreshes ``load`` and ``quality``.
         self.admission = AdmissionPolicy(config.admission, config.limits)
         self.load = LoadSnapshot()
@@ -464,6 +468,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             turn_model=self.turn_model,
             declared_bulk=declared_bulk,
             opened_at=opened_at,
+            alone=self.calls.alone,
         )
         self.calls.started(session_id, session)
         started = pb.SessionStarted(

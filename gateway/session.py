@@ -114,6 +114,9 @@ class CallSession:
         opened_at: the loop's time when the call's stream opened, where the real-time-factor
             quota starts counting (see :class:`~voxgate.gateway.call.ingress.Ingress`); from
             the first audio chunk when omitted.
+        alone: asked when a final is requested: whether the call has the server to itself
+            (``CallRegistry.alone``), so that its final may encode on every core
+            (``AsrRequest.alone``); never when omitted.
     """
 
     def __init__(
@@ -132,6 +135,7 @@ class CallSession:
         turn_model: EndOfTurnModel | None = None,
         declared_bulk: bool = False,
         opened_at: float | None = None,
+        alone: Callable[[], bool] | None = None,
     ) -> None:
         self.config = config
         self._quality = quality if quality is not None else QualityLevel()
@@ -199,6 +203,7 @@ class CallSession:
             bulk=lambda: self._ingress.bulk,
             log_id=log_id,
             final_decoded=self._final_decoded,
+            alone=alone,
         )
         self._interims = (
             Interims(

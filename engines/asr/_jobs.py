@@ -69,6 +69,8 @@ class EngineCounters:
             together, ``loop_rows`` exceeds ``loop_steps``.
         loop_joined: loop decodes that joined a batch mid-run (``add`` after the batch's
             first step, while another item was still decoding).
+        lone_encodes: encoder passes of finals run on ``lone_encode_threads`` (the call alone
+            on the server, no other worker busy).
     """
 
     encode_s: float = 0.0
@@ -86,6 +88,7 @@ class EngineCounters:
     loop_steps: int = 0
     loop_rows: int = 0
     loop_joined: int = 0
+    lone_encodes: int = 0
 
     def reset(self) -> None:
         """Zero every counter."""
@@ -161,6 +164,9 @@ class Job:
     decode_s: float = 0.0
     #: When its decode in our loop began (``add`` / ``step``), on the engine's clock.
     round_started: float = 0.0
+    #: May encode on every core: a final (``AsrRequest.is_final``) of a call alone on the server
+    #: (``AsrRequest.alone``).
+    wide: bool = False
 
     @property
     def content_frames(self) -> int:
@@ -519,6 +525,7 @@ def plan_jobs(
             plan.encoder_frames,
             deadline=started + plan.budget_s,
         )
+        job.wide = req.is_final and req.alone
         if len(audio) <= _WINDOW_SAMPLES:
             job.voiced_spans_ms = req.voiced_spans_ms
         jobs.append(job)

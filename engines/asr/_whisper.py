@@ -29,10 +29,12 @@ open decode loop that requests join and leave between steps; the scheduler drive
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -92,6 +94,34 @@ _ALT_LANGUAGE_MIN_PROB = 0.2
 #: No-speech probability from which a transcript made only of hotwords is taken as recited.
 _RECITED_HOTWORD_NO_SPEECH = 0.3
 _WORD_RE = re.compile(r"[\w']+")
+#: ``lone_encode_threads`` 0 (auto) loads the second replica only for a model this small
+#: (base's model.bin is 145 MB): a large model's copy would cost gigabytes of memory.
+_LONE_AUTO_MAX_MODEL_BYTES = 400 * 1024 * 1024
+
+
+class _Occupancy:
+    """How many workers of one engine (it and its siblings) are inside a decode round now.
+
+    A final of a call alone on the server (``AsrRequest.alone``) whose worker is the only busy
+    one may encode on every core (the lone replica): the other core would otherwise sit idle
+    while the caller waits. Read without the lock at the encode (a worker that starts just
+    after only shares a core for that one pass).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.busy = 0
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Count the calling worker as busy for the block."""
+        with self._lock:
+            self.busy += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.busy -= 1
 
 
 class WhisperEngine:
@@ -137,6 +167,10 @@ class WhisperEngine:
         self._phrase_trees: dict[tuple[str, ...], PhraseTree] = {}
         #: The open decode batch of the step path (add / step / abort); None when idle.
         self._batch: StepBatch | None = None
+        #: A second replica on ``lone_encode_threads`` threads for a lone final's encoder
+        #: pass (set by :meth:`load`; shared by siblings), and the workers busy now.
+        self._lone: ctranslate2.models.Whisper | None = None
+        self._occupancy = _Occupancy()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -175,6 +209,16 @@ class WhisperEngine:
         hf_tok = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         engine = cls(model, hf_tok, cfg, clock=clock)
         engine._loop_shared = SharedDecoder(model_dir, cfg.decode_loop.weights)
+        lone = cfg.resolved_lone_encode_threads
+        big = (model_dir / "model.bin").stat().st_size > _LONE_AUTO_MAX_MODEL_BYTES
+        if lone > 1 and not (big and not cfg.lone_encode_threads):
+            engine._lone = ctranslate2.models.Whisper(
+                str(model_dir),
+                device=cfg.device,
+                compute_type=cfg.resolved_compute_type,
+                inter_threads=1,
+                intra_threads=lone,
+            )
         return engine
 
     def sibling(self) -> Self:
@@ -188,6 +232,8 @@ class WhisperEngine:
         twin._halved_max_length = self._halved_max_length
         twin._encode_cost_s = dict(self._encode_cost_s)
         twin._loop_shared = self._loop_shared
+        twin._lone = self._lone
+        twin._occupancy = self._occupancy
         return twin
 
     def warmup(self) -> None:
@@ -206,6 +252,9 @@ class WhisperEngine:
         began = self._clock()
         self._model.encode(self._storage([self._feature(audio, FULL_WINDOW_FRAMES)]))
         self._encode_cost_s[FULL_WINDOW_FRAMES] = self._clock() - began
+        if self._lone is not None:
+            # Its threads start now, not on the first final that encodes alone.
+            self._lone.encode(self._storage([self._feature(audio, 1000)]))
         self.counters.reset()
 
     def _calibrate_max_length(self) -> None:
@@ -244,6 +293,8 @@ class WhisperEngine:
     def close(self) -> None:
         """Release the model weights (the object is unusable afterwards)."""
         self._model.unload_model()
+        if self._lone is not None:
+            self._lone.unload_model()
 
     # ------------------------------------------------------------------ helpers
 
@@ -333,10 +384,21 @@ class WhisperEngine:
                 part = group[sl]
                 began = self._clock()
                 feats = self._storage([self._feature(j.audio, frames) for j in part])
+                # The final of a call alone on the server, no other worker busy: every core
+                # on its encoder pass (same output; docs/turns.md, "A lone call's final
+                # encoded on both cores"). Not with other calls: a decode of theirs that
+                # starts meanwhile would share the cores with it (measured later at four).
+                lone = self._lone is not None and self._occupancy.busy == 1
+                lone = lone and all(j.wide for j in part)
+                model = self._lone if lone and self._lone is not None else self._model
                 t0 = time.perf_counter()
-                out = np.array(self._model.encode(feats, to_cpu=to_cpu))
+                out = np.array(model.encode(feats, to_cpu=to_cpu))
                 self.counters.encode_s += time.perf_counter() - t0
-                self._encode_cost_s[frames] = (self._clock() - began) / len(part)
+                if lone:
+                    self.counters.lone_encodes += len(part)
+                else:
+                    # What a retry on one worker's threads costs (budget decisions).
+                    self._encode_cost_s[frames] = (self._clock() - began) / len(part)
                 self.counters.encoded_frames += frames * len(part)
                 for j, enc in zip(part, out, strict=True):
                     j.encoder_out[frames] = enc
@@ -809,15 +871,16 @@ class WhisperEngine:
         job whose budget is spent leaves with its best text while the others retry on.
         """
         pending = jobs
-        while pending:
-            self._encode(pending)
-            began = self._clock()
-            self._decode(pending)
-            now = self._clock()
-            for job in pending:
-                job.decode_s = now - began
-                self._after_decode(job, now)
-            pending = [j for j in jobs if not j.done]
+        with self._occupancy.held():
+            while pending:
+                self._encode(pending)
+                began = self._clock()
+                self._decode(pending)
+                now = self._clock()
+                for job in pending:
+                    job.decode_s = now - began
+                    self._after_decode(job, now)
+                pending = [j for j in jobs if not j.done]
 
     def _choose(self, job: Job) -> tuple[Attempt, Hyp, str]:
         """The job's chosen attempt and hypothesis (MBR when asked) and its gate verdict."""

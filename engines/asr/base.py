@@ -102,6 +102,10 @@ class AsrRequest:
             gateway/call/turn_taking.py): a second pass over speech already counted, so the
             gateway's metrics count it as kind ``turn``, not as a final or an utterance.
             Accounting only; the engine ignores it.
+        alone: a final of the only call on the server, with no reply being synthesized (the
+            session asks the server when it makes the request): a CPU engine may run its
+            encoder pass on every core (``WhisperConfig.lone_encode_threads``), since no other
+            call's work would share them. False = one worker's threads, as for any request.
     """
 
     audio: FloatArray
@@ -113,6 +117,7 @@ class AsrRequest:
     bulk: bool = False
     utterance: Hashable = None
     whole_turn: bool = False
+    alone: bool = False
 
     @property
     def batch_key(self) -> Hashable:

@@ -7,6 +7,7 @@ validated once at start-up.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -307,6 +308,18 @@ class WhisperConfig(BaseModel):
     intra_threads: int = Field(
         default=0, ge=0, le=256, description="OpenMP threads per worker (0 = CTranslate2 default)."
     )
+    lone_encode_threads: int = Field(
+        default=0,
+        ge=0,
+        le=256,
+        description="CPU: the final of a call alone on the server (no other call, no reply "
+        "being synthesized) runs its encoder pass on this many threads while no other worker "
+        "of the engine is busy (a second CTranslate2 replica of the model, encoder passes "
+        "only; identical output). 0 = the machine's cores when that is more than "
+        "intra_threads, for a model.bin of at most 400 MB (a larger model's copy costs its "
+        "memory again; set the threads to have one anyway); 1 = off. See docs/turns.md "
+        "('A lone call's final encoded on both cores').",
+    )
     flash_attention: bool = Field(
         default=False, description="Flash attention 2 in self-attention; GPU only."
     )
@@ -401,6 +414,16 @@ class WhisperConfig(BaseModel):
         if self.compute_type != "auto":
             return self.compute_type
         return "int8" if self.device == "cpu" else "float16"
+
+    @property
+    def resolved_lone_encode_threads(self) -> int:
+        """Threads of a lone final's encoder pass; 1 or less = no second replica."""
+        if self.device != "cpu":
+            return 0
+        cores = os.cpu_count() or 1
+        wanted = self.lone_encode_threads or cores
+        # intra_threads 0 is CTranslate2's default: every core already.
+        return wanted if wanted > (self.resolved_intra_threads or cores) else 0
 
     @property
     def resolved_intra_threads(self) -> int:

@@ -102,6 +102,8 @@ class Recognition:
         final_decoded: called when a smart call's final decode finishes before its
             utterance ends, so that the session may end the utterance then
             (:meth:`final_ready`).
+        alone: whether the call has the server to itself now (``CallRegistry.alone``), asked
+            for each final request (``AsrRequest.alone``); never when None.
     """
 
     def __init__(
@@ -118,6 +120,7 @@ class Recognition:
         bulk: Callable[[], bool],
         log_id: str,
         final_decoded: Callable[[], None] | None = None,
+        alone: Callable[[], bool] | None = None,
     ) -> None:
         self.config = config
         self._segmenter = segmenter
@@ -130,6 +133,7 @@ class Recognition:
         self._bulk = bulk
         self.log_id = log_id
         self._final_decoded = final_decoded
+        self._alone = alone
         #: Utterances ended and turns closed, in order, for :meth:`run`.
         self.queue: asyncio.Queue[Utterance | TurnEnd | End] = asyncio.Queue(maxsize=64)
         self._speech_end_at: dict[int, float] = {}
@@ -276,19 +280,23 @@ class Recognition:
         the hint (``AsrOptions.language_hint``): the final still detects its own, and falls
         back to the call's before a window re-encode. A call whose turns read the words asks
         for the end mark's probability (``AsrOptions.end_mark``): the turn detector believes
-        a full stop as far as Whisper did.
+        a full stop as far as Whisper did. A real-time call alone on the server says so
+        (``AsrRequest.alone``): a CPU engine may then encode it on every core.
         """
         if options.language is None and self._learned_language is not None:
             options = replace(options, language_hint=self._learned_language)
         if self._turns.reads_end_marks:
             options = replace(options, end_mark=True)
+        bulk = self._bulk()
         return AsrRequest(
             utt.audio,
             utt.stats,
             options,
             is_final=True,
-            bulk=self._bulk(),
+            bulk=bulk,
             utterance=self.utterance(index),
+            # A real-time call with the server to itself: its final may take every core.
+            alone=not bulk and self._alone is not None and self._alone(),
         )
 
     # -- finals ------------------------------------------------------------------------------------

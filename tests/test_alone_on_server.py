@@ -1,0 +1,259 @@
+"""A call alone on the server says so in its finals' requests (issue 38).
+
+On the CPU a final of a call that has the server to itself may encode on both cores
+(``AsrRequest.alone``, ``WhisperConfig.lone_encode_threads``; the engine's side is in
+``tests/test_lone_encode.py``). "Alone" is the servicer's to say: no other call in progress and
+no reply being synthesized (``CallRegistry.alone``; a voice wrapped in
+``CountingSynthesizer`` counts its replies). A call asks when it requests each final; interims,
+and finals of calls sending faster than real time, never ask for every core.
+
+The session's part runs on a virtual clock with the FAKE recogniser; the served part on a
+real grpc.aio server, default configuration, a FAKE engine behind the real batcher that only
+records what it was asked (never evidence that recognition works), real speech at real time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from voxgate.common.pcm import WireEncoding
+from voxgate.engines.asr.base import AsrRequest, AsrResult
+from voxgate.gateway.base import TtsPiece
+from voxgate.gateway.call.options import (
+    IngressOptions,
+    InterimOptions,
+    PlaybackOptions,
+    RecognitionOptions,
+)
+from voxgate.gateway.calls import CallRegistry, CountingSynthesizer
+from voxgate.gateway.config import LimitsConfig, VadConfig
+from voxgate.gateway.events import AudioIn, InboundEvent, OutboundEvent, SpeakIn
+from voxgate.gateway.metrics import GatewayMetrics
+from voxgate.gateway.session import CallConfig, CallSession
+from voxgate.gateway.testing.batched import FakeBatchedAsrHub, fake_result
+from voxgate.gateway.testing.fake_engines import (
+    EnergyVoiceDetector,
+    FakeBatchEngine,
+    FakeEngineError,
+    FakeToneSynthesizer,
+    FakeTranscriber,
+)
+from voxgate.gateway.testing.server import running_server
+from voxgate.gateway.testing.virtual_time import run_virtual
+from voxgate.gateway.turns import TurnOptions
+from voxgate_client import REALTIME, Transcript, VoxgateClient, load_audio, stream_audio
+from voxgate_client import CallConfig as ClientCallConfig
+
+#: A 3.3 s LibriSpeech clip of the shared set: two calls of it overlap from start to end.
+CLIP = "librispeech_1988-24833-0000.wav"
+#: Only bounds how long a broken test hangs; never part of what is asserted.
+HANG_S = 60.0
+
+
+def tone(ms: int) -> bytes:
+    t = np.arange(16 * ms) / 16000.0
+    return (0.3 * 32767 * np.sin(2 * np.pi * 300 * t)).astype("<i2").tobytes()
+
+
+def silence(ms: int) -> bytes:
+    return bytes(32 * ms)
+
+
+# -- the registry and the voice's count -----------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_a_call_is_alone_without_another_call_or_a_reply_being_synthesized() -> None:
+    calls = CallRegistry()
+    calls.opened()
+    assert calls.alone()
+    calls.opened()
+    assert not calls.alone()  # another call's decodes would share the cores
+    calls.closed("b", "ok")
+    assert calls.alone()
+    calls.synthesizing = 1
+    assert not calls.alone()  # a reply's windows would
+    calls.synthesizing = 0
+    assert calls.alone()
+
+
+@pytest.mark.unit
+def test_the_voice_counts_a_reply_until_it_ends_is_closed_or_fails() -> None:
+    calls = CallRegistry()
+    voice = CountingSynthesizer(FakeToneSynthesizer(), calls)
+    failing = CountingSynthesizer(FakeToneSynthesizer(fail_after_pieces=1), calls)
+    seen: list[int] = []
+
+    async def main() -> None:
+        # To the end.
+        async for _ in voice.stream(SpeakIn("hello there", "s1")):
+            seen.append(calls.synthesizing)
+        assert calls.synthesizing == 0
+        # Closed after one piece (a barge-in): the inner voice is closed too.
+        stream = voice.stream(SpeakIn("a longer reply than one piece", "s2"))
+        assert calls.synthesizing == 0  # not counted before its first piece is asked for
+        await anext(stream)
+        assert calls.synthesizing == 1
+        await stream.aclose()  # type: ignore[attr-defined]
+        assert calls.synthesizing == 0
+        # The voice fails mid-reply.
+        with pytest.raises(FakeEngineError):
+            async for _ in failing.stream(SpeakIn("a longer reply than one piece", "s2")):
+                pass
+        assert calls.synthesizing == 0
+
+    asyncio.run(main())
+    assert seen and set(seen) == {1}
+
+
+# -- the session asks for each final ---------------------------------------------------------------
+
+
+def _session(asr: FakeTranscriber, *, alone: bool, bulk: bool) -> CallSession:
+    cfg = CallConfig(
+        ingress=IngressOptions(WireEncoding.LINEAR16, 16000),
+        playback=PlaybackOptions(WireEncoding.LINEAR16, 16000),
+        vad=VadConfig(end_silence_ms=200),
+        interims=InterimOptions(results=True, interval_ms=200),
+        recognition=RecognitionOptions(
+            turns=TurnOptions(mode="smart", min_silence_ms=200, max_pause_ms=1600)
+        ),
+    )
+    return CallSession(
+        cfg,
+        LimitsConfig(),
+        asr,
+        None,
+        metrics=GatewayMetrics(),
+        detector=EnergyVoiceDetector(),
+        declared_bulk=bulk,
+        alone=lambda: alone,
+    )
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("alone", "bulk", "wide"),
+    [(True, False, True), (False, False, False), (True, True, False)],
+    ids=["alone", "not alone", "bulk"],
+)
+def test_a_real_time_calls_finals_carry_whether_it_is_alone_and_interims_never_do(
+    alone: bool, bulk: bool, wide: bool
+) -> None:
+    asr = FakeTranscriber(delay_s=0.15)
+    session = _session(asr, alone=alone, bulk=bulk)
+    pcm = silence(200) + tone(1500) + silence(1000) + tone(1500) + silence(1500)
+
+    async def main() -> None:
+        inbox: asyncio.Queue[InboundEvent | None] = asyncio.Queue()
+
+        async def sink(event: OutboundEvent) -> None:
+            pass
+
+        runner = asyncio.create_task(session.run(inbox.get, sink))
+        for i in range(0, len(pcm), 640):
+            await inbox.put(AudioIn(pcm[i : i + 640]))
+            # A file sent as fast as the limits allow runs ahead of the call's clock.
+            await asyncio.sleep(0.02 / 3.5 if bulk else 0.02)
+        await inbox.put(None)
+        await asyncio.wait_for(runner, 600)  # virtual seconds: a hang guard
+
+    run_virtual(main())
+    finals = [r for r in asr.requests if r.is_final and not r.whole_turn]
+    interims = [r for r in asr.requests if not r.is_final]
+    assert len(finals) >= 2 and interims
+    assert {r.alone for r in finals} == {wide}
+    assert not any(r.alone for r in interims)
+
+
+# -- through a served gateway ---------------------------------------------------------------------
+
+
+class _Recording(FakeBatchEngine[AsrRequest, AsrResult]):
+    """FAKE engine: answers every request with its length and keeps what each final asked."""
+
+    def __init__(self) -> None:
+        super().__init__(self._answer)
+        self.finals: list[AsrRequest] = []
+
+    def _answer(self, request: AsrRequest) -> AsrResult:
+        if request.is_final and not request.whole_turn:
+            self.finals.append(request)
+        return fake_result(request)
+
+
+async def _call(target: str, audio_path: Path) -> list[Transcript]:
+    audio = load_audio(audio_path)
+    finals: list[Transcript] = []
+    async with VoxgateClient(target) as client:
+        cfg = ClientCallConfig(encoding=audio.encoding, sample_rate_hz=audio.sample_rate_hz)
+        async with await client.converse(cfg) as call:
+
+            async def send() -> None:
+                await stream_audio(call, audio, REALTIME)
+                await call.hangup()
+
+            sender = asyncio.create_task(send())
+            async for event in call:
+                if isinstance(event, Transcript) and event.is_final:
+                    finals.append(event)
+            await sender
+    return finals
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[str, _Recording]]:
+    engine = _Recording()
+    hub = FakeBatchedAsrHub([engine, engine], synthesizer=FakeToneSynthesizer())
+    async with running_server(hub=hub) as srv:  # type: ignore[arg-type]
+        yield srv.target, engine
+
+
+@pytest.mark.e2e
+async def test_a_lone_callers_finals_ask_for_every_core_and_beside_another_call_never(
+    served: tuple[str, _Recording], speech_dir: Path
+) -> None:
+    target, engine = served
+    got = await asyncio.wait_for(_call(target, speech_dir / CLIP), HANG_S)
+    assert got and engine.finals
+    assert all(r.alone for r in engine.finals)
+    engine.finals.clear()
+    # The same caller again, while another call is open (it says nothing) from before its
+    # first word until after its last final.
+    async with (
+        VoxgateClient(target) as client,
+        await client.converse(ClientCallConfig()) as other,
+    ):
+        got = await asyncio.wait_for(_call(target, speech_dir / CLIP), HANG_S)
+        await other.hangup()
+        async for _ in other:
+            pass
+    assert got and engine.finals
+    assert not any(r.alone for r in engine.finals)
+
+
+@pytest.mark.unit
+def test_the_served_voice_is_counted_into_the_servicers_calls() -> None:
+    from voxgate.gateway.config import load_config
+    from voxgate.gateway.service import VoiceGatewayServicer
+
+    voice = FakeToneSynthesizer()
+    servicer = VoiceGatewayServicer(load_config(None, {}), synthesizer=voice)
+    assert isinstance(servicer.synthesizer, CountingSynthesizer)
+    assert servicer.synthesizer.inner is voice
+    pieces: list[TtsPiece] = []
+
+    async def main() -> None:
+        assert servicer.synthesizer is not None
+        async for piece in servicer.synthesizer.stream(SpeakIn("hi", "s3")):
+            pieces.append(piece)
+            assert servicer.calls.synthesizing == 1
+        assert servicer.calls.synthesizing == 0
+
+    asyncio.run(main())
+    assert pieces and np.concatenate([p.samples for p in pieces]).size
