@@ -21,31 +21,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from voxgate.common.pcm import WireEncoding
 from voxgate.engines.asr.base import AsrRequest, AsrResult
 from voxgate.gateway.base import TtsPiece
-from voxgate.gateway.call.options import (
-    IngressOptions,
-    InterimOptions,
-    PlaybackOptions,
-    RecognitionOptions,
-)
 from voxgate.gateway.calls import CallRegistry, CountingSynthesizer
-from voxgate.gateway.config import LimitsConfig, VadConfig
-from voxgate.gateway.events import AudioIn, InboundEvent, OutboundEvent, SpeakIn
-from voxgate.gateway.metrics import GatewayMetrics
-from voxgate.gateway.session import CallConfig, CallSession
+from voxgate.gateway.events import SpeakIn
 from voxgate.gateway.testing.batched import FakeBatchedAsrHub, fake_result
 from voxgate.gateway.testing.fake_engines import (
-    EnergyVoiceDetector,
     FakeBatchEngine,
     FakeEngineError,
     FakeToneSynthesizer,
     FakeTranscriber,
 )
 from voxgate.gateway.testing.server import running_server
-from voxgate.gateway.testing.virtual_time import run_virtual
-from voxgate.gateway.turns import TurnOptions
+from voxgate.gateway.testing.sessions import pcm_silence as silence
+from voxgate.gateway.testing.sessions import pcm_tone as tone
+from voxgate.gateway.testing.sessions import play_virtual, smart_session
 from voxgate_client import REALTIME, Transcript, VoxgateClient, load_audio, stream_audio
 from voxgate_client import CallConfig as ClientCallConfig
 
@@ -53,15 +43,6 @@ from voxgate_client import CallConfig as ClientCallConfig
 CLIP = "librispeech_1988-24833-0000.wav"
 #: Only bounds how long a broken test hangs; never part of what is asserted.
 HANG_S = 60.0
-
-
-def tone(ms: int) -> bytes:
-    t = np.arange(16 * ms) / 16000.0
-    return (0.3 * 32767 * np.sin(2 * np.pi * 300 * t)).astype("<i2").tobytes()
-
-
-def silence(ms: int) -> bytes:
-    return bytes(32 * ms)
 
 
 # -- the registry and the voice's count -----------------------------------------------------------
@@ -114,28 +95,6 @@ def test_the_voice_counts_a_reply_until_it_ends_is_closed_or_fails() -> None:
 # -- the session asks for each final ---------------------------------------------------------------
 
 
-def _session(asr: FakeTranscriber, *, alone: bool, bulk: bool) -> CallSession:
-    cfg = CallConfig(
-        ingress=IngressOptions(WireEncoding.LINEAR16, 16000),
-        playback=PlaybackOptions(WireEncoding.LINEAR16, 16000),
-        vad=VadConfig(end_silence_ms=200),
-        interims=InterimOptions(results=True, interval_ms=200),
-        recognition=RecognitionOptions(
-            turns=TurnOptions(mode="smart", min_silence_ms=200, max_pause_ms=1600)
-        ),
-    )
-    return CallSession(
-        cfg,
-        LimitsConfig(),
-        asr,
-        None,
-        metrics=GatewayMetrics(),
-        detector=EnergyVoiceDetector(),
-        declared_bulk=bulk,
-        alone=lambda: alone,
-    )
-
-
 @pytest.mark.unit
 @pytest.mark.parametrize(
     ("alone", "bulk", "wide"),
@@ -146,24 +105,10 @@ def test_a_real_time_calls_finals_carry_whether_it_is_alone_and_interims_never_d
     alone: bool, bulk: bool, wide: bool
 ) -> None:
     asr = FakeTranscriber(delay_s=0.15)
-    session = _session(asr, alone=alone, bulk=bulk)
-    pcm = silence(200) + tone(1500) + silence(1000) + tone(1500) + silence(1500)
-
-    async def main() -> None:
-        inbox: asyncio.Queue[InboundEvent | None] = asyncio.Queue()
-
-        async def sink(event: OutboundEvent) -> None:
-            pass
-
-        runner = asyncio.create_task(session.run(inbox.get, sink))
-        for i in range(0, len(pcm), 640):
-            await inbox.put(AudioIn(pcm[i : i + 640]))
-            # A file sent as fast as the limits allow runs ahead of the call's clock.
-            await asyncio.sleep(0.02 / 3.5 if bulk else 0.02)
-        await inbox.put(None)
-        await asyncio.wait_for(runner, 600)  # virtual seconds: a hang guard
-
-    run_virtual(main())
+    session = smart_session(asr, declared_bulk=bulk, alone=lambda: alone)
+    pcm = silence(200) + tone(1500, -10) + silence(1000) + tone(1500, -10) + silence(1500)
+    # A file sent as fast as the limits allow runs ahead of the call's clock.
+    play_virtual(session, pcm, speed=3.5 if bulk else 1.0)
     finals = [r for r in asr.requests if r.is_final and not r.whole_turn]
     interims = [r for r in asr.requests if not r.is_final]
     assert len(finals) >= 2 and interims

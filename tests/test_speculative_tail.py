@@ -22,40 +22,28 @@ is the energy one with a threshold under the tail.
 
 from __future__ import annotations
 
-import asyncio
-
-import numpy as np
 import pytest
 
 from voxgate.common.pcm import WireEncoding
 from voxgate.gateway.call.options import (
     IngressOptions,
-    InterimOptions,
     PlaybackOptions,
     RecognitionOptions,
 )
 from voxgate.gateway.config import LimitsConfig, VadConfig
-from voxgate.gateway.events import AudioIn, InboundEvent, OutboundEvent, SpeechOut, TranscriptOut
+from voxgate.gateway.events import OutboundEvent, SpeechOut, TranscriptOut
 from voxgate.gateway.metrics import GatewayMetrics
 from voxgate.gateway.session import CallConfig, CallSession
 from voxgate.gateway.testing.fake_engines import EnergyVoiceDetector, FakeTranscriber
-from voxgate.gateway.testing.virtual_time import run_virtual
+from voxgate.gateway.testing.sessions import pcm_silence as silence
+from voxgate.gateway.testing.sessions import pcm_tone as tone
+from voxgate.gateway.testing.sessions import play_virtual, smart_session
 from voxgate.gateway.turns import TurnOptions
 
 pytestmark = pytest.mark.component
 
 #: The FAKE recogniser's decode time, virtual seconds.
 DECODE_S = 0.15
-
-
-def tone(ms: int, dbfs: float) -> bytes:
-    t = np.arange(16 * ms) / 16000.0
-    amplitude = 32767 * 10 ** (dbfs / 20)
-    return (amplitude * np.sin(2 * np.pi * 300 * t)).astype("<i2").tobytes()
-
-
-def silence(ms: int) -> bytes:
-    return bytes(32 * ms)
 
 
 def run_call(
@@ -86,24 +74,7 @@ def run_call(
     session = CallSession(
         cfg, LimitsConfig(), asr, None, metrics=GatewayMetrics(), detector=detector
     )
-    out: list[tuple[float, OutboundEvent]] = []
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        inbox: asyncio.Queue[InboundEvent | None] = asyncio.Queue()
-
-        async def sink(event: OutboundEvent) -> None:
-            out.append((loop.time(), event))
-
-        runner = asyncio.create_task(session.run(inbox.get, sink))
-        for i in range(0, len(pcm), 640):  # 20 ms chunks; chunk k is sent at k * 20 ms
-            await inbox.put(AudioIn(pcm[i : i + 640]))
-            await asyncio.sleep(0.02)
-        await inbox.put(None)
-        await asyncio.wait_for(runner, 600)  # virtual seconds: a hang guard
-
-    run_virtual(main())
-    return asr, out
+    return asr, play_virtual(session, pcm)  # 20 ms chunks; chunk k is sent at k * 20 ms
 
 
 def test_a_fading_tail_does_not_restart_the_final_decode() -> None:
@@ -154,34 +125,9 @@ def test_no_interim_starts_once_the_final_is_imminent(tone_ms: int) -> None:
     the utterance starts (the final decode is about to); interims ran while they spoke. The
     tone lengths slide the interim ticks across the silence (two of them land in it)."""
     asr = FakeTranscriber(delay_s=0.05)
-    cfg = CallConfig(
-        ingress=IngressOptions(WireEncoding.LINEAR16, 16000),
-        playback=PlaybackOptions(WireEncoding.LINEAR16, 16000),
-        vad=VadConfig(end_silence_ms=200),
-        interims=InterimOptions(results=True, interval_ms=200),
-        recognition=RecognitionOptions(
-            turns=TurnOptions(mode="smart", min_silence_ms=200, max_pause_ms=1600)
-        ),
+    play_virtual(
+        smart_session(asr, interval_ms=200), silence(200) + tone(tone_ms, -10) + silence(1500)
     )
-    session = CallSession(
-        cfg, LimitsConfig(), asr, None, metrics=GatewayMetrics(), detector=EnergyVoiceDetector()
-    )
-    pcm = silence(200) + tone(tone_ms, -10) + silence(1500)
-
-    async def main() -> None:
-        inbox: asyncio.Queue[InboundEvent | None] = asyncio.Queue()
-
-        async def sink(event: OutboundEvent) -> None:
-            pass
-
-        runner = asyncio.create_task(session.run(inbox.get, sink))
-        for i in range(0, len(pcm), 640):
-            await inbox.put(AudioIn(pcm[i : i + 640]))
-            await asyncio.sleep(0.02)
-        await inbox.put(None)
-        await asyncio.wait_for(runner, 600)
-
-    run_virtual(main())
     interims = [r for r in asr.requests if not r.is_final]
     assert interims  # they ran while the tone played
     speech_end_ms = 200 + tone_ms  # the utterance's audio starts at the call's start here
