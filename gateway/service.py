@@ -25,7 +25,7 @@ from voxgate.gateway import wire
 from voxgate.gateway.admission import AdmissionPolicy, LoadSnapshot, Refusal, StreamKind
 from voxgate.gateway.audio import OutputEncoder
 from voxgate.gateway.base import EngineInfo, Synthesizer, Transcriber
-from voxgate.gateway.calls import CallRegistry, CountingSynthesizer
+from voxgate.gateway.calls import CallRegistry
 from voxgate.gateway.config import (
     ConfigError,
     GatewayConfig,
@@ -165,14 +165,10 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         self.models = models
         self.metrics = metrics if metrics is not None else GatewayMetrics()
         self.transcriber = transcriber
+        self.synthesizer = synthesizer
         self.info = info or EngineInfo()
         #: The calls in progress, their counts and the drain (gateway/calls.py).
         self.calls = CallRegistry()
-        #: The voice, counting its replies into ``calls`` (a call alone on the server with
-        #: no reply being synthesized may have every core for its finals: CallRegistry.alone).
-        self.synthesizer: Synthesizer | None = (
-            CountingSynthesizer(synthesizer, self.calls) if synthesizer is not None else None
-        )
         #: Admission by measured load; the server's monitor refreshes ``load`` and ``quality``.
         self.admission = AdmissionPolicy(config.admission, config.limits)
         self.load = LoadSnapshot()
@@ -443,6 +439,18 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             if lease is not None:
                 lease.release()
 
+    def alone(self) -> bool:
+        """Whether a call has the server to itself: no other call, no reply being synthesized.
+
+        Asked by a call when it requests a final (``AsrRequest.alone``): on the CPU such a
+        final may encode on every core, which only pays while nothing else wants one. Another
+        call's decode, or a voice's window, started meanwhile would share the cores with it
+        (docs/turns.md, "A lone call's final encoded on both cores"). Replies and Synthesize
+        streams are the voice's own count, the one admission reads; it is read only for a
+        call that is alone.
+        """
+        return self.calls.active_calls <= 1 and not self.metrics.value("voxgate_tts_streams_active")
+
     async def _run_session(
         self,
         context: grpc.aio.ServicerContext,
@@ -468,7 +476,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             turn_model=self.turn_model,
             declared_bulk=declared_bulk,
             opened_at=opened_at,
-            alone=self.calls.alone,
+            alone=self.alone,
         )
         self.calls.started(session_id, session)
         started = pb.SessionStarted(

@@ -115,7 +115,7 @@ class CallSession:
             quota starts counting (see :class:`~voxgate.gateway.call.ingress.Ingress`); from
             the first audio chunk when omitted.
         alone: asked when a final is requested: whether the call has the server to itself
-            (``CallRegistry.alone``), so that its final may encode on every core
+            (``VoiceGatewayServicer.alone``), so that its final may encode on every core
             (``AsrRequest.alone``); never when omitted.
     """
 

@@ -3,9 +3,9 @@
 On the CPU a final of a call that has the server to itself may encode on both cores
 (``AsrRequest.alone``, ``WhisperConfig.lone_encode_threads``; the engine's side is in
 ``tests/test_lone_encode.py``). "Alone" is the servicer's to say: no other call in progress and
-no reply being synthesized (``CallRegistry.alone``; a voice wrapped in
-``CountingSynthesizer`` counts its replies). A call asks when it requests each final; interims,
-and finals of calls sending faster than real time, never ask for every core.
+no reply being synthesized (``VoiceGatewayServicer.alone``: its calls, and the voice's own count
+of the replies it is synthesizing, the gauge admission reads). A call asks when it requests each
+final; interims, and finals of calls sending faster than real time, never ask for every core.
 
 The session's part runs on a virtual clock with the FAKE recogniser; the served part on a
 real grpc.aio server, default configuration, a FAKE engine behind the real batcher that only
@@ -18,17 +18,14 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from voxgate.engines.asr.base import AsrRequest, AsrResult
-from voxgate.gateway.base import TtsPiece
-from voxgate.gateway.calls import CallRegistry, CountingSynthesizer
-from voxgate.gateway.events import SpeakIn
+from voxgate.gateway.config import load_config
+from voxgate.gateway.service import VoiceGatewayServicer
 from voxgate.gateway.testing.batched import FakeBatchedAsrHub, fake_result
 from voxgate.gateway.testing.fake_engines import (
     FakeBatchEngine,
-    FakeEngineError,
     FakeToneSynthesizer,
     FakeTranscriber,
 )
@@ -45,51 +42,23 @@ CLIP = "librispeech_1988-24833-0000.wav"
 HANG_S = 60.0
 
 
-# -- the registry and the voice's count -----------------------------------------------------------
+# -- the servicer's answer ------------------------------------------------------------------------
 
 
 @pytest.mark.unit
 def test_a_call_is_alone_without_another_call_or_a_reply_being_synthesized() -> None:
-    calls = CallRegistry()
+    servicer = VoiceGatewayServicer(load_config(None, {}), synthesizer=FakeToneSynthesizer())
+    calls, streams = servicer.calls, servicer.metrics.tts_streams_active
     calls.opened()
-    assert calls.alone()
+    assert servicer.alone()
     calls.opened()
-    assert not calls.alone()  # another call's decodes would share the cores
+    assert not servicer.alone()  # another call's decodes would share the cores
     calls.closed("b", "ok")
-    assert calls.alone()
-    calls.synthesizing = 1
-    assert not calls.alone()  # a reply's windows would
-    calls.synthesizing = 0
-    assert calls.alone()
-
-
-@pytest.mark.unit
-def test_the_voice_counts_a_reply_until_it_ends_is_closed_or_fails() -> None:
-    calls = CallRegistry()
-    voice = CountingSynthesizer(FakeToneSynthesizer(), calls)
-    failing = CountingSynthesizer(FakeToneSynthesizer(fail_after_pieces=1), calls)
-    seen: list[int] = []
-
-    async def main() -> None:
-        # To the end.
-        async for _ in voice.stream(SpeakIn("hello there", "s1")):
-            seen.append(calls.synthesizing)
-        assert calls.synthesizing == 0
-        # Closed after one piece (a barge-in): the inner voice is closed too.
-        stream = voice.stream(SpeakIn("a longer reply than one piece", "s2"))
-        assert calls.synthesizing == 0  # not counted before its first piece is asked for
-        await anext(stream)
-        assert calls.synthesizing == 1
-        await stream.aclose()  # type: ignore[attr-defined]
-        assert calls.synthesizing == 0
-        # The voice fails mid-reply.
-        with pytest.raises(FakeEngineError):
-            async for _ in failing.stream(SpeakIn("a longer reply than one piece", "s2")):
-                pass
-        assert calls.synthesizing == 0
-
-    asyncio.run(main())
-    assert seen and set(seen) == {1}
+    assert servicer.alone()
+    streams.inc()  # a reply (or a Synthesize stream) is being synthesized: its windows would
+    assert not servicer.alone()
+    streams.dec()
+    assert servicer.alone()
 
 
 # -- the session asks for each final ---------------------------------------------------------------
@@ -180,25 +149,3 @@ async def test_a_lone_callers_finals_ask_for_every_core_and_beside_another_call_
             pass
     assert got and engine.finals
     assert not any(r.alone for r in engine.finals)
-
-
-@pytest.mark.unit
-def test_the_served_voice_is_counted_into_the_servicers_calls() -> None:
-    from voxgate.gateway.config import load_config
-    from voxgate.gateway.service import VoiceGatewayServicer
-
-    voice = FakeToneSynthesizer()
-    servicer = VoiceGatewayServicer(load_config(None, {}), synthesizer=voice)
-    assert isinstance(servicer.synthesizer, CountingSynthesizer)
-    assert servicer.synthesizer.inner is voice
-    pieces: list[TtsPiece] = []
-
-    async def main() -> None:
-        assert servicer.synthesizer is not None
-        async for piece in servicer.synthesizer.stream(SpeakIn("hi", "s3")):
-            pieces.append(piece)
-            assert servicer.calls.synthesizing == 1
-        assert servicer.calls.synthesizing == 0
-
-    asyncio.run(main())
-    assert pieces and np.concatenate([p.samples for p in pieces]).size

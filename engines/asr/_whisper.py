@@ -388,13 +388,12 @@ class WhisperEngine:
                 # on its encoder pass (same output; docs/turns.md, "A lone call's final
                 # encoded on both cores"). Not with other calls: a decode of theirs that
                 # starts meanwhile would share the cores with it (measured later at four).
-                lone = self._lone is not None and self._occupancy.busy == 1
-                lone = lone and all(j.wide for j in part)
-                model = self._lone if lone and self._lone is not None else self._model
+                wide = self._occupancy.busy == 1 and all(j.wide for j in part)
+                lone = self._lone if wide else None
                 t0 = time.perf_counter()
-                out = np.array(model.encode(feats, to_cpu=to_cpu))
+                out = np.array((lone or self._model).encode(feats, to_cpu=to_cpu))
                 self.counters.encode_s += time.perf_counter() - t0
-                if lone:
+                if lone is not None:
                     self.counters.lone_encodes += len(part)
                 else:
                     # What a retry on one worker's threads costs (budget decisions).

@@ -102,7 +102,7 @@ class Recognition:
         final_decoded: called when a smart call's final decode finishes before its
             utterance ends, so that the session may end the utterance then
             (:meth:`final_ready`).
-        alone: whether the call has the server to itself now (``CallRegistry.alone``), asked
+        alone: whether the call has the server to itself now (``VoiceGatewayServicer.alone``), asked
             for each final request (``AsrRequest.alone``); never when None.
     """
 
