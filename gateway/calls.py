@@ -5,20 +5,16 @@ with. Admission reads the counts (real-time calls, bulk calls, Synthesize stream
 server's load monitor reads them each second, graceful shutdown stops new calls
 (:attr:`CallRegistry.accepting`), asks every call in progress to end without losing speech
 (:meth:`CallRegistry.end_calls`) and waits for the last one (:meth:`CallRegistry.wait_idle`).
-A call's finals ask it whether the call has the server to itself (:meth:`CallRegistry.alone`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator
 
-from voxgate.gateway.base import Synthesizer, TtsPiece
-from voxgate.gateway.events import SpeakIn
 from voxgate.gateway.session import CallSession
 
-__all__ = ["CallRegistry", "CountingSynthesizer"]
+__all__ = ["CallRegistry"]
 
 
 class CallRegistry:
@@ -29,9 +25,6 @@ class CallRegistry:
         self.active_calls = 0
         #: Synthesize streams in progress (they count against admission too).
         self.active_synthesize = 0
-        #: Replies being synthesized now, Converse replies and Synthesize streams alike
-        #: (counted by :class:`CountingSynthesizer`).
-        self.synthesizing = 0
         #: False once shutdown began: new streams are refused as UNAVAILABLE.
         self.accepting = True
         #: How calls ended, by outcome (the calls-ended metric's labels), for observers.
@@ -60,16 +53,6 @@ class CallRegistry:
         if self.active_calls == 0:
             self._idle.set()
 
-    def alone(self) -> bool:
-        """Whether a call has the server to itself: no other call, no reply being synthesized.
-
-        Asked by a call when it requests a final (``AsrRequest.alone``): on the CPU such a
-        final may encode on every core, which only pays while nothing else wants one. Another
-        call's decode, or a voice's window, started meanwhile would share the cores with it
-        (docs/turns.md, "A lone call's final encoded on both cores").
-        """
-        return self.active_calls <= 1 and self.synthesizing == 0
-
     def bulk_calls(self) -> int:
         """Calls in progress whose audio runs ahead of real time now (see CallSession.bulk)."""
         return sum(1 for session in self._sessions.values() if session.bulk)
@@ -88,33 +71,3 @@ class CallRegistry:
         for session in self._sessions.values():
             session.shutdown()
         return len(self._sessions)
-
-
-class CountingSynthesizer:
-    """The server's voice, counting the replies it is synthesizing into a registry.
-
-    Wraps whatever :class:`~voxgate.gateway.base.Synthesizer` the server runs, so that every
-    reply is counted the same way (a call's replies and Synthesize streams) without each voice
-    keeping a count of its own. A stream counts from its first piece asked for until it ends,
-    fails or its consumer closes it (a barge-in).
-    """
-
-    def __init__(self, inner: Synthesizer, registry: CallRegistry) -> None:
-        self.inner = inner
-        self.sample_rate_hz = inner.sample_rate_hz
-        self.max_text_chars = inner.max_text_chars
-        self._registry = registry
-
-    async def stream(self, speak: SpeakIn) -> AsyncIterator[TtsPiece]:
-        """The inner voice's pieces for ``speak``, counted while they flow."""
-        self._registry.synthesizing += 1
-        pieces = self.inner.stream(speak)
-        try:
-            async for piece in pieces:
-                yield piece
-        finally:
-            self._registry.synthesizing -= 1
-            # Closed with this stream (a barge-in), so the voice stops at once as before.
-            aclose = getattr(pieces, "aclose", None)
-            if aclose is not None:
-                await aclose()
