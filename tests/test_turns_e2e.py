@@ -1,9 +1,12 @@
 """End of turn through a real server with the bundled models: the JFK clip at real time.
 
-Smart turn detection (silence and words; the audio model needs the pipecat-ai wheel, which
-the test environment does not have): every final carries its turn, each turn's EndOfTurn
-comes after its last final with the finals' text joined, and the caller's words are in the
-turns' text. benchmarks/turn_taking makes the same calls and measures them.
+Smart turn detection on the server's default configuration (silence, the words and the audio
+model where the ``turn`` extra brought it): every final carries its turn, each turn's EndOfTurn
+comes after its last final, and the clip, one sentence with dramatic pauses, is one turn whose
+text holds "ask not what your country can do for you" (issue 38's goal). Its shouted "ask",
+0.4 s alone between crowd noise, often comes back with no text on its own; the turn decoded
+whole then hears it (docs/turns.md, "A turn that lost words"). benchmarks/turn_taking makes the
+same calls and measures them.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ from voxgate_client import CallConfig, EndOfTurn, Transcript, TurnOptions, Voxga
 pytestmark = pytest.mark.e2e
 
 
-def test_the_jfk_clip_comes_out_as_turns_whose_text_is_the_finals(speech_dir: Path) -> None:
+def test_the_jfk_clip_is_one_turn_that_holds_ask_not(speech_dir: Path) -> None:
     with wave.open(str(speech_dir / "jfk_inaugural_1961.wav")) as w:
         pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2")
-    data = np.concatenate([np.zeros(8000, np.int16), pcm, np.zeros(48_000, np.int16)]).tobytes()
+    # The recording as `voxgate call` sends it, then the caller quiet on the line for 3 s.
+    data = np.concatenate([pcm, np.zeros(48_000, np.int16)]).tobytes()
     events: list[object] = []
 
     async def main() -> None:
@@ -67,7 +71,6 @@ def test_the_jfk_clip_comes_out_as_turns_whose_text_is_the_finals(speech_dir: Pa
     for end in ends:
         mine = [f for f in finals if f.turn_index == end.turn_index]
         assert events.index(end) > max(events.index(f) for f in mine)
-        assert end.text == " ".join(f.text.strip() for f in mine if f.text.strip())
-    assert [e.turn_index for e in ends] == list(range(len(ends)))
-    said = normalize(" ".join(e.text for e in ends))
-    assert "what your country can do for you" in said, json.dumps(said)
+    said = [normalize(e.text) for e in ends]
+    assert len(ends) == 1, json.dumps(said)
+    assert "ask not what your country can do for you" in said[0], json.dumps(said)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from voxgate.common.pcm import WireEncoding
+from voxgate.engines.asr.base import AsrRequest
 from voxgate.gateway.call.options import (
     IngressOptions,
     PlaybackOptions,
@@ -326,3 +327,75 @@ def test_an_engine_fault_in_the_whole_decode_leaves_the_finals_joined() -> None:
     first, second = call.of(EndOfTurnOut)
     assert first.text == "The cut on his chest is still dripping blood."
     assert second.turn_index == 1 and second.text == "utterance 3"
+
+
+#: JFK's shape: a clause, a short word alone between pauses, the rest of the sentence.
+THREE_PARTS = (
+    silence(200) + tone(1000) + silence(700) + tone(400) + silence(700) + tone(1200) + silence(2500)
+)
+JFK_PARTS = ["And so my fellow Americans,", "", "what your country can do for you."]
+JFK_WHOLE = "And so my fellow Americans, ask not what your country can do for you."
+
+
+def _three_part_call(*, unsure: bool, whole_s: float) -> tuple[Call, FakeTranscriber]:
+    """The middle part's final (request 1) has no text: the recogniser unsure of it (its words
+    lost), or hearing no speech in it; each decode of the turn whole takes ``whole_s``."""
+
+    def text(request: AsrRequest) -> str:
+        parts = [r for r in asr.requests if not r.bulk]
+        return (
+            JFK_WHOLE
+            if request.bulk
+            else JFK_PARTS[next(k for k, r in enumerate(parts) if r is request)]
+        )
+
+    asr = FakeTranscriber(
+        text,
+        delay_s=lambda i: whole_s if asr.requests[i].bulk else 0.05,
+        unsure={1} if unsure else (),
+    )
+    call = Call(asr)
+    call.run(THREE_PARTS)
+    return call, asr
+
+
+def test_a_turn_that_lost_words_waits_for_its_whole_decode() -> None:
+    """A short word alone came back unsure (no text): the turn decoded whole hears it with its
+    sentence, and EndOfTurn waits for that decode, its text whole. A part that was no speech
+    is left out of the whole decode, and that turn ends without waiting (finals joined)."""
+    lost, asr = _three_part_call(unsure=True, whole_s=0.4)
+    heard_nothing, asr_nothing = _three_part_call(unsure=False, whole_s=0.4)
+    (end,) = lost.of(EndOfTurnOut)
+    (end_nothing,) = heard_nothing.of(EndOfTurnOut)
+    assert end.text == JFK_WHOLE
+    assert end_nothing.text == "And so my fellow Americans, what your country can do for you."
+    parts = [r for r in asr.requests if not r.bulk]
+    # The first two parts were decoded whole too, until the caller went on.
+    *_, whole = _whole_requests(asr)
+    (whole_nothing,) = _whole_requests(asr_nothing)
+    # Each part as it ended (its final's decode started before its hangover ran out, on less).
+    assert len(parts) == 3 and len(whole.audio) >= sum(len(r.audio) for r in parts)
+    assert np.array_equal(whole.audio[: len(parts[0].audio)], parts[0].audio)
+    # Without the part that was no speech: shorter by that part at least.
+    assert len(whole_nothing.audio) + len(parts[1].audio) <= len(whole.audio)
+    # The same turn ends at the same point of the call; the one that lost words waits for
+    # its whole decode (requested 0.4 s before it came back).
+    at = next(t for t, e in lost.out if e is end)
+    at_nothing = next(t for t, e in heard_nothing.out if e is end_nothing)
+    assert end.offset_ms == end_nothing.offset_ms and end.silence_ms == end_nothing.silence_ms
+    assert at_nothing < at <= at_nothing + 0.4
+
+
+def test_a_turn_that_lost_words_waits_for_its_whole_decode_one_second_at_most() -> None:
+    """A whole decode still running a second after the turn ended is given up (and stopped):
+    the finals joined are the text."""
+    lost, asr = _three_part_call(unsure=True, whole_s=5.0)
+    no_wait, _ = _three_part_call(unsure=False, whole_s=5.0)
+    (end,) = lost.of(EndOfTurnOut)
+    (end_no_wait,) = no_wait.of(EndOfTurnOut)
+    assert end.text == "And so my fellow Americans, what your country can do for you."
+    at = next(t for t, e in lost.out if e is end)
+    at_no_wait = next(t for t, e in no_wait.out if e is end_no_wait)
+    assert at - at_no_wait == pytest.approx(1.0, abs=1e-6)
+    last_whole = max(k for k, r in enumerate(asr.requests) if r.bulk)
+    assert last_whole in asr.cancelled

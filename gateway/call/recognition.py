@@ -339,6 +339,8 @@ class Recognition:
             # The call's own options (its prompt and hotwords, not the turn's words), in the
             # language this final was decoded in: what decoding the turn whole starts from.
             options=self._whole_turn_options(result),
+            # The caller's words, not silence: the recogniser was unsure of them, or failed.
+            lost=result is None or result.dropped_reason in _UNSURE,
         )
         if result is None:
             assert failure is not None

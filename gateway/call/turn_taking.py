@@ -61,6 +61,9 @@ class Turn:
     end_marks: dict[int, float] = field(default_factory=dict)
     #: Utterance index -> the utterance as decoded (its audio, for the whole-turn decode).
     utterances: dict[int, Utterance] = field(default_factory=dict)
+    #: Utterances whose final lost the caller's words: no text because the recogniser was
+    #: unsure of it (a low log-prob, a loop) or failed, not because it heard no speech.
+    lost: set[int] = field(default_factory=set)
     #: The whole-turn decode in flight or done: the last utterance it holds, and its task.
     whole: tuple[int, asyncio.Task[AsrResult | None]] | None = None
     #: Longer than one window: not decoded whole (and its audio no longer kept).
@@ -124,6 +127,11 @@ _TURN_AUDIO_SAMPLES = 8 * ASR_SAMPLE_RATE_HZ
 
 #: The longest turn decoded whole, samples: one encoder window, with room for its padding.
 _WHOLE_MAX_SAMPLES = 28 * ASR_SAMPLE_RATE_HZ
+
+#: How long the EndOfTurn of a turn that lost words waits for the turn decoded whole, s.
+#: Otherwise the bot answers a sentence with a hole in it; a turn's whole decode takes
+#: 0.2-0.5 s of one core on the bundled base model (one encoder window and its words).
+_LOST_WORDS_WAIT_S = 1.0
 
 
 class TurnTaking:
@@ -233,12 +241,14 @@ class TurnTaking:
         *,
         utterance: Utterance | None = None,
         options: AsrOptions | None = None,
+        lost: bool = False,
     ) -> Turn | None:
         """Utterance ``index``'s final came back with ``text``: its turn, if it has one.
 
         With ``utterance`` (as decoded) and the call's decoding ``options``, a turn that now
         holds two or more utterances with text, all of them back, is decoded again as one
-        (:meth:`_decode_whole`).
+        (:meth:`_decode_whole`). ``lost``: the final lost the caller's words (no text, the
+        recogniser unsure or failed); the whole decode hears that utterance too.
         """
         wait = self._final_waits.pop(index, None)
         if wait is not None:
@@ -246,6 +256,8 @@ class TurnTaking:
         turn = self._turn_of.pop(index, None)
         if turn is not None:
             turn.texts[index] = text
+            if lost and not text.strip():
+                turn.lost.add(index)
             if end_mark is not None:
                 turn.end_marks[index] = end_mark
             turn.pending.discard(index)
@@ -270,13 +282,19 @@ class TurnTaking:
         turn ends, else the finals joined, so the end of the turn never waits for it.
         Scheduled as a bulk final (after every real-time final, on a spare worker): at load it
         may come back too late, and then it is not used.
+
+        An utterance whose final lost its words (:attr:`Turn.lost`) is decoded whole with the
+        rest: a short word alone, with nothing around it, is where Whisper is least sure (JFK's
+        shouted "ask", 0.4 s between crowd noise, came back with no text), and in its sentence
+        it is heard. Such a turn's EndOfTurn waits for this decode (:meth:`send_end`).
         """
         if not self._whole or self._transcriber is None or turn is not self._turn or turn.too_long:
             return
         if turn.pending or self._segmenter.state is not SegmenterState.QUIET:
             return  # the words are not all back, or the caller goes on
-        parts = [turn.utterances.get(i) for i, t in sorted(turn.texts.items()) if t.strip()]
-        if len(parts) < 2 or any(p is None for p in parts):
+        heard = [i for i, t in sorted(turn.texts.items()) if t.strip() or i in turn.lost]
+        parts = [turn.utterances.get(i) for i in heard]
+        if len(parts) < 2 or any(p is None for p in parts) or not turn.text():
             return
         utts = [p for p in parts if p is not None]
         audio = np.concatenate([u.audio for u in utts])
@@ -437,9 +455,14 @@ class TurnTaking:
         """Send a closed turn's EndOfTurn (after its finals).
 
         Its text is the turn decoded whole if that is back (:meth:`_decode_whole`), else its
-        finals joined.
+        finals joined. A turn that lost words (:attr:`Turn.lost`) waits for that decode, up to
+        ``_LOST_WORDS_WAIT_S``: its finals joined have a hole where the words were. Every other
+        turn ends without waiting.
         """
         turn = end.turn
+        whole = turn.whole
+        if turn.lost and whole is not None and whole[0] == turn.last_utterance:
+            await asyncio.wait({whole[1]}, timeout=_LOST_WORDS_WAIT_S)
         text = turn.whole_text() or turn.text()
         if turn.whole is not None:
             turn.whole[1].cancel()  # a decode still running is of no use now

@@ -394,6 +394,8 @@ class FakeTranscriber:
             callable gets the request's number (overlapping requests that end out of order).
         fail: request numbers that raise :class:`FakeEngineError` (an engine fault).
         hang: request numbers that never finish until cancelled (a hung engine).
+        unsure: request numbers that come back with no text, dropped as ``low_logprob`` (the
+            recogniser heard words it was not sure of).
         speculate: what :meth:`can_speculate` answers.
         workers: how many requests run at once as far as :meth:`spare_worker` tells (the
             fake itself runs any number): a worker is spare while fewer are in flight.
@@ -413,6 +415,7 @@ class FakeTranscriber:
         delay_s: float | Callable[[int], float] = 0.0,
         fail: Container[int] = (),
         hang: Container[int] = (),
+        unsure: Container[int] = (),
         speculate: bool = True,
         workers: int = 1,
         detected: tuple[str, float] | Callable[[AsrRequest], tuple[str, float]] = ("en", 1.0),
@@ -421,6 +424,7 @@ class FakeTranscriber:
         self._delay_s = delay_s
         self._fail = fail
         self._hang = hang
+        self._unsure = unsure
         self._speculate = speculate
         self._workers = workers
         self._detected = detected
@@ -465,6 +469,8 @@ class FakeTranscriber:
             self.running = [r for r in self.running if r is not request]
         if index in self._fail:
             raise FakeEngineError(f"fake recogniser fault on request {index} (scripted)")
+        if index in self._unsure:
+            return AsrResult(text="", dropped_reason="low_logprob")
         if callable(self._texts):
             text = self._texts(request)
         elif index < len(self._texts):
