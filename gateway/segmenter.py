@@ -205,6 +205,20 @@ class Segmenter:
     #: end stays where it is; only the final decode may start from the loud end
     #: (:attr:`quiet_ms`), since nothing after it is a word.
     LOUD_REL_DB = 30.0
+    #: The voice model decides whether a frame is speech. Out of quiet (the onset of an
+    #: utterance, QUIET or STARTING), a frame it leans towards (at least silence_threshold,
+    #: under speech_threshold) counts as voiced when it is as loud as the caller's words:
+    #: within SPEECH_PEAK_DB of the loudest frame the model was sure of on this call (plain
+    #: level) and SPEECH_OVER_FLOOR_DB over the call's noise floor. Silero read JFK's shouted
+    #: "ask", 0.4 s alone between stretches of crowd noise at -11 dBFS, at 0.37-0.54 on a line
+    #: noisy from its first frame (0.49-0.61 after 500 ms of zeros: its state remembers the
+    #: opening): under 0.5 for most of its frames, so the word never became an utterance and
+    #: the turn ended in the pause before it. Breaths, lip noise and a line's noise lie 30 dB
+    #: and more under the words, and the model must still lean towards speech. It never
+    #: keeps a voiced run going: where an utterance ends stays the model's (with hysteresis).
+    #: None: off (the model's thresholds only).
+    SPEECH_PEAK_DB: float | None = 10.0
+    SPEECH_OVER_FLOOR_DB = 20.0
     #: Digital silence: a frame whose levels both stand under this (about three steps of
     #: 16-bit audio) is no line's noise but its absence: the zeros a bridge or media stream
     #: sends before the caller is connected, a muted phone, a benchmark's lead-in. A floor
@@ -268,6 +282,8 @@ class Segmenter:
         self._last_loud = -1  # index in _frames of the last loud speech frame (LOUD_REL_DB)
         self._peak_db = -math.inf  # loudest voiced frame of the utterance, tilted level
         self._peak_pdb = -math.inf  # and plain level
+        # Loudest frame of the call that the voice model was sure of (plain level).
+        self._speech_peak_pdb = -math.inf
         self._last_sample = 0.0  # for the first difference across push() boundaries
         # Frames the voice model has not judged yet (NaN), with their energy: the start of a
         # call while Silero primes. They are stepped once it can judge them (_replay_held).
@@ -364,11 +380,30 @@ class Segmenter:
     ) -> None:
         # Hysteresis: a voiced run ends below silence_threshold, starts at speech_threshold.
         voiced = conf >= (self._off if self._was_voiced else self._on)
+        if conf >= self._on:
+            self._speech_peak_pdb = max(self._speech_peak_pdb, pdb)
+        elif (
+            not voiced
+            and conf >= self._off
+            and self.state in (SegmenterState.QUIET, SegmenterState.STARTING)
+            and self._as_loud_as_speech(pdb)
+        ):
+            voiced = True
         self._was_voiced = voiced
         self._recent_db.append(db)
         self._recent_pdb.append(pdb)
         self._step(frame, voiced, db, pdb, events)
         self._frame_index += 1
+
+    def _as_loud_as_speech(self, pdb: float) -> bool:
+        """Whether a frame is as loud as the caller's words, far over the floor (plain level)."""
+        floor = self._noise_pdb
+        return (
+            self.SPEECH_PEAK_DB is not None
+            and floor is not None
+            and pdb >= self._speech_peak_pdb - self.SPEECH_PEAK_DB
+            and pdb >= floor + self.SPEECH_OVER_FLOOR_DB
+        )
 
     def _replay_held(self, events: list[SegmenterEvent], *, final: bool = False) -> None:
         """Step the frames the model had not judged, now that it can (or, at ``final``, as silence).
