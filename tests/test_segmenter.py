@@ -580,3 +580,63 @@ def test_a_floor_out_of_digital_silence_still_learns_noise_that_never_holds_its_
         begin = next(e for e in events if isinstance(e, SpeechBegin))
         starts.append(begin.offset_ms - lead * 20)
     assert starts[1] == starts[0]
+
+
+class ModelThresholdsOnly(Segmenter):
+    """The voice model's thresholds alone decide the onset (no loudness tie-break)."""
+
+    SPEECH_PEAK_DB = None
+
+
+@pytest.mark.parametrize(
+    ("word_dbfs", "word_conf", "starts"),
+    [
+        (-12.0, 0.4, True),  # JFK's shouted "ask": as loud as the words, the model unsure
+        (-35.0, 0.4, False),  # a breath the model leans towards: 23 dB under the words
+        (-12.0, 0.2, False),  # a door slam: as loud as the words, the model says no
+    ],
+)
+def test_a_word_as_loud_as_the_callers_words_starts_speech_where_the_model_is_unsure(
+    word_dbfs: float, word_conf: float, starts: bool
+) -> None:
+    """Crowd noise at -40 dBFS, a sure sentence at -10 dBFS, noise, then 400 ms the model
+    reads between its thresholds (0.35-0.5): it is an utterance when it is as loud as the
+    caller's words (and far over the floor), as it is not with the model's thresholds alone."""
+    rng = np.random.default_rng(3)
+    audio = np.concatenate(
+        [_noise(rng, 25, -40.0), _noise(rng, 50, -10.0), _noise(rng, 45, -40.0)]
+        + [_noise(rng, 20, word_dbfs), _noise(rng, 40, -40.0)]
+    )
+    confs = [0.02] * 25 + [0.9] * 50 + [0.02] * 45 + [word_conf] * 20 + [0.02] * 40
+    cfg = VadConfig(**{**SCRIPTED, "end_silence_ms": 200})
+    begins = [
+        e.offset_ms
+        for e in Segmenter(cfg, ConfidenceDetector(confs)).push(audio)
+        if isinstance(e, SpeechBegin)
+    ]
+    plain = [
+        e.offset_ms
+        for e in ModelThresholdsOnly(cfg, ConfidenceDetector(confs)).push(audio)
+        if isinstance(e, SpeechBegin)
+    ]
+    assert plain == [500]
+    assert begins == ([500, 2400] if starts else [500])
+
+
+def test_the_loudness_tie_break_never_keeps_an_utterance_going() -> None:
+    """Once the model's confidence has fallen under silence_threshold, loud frames it reads
+    between its thresholds do not bring the utterance back: it ends as the model says (the
+    tie-break is for onsets only)."""
+    rng = np.random.default_rng(5)
+    audio = np.concatenate([_noise(rng, 25, -40.0), _noise(rng, 60, -10.0), _noise(rng, 40, -40.0)])
+    confs = [0.02] * 25 + [0.9] * 40 + [0.2] + [0.4] * 19 + [0.02] * 40
+    cfg = VadConfig(**{**SCRIPTED, "end_silence_ms": 200})
+    ends = [
+        e.offset_ms
+        for seg_cls in (Segmenter, ModelThresholdsOnly)
+        for e in seg_cls(cfg, ConfidenceDetector(confs)).push(audio)
+        if isinstance(e, SpeechEnd)
+    ]
+    # The model's last voiced frame ends at 1.3 s; loud frames after it count as its tail
+    # (TAIL_MS) until the hangover ends the utterance.
+    assert ends == [1500, 1500]
