@@ -279,7 +279,8 @@ class TurnTaking:
         back as one (benchmarks.turn_taking, one caller: the pause set's turn WER 0.070
         against the finals' 0.100; docs/turns.md). The finals already sent stand; EndOfTurn's
         text is this decode when it holds every utterance of the turn and is back when the
-        turn ends, else the finals joined, so the end of the turn never waits for it.
+        turn ends, else the finals joined, so the end of the turn does not wait for it (but
+        for a turn that lost words, below).
         Scheduled as a bulk final (after every real-time final, on a spare worker): at load it
         may come back too late, and then it is not used.
 
