@@ -214,12 +214,13 @@ class Segmenter:
     #: noisy from its first frame (0.49-0.61 after 500 ms of zeros: its state remembers the
     #: opening): under 0.5 for most of its frames, so the word never became an utterance and
     #: the turn ended in the pause before it. Breaths, lip noise and a line's noise lie 30 dB
-    #: and more under the words, and the model must still lean towards speech. Before the
-    #: model has been sure of any frame of the call, the floor test alone applies: the call's
-    #: first word (LJ001-0006's "And it is" from the call's start, which Silero, primed on
-    #: nothing, reads at 0.3-0.57, now begins 200 ms sooner). It never keeps a voiced run
-    #: going: where an utterance ends stays the model's (with hysteresis). None: off (the
-    #: model's thresholds only).
+    #: and more under the words, and the model must still lean towards speech. Not before
+    #: the model has been sure of a frame of the call: there is nothing to be as loud as, and
+    #: on the floor test alone the echo of the bot's reply that a canceller leaves on a line
+    #: where the caller has not spoken yet opened an utterance (tests/test_benchmarks_barge_in
+    #: .py, the loaded line through gate_aec3). It never keeps a voiced run going: where an
+    #: utterance ends stays the model's (with hysteresis). None: off (the model's thresholds
+    #: only).
     SPEECH_PEAK_DB: float | None = 10.0
     SPEECH_OVER_FLOOR_DB = 20.0
     #: Digital silence: a frame whose levels both stand under this (about three steps of
@@ -404,6 +405,7 @@ class Segmenter:
         return (
             self.SPEECH_PEAK_DB is not None
             and floor is not None
+            and math.isfinite(self._speech_peak_pdb)
             and pdb >= self._speech_peak_pdb - self.SPEECH_PEAK_DB
             and pdb >= floor + self.SPEECH_OVER_FLOOR_DB
         )

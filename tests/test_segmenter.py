@@ -640,3 +640,14 @@ def test_the_loudness_tie_break_never_keeps_an_utterance_going() -> None:
     # The model's last voiced frame ends at 1.3 s; loud frames after it count as its tail
     # (TAIL_MS) until the hangover ends the utterance.
     assert ends == [1500, 1500]
+
+
+def test_the_loudness_tie_break_waits_for_a_word_the_model_was_sure_of() -> None:
+    """Before the caller's first sure frame there is nothing to be as loud as: a canceller's
+    residue of the bot's reply, loud over the line's floor and read at 0.4, opens nothing."""
+    rng = np.random.default_rng(4)
+    audio = np.concatenate([_noise(rng, 25, -60.0), _noise(rng, 40, -25.0), _noise(rng, 25, -60.0)])
+    confs = [0.02] * 25 + [0.4] * 40 + [0.02] * 25
+    cfg = VadConfig(**{**SCRIPTED, "end_silence_ms": 200})
+    events = Segmenter(cfg, ConfidenceDetector(confs)).push(audio)
+    assert not [e for e in events if isinstance(e, SpeechBegin)]
