@@ -10,6 +10,7 @@ the stream mid-reply.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import re
 import subprocess
 import sys
@@ -479,8 +480,9 @@ async def test_turn_detection_ends_speech_on_the_end_of_turn_not_each_final(
     """Kennedy's sentence with the server's smart turn detection: its pauses end utterances
     (each with its final), and END_OF_SPEECH, what LiveKit's ``turn_detection="stt"`` takes
     as the end of the user's turn, comes once per turn, after the turn's last final, carrying
-    the turn's text and where its speech ended, on the audio clock and on the wall clock
-    (``speech_end_time``, which LiveKit's endpointing counts from)."""
+    the turn's text (its finals joined, or the turn decoded whole) and where its speech ended,
+    on the audio clock and on the wall clock (``speech_end_time``, which LiveKit's endpointing
+    counts from)."""
     pcm, rate = sample_call
     engine = voxgate.STT(target=server.target, language="en", turn_detection="smart")
     pushed: list[tuple[float, float]] = []  # (audio pushed so far, s; wall clock then)
@@ -515,7 +517,13 @@ async def test_turn_detection_ends_speech_on_the_end_of_turn_not_each_final(
             speaking = False
             (end,) = ev.alternatives
             assert {f.metadata["turn_index"] for f in turn} == {end.metadata["turn_index"]}
-            assert plain(end.text).split() == plain(" ".join(f.text for f in turn)).split()
+            # The turn's text is its finals joined, or the turn decoded whole (the server's
+            # EndOfTurn.text, docs/turns.md "The turn decoded whole"): then the same sentence,
+            # with a word a final lost put back ("ask" of "ASK NOT!") or a split word mended.
+            said = plain(end.text).split()
+            joined = plain(" ".join(f.text for f in turn)).split()
+            same = difflib.SequenceMatcher(a=said, b=joined, autojunk=False).ratio()
+            assert said == joined or same >= 0.8, (said, joined)
             assert end.start_time == turn[0].start_time
             assert abs(end.end_time - turn[-1].end_time) <= 0.5, (end, turn[-1])
             # speech_end_time: the wall-clock time that audio went out (within a frame of
