@@ -32,9 +32,9 @@ from voxgate.gateway.turns import TurnOptions
 pytestmark = pytest.mark.component
 
 
-def tone(ms: int) -> bytes:
+def tone(ms: int, level: float = 0.3) -> bytes:
     t = np.arange(16 * ms) / 16000.0
-    return (0.3 * 32767 * np.sin(2 * np.pi * 300 * t)).astype("<i2").tobytes()
+    return (level * 32767 * np.sin(2 * np.pi * 300 * t)).astype("<i2").tobytes()
 
 
 def silence(ms: int) -> bytes:
@@ -61,7 +61,7 @@ class FakeTurnModel:
         if self.transcriber is not None:
             # The utterances' decodes (the turn decoded whole is spare-capacity work after them).
             running = self.transcriber.running
-            self.decodes_in_flight.append(sum(1 for r in running if not r.bulk))
+            self.decodes_in_flight.append(sum(1 for r in running if not r.whole_turn))
         return self.answers[len(self.seen) - 1]
 
 
@@ -71,6 +71,7 @@ class Call:
     turns: TurnOptions = SMART
     hangover_ms: int = 200
     turn_model: FakeTurnModel | None = None
+    alone: bool = False
     out: list[tuple[float, OutboundEvent]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -89,6 +90,7 @@ class Call:
             metrics=GatewayMetrics(),
             detector=EnergyVoiceDetector(),
             turn_model=self.turn_model,
+            alone=lambda: self.alone,
         )
 
     def run(self, pcm: bytes) -> None:
@@ -229,7 +231,7 @@ WHOLE = "The cut on his chest is still dripping blood."
 
 
 def _whole_requests(asr: FakeTranscriber) -> list[Any]:
-    return [r for r in asr.requests if r.bulk]
+    return [r for r in asr.requests if r.whole_turn]
 
 
 def test_a_turn_of_two_utterances_is_decoded_whole_and_that_is_its_text() -> None:
@@ -242,13 +244,14 @@ def test_a_turn_of_two_utterances_is_decoded_whole_and_that_is_its_text() -> Non
     assert [f.result.text for f in call.of(TranscriptOut)] == PARTS
     (end,) = call.of(EndOfTurnOut)
     assert end.text == WHOLE and end.reason == "words"
-    first, second = (r for r in asr.requests if not r.bulk)
+    first, second = (r for r in asr.requests if not r.whole_turn)
     (whole,) = _whole_requests(asr)
     # Both utterances as they ended (the finals' decodes started before their hangovers ran
     # out, on less of the audio): the first one's audio first, then the second's.
     assert whole.is_final and len(whole.audio) >= len(first.audio) + len(second.audio)
     # Named as a turn's second pass, so the gateway's metrics do not count it as an utterance.
     assert whole.whole_turn and not first.whole_turn and not second.whole_turn
+    assert whole.bulk and not first.bulk and not second.bulk
     assert np.array_equal(whole.audio[: len(first.audio)], first.audio)
     assert whole.options.initial_prompt == "" and not whole.options.word_timestamps
     assert whole.stats.speech_ms == first.stats.speech_ms + second.stats.speech_ms
@@ -302,7 +305,7 @@ def test_the_caller_going_on_starts_the_whole_decode_again_with_every_part() -> 
     (end,) = call.of(EndOfTurnOut)
     assert end.text == WHOLE
     assert [f.result.text for f in call.of(TranscriptOut)] == [texts[0], texts[1], texts[3]]
-    parts = [r for r in asr.requests if not r.bulk]
+    parts = [r for r in asr.requests if not r.whole_turn]
     wholes = _whole_requests(asr)
     assert len(parts) == 3 and len(wholes) == 2
     assert len(wholes[0].audio) < sum(len(r.audio) for r in parts) <= len(wholes[-1].audio)
@@ -330,32 +333,46 @@ def test_an_engine_fault_in_the_whole_decode_leaves_the_finals_joined() -> None:
 
 
 #: JFK's shape: a clause, a short word alone between pauses, the rest of the sentence.
-THREE_PARTS = (
-    silence(200) + tone(1000) + silence(700) + tone(400) + silence(700) + tone(1200) + silence(2500)
-)
 JFK_PARTS = ["And so my fellow Americans,", "", "what your country can do for you."]
 JFK_WHOLE = "And so my fellow Americans, ask not what your country can do for you."
 
 
-def _three_part_call(*, unsure: bool, whole_s: float) -> tuple[Call, FakeTranscriber]:
+def _three_part_call(
+    *,
+    unsure: bool,
+    whole_s: float,
+    short: bool = False,
+    middle: float = 0.3,
+    alone: bool = False,
+) -> tuple[Call, FakeTranscriber]:
     """The middle part's final (request 1) has no text: the recogniser unsure of it (its words
-    lost), or hearing no speech in it; each decode of the turn whole takes ``whole_s``."""
+    lost), skipping it as too short (``short``), or hearing no speech in it; each decode of
+    the turn whole takes ``whole_s``. ``middle``: the middle part's level (the others 0.3)."""
 
     def text(request: AsrRequest) -> str:
-        parts = [r for r in asr.requests if not r.bulk]
+        parts = [r for r in asr.requests if not r.whole_turn]
         return (
             JFK_WHOLE
-            if request.bulk
+            if request.whole_turn
             else JFK_PARTS[next(k for k, r in enumerate(parts) if r is request)]
         )
 
     asr = FakeTranscriber(
         text,
-        delay_s=lambda i: whole_s if asr.requests[i].bulk else 0.05,
+        delay_s=lambda i: whole_s if asr.requests[i].whole_turn else 0.05,
         unsure={1} if unsure else (),
+        short={1} if short else (),
     )
-    call = Call(asr)
-    call.run(THREE_PARTS)
+    call = Call(asr, alone=alone)
+    call.run(
+        silence(200)
+        + tone(1000)
+        + silence(700)
+        + tone(400, middle)
+        + silence(700)
+        + tone(1200)
+        + silence(2500)
+    )
     return call, asr
 
 
@@ -369,7 +386,7 @@ def test_a_turn_that_lost_words_waits_for_its_whole_decode() -> None:
     (end_nothing,) = heard_nothing.of(EndOfTurnOut)
     assert end.text == JFK_WHOLE
     assert end_nothing.text == "And so my fellow Americans, what your country can do for you."
-    parts = [r for r in asr.requests if not r.bulk]
+    parts = [r for r in asr.requests if not r.whole_turn]
     # The first two parts were decoded whole too, until the caller went on.
     *_, whole = _whole_requests(asr)
     (whole_nothing,) = _whole_requests(asr_nothing)
@@ -397,5 +414,46 @@ def test_a_turn_that_lost_words_waits_for_its_whole_decode_one_second_at_most() 
     at = next(t for t, e in lost.out if e is end)
     at_no_wait = next(t for t, e in no_wait.out if e is end_no_wait)
     assert at - at_no_wait == pytest.approx(1.0, abs=1e-6)
-    last_whole = max(k for k, r in enumerate(asr.requests) if r.bulk)
+    last_whole = max(k for k, r in enumerate(asr.requests) if r.whole_turn)
     assert last_whole in asr.cancelled
+
+
+def test_the_whole_decode_a_turn_that_lost_words_waits_for_is_a_real_time_final() -> None:
+    """The turn's end waits for it, so it is requested as the parts' finals were: not from
+    spare capacity, and alone on the server (every core) when they were."""
+    lost, asr = _three_part_call(unsure=True, whole_s=0.4, alone=True)
+    _, asr_nothing = _three_part_call(unsure=False, whole_s=0.4, alone=True)
+    (end,) = lost.of(EndOfTurnOut)
+    assert end.text == JFK_WHOLE
+    parts = [r for r in asr.requests if not r.whole_turn]
+    assert all(not r.bulk and r.alone for r in parts)
+    *_, whole = _whole_requests(asr)
+    assert not whole.bulk and whole.alone
+    # A turn that lost nothing keeps its whole decode as spare-capacity work on one core.
+    (whole_nothing,) = _whole_requests(asr_nothing)
+    assert whole_nothing.bulk and not whole_nothing.alone
+
+
+def test_a_part_skipped_as_too_short_as_loud_as_the_words_is_heard_in_the_whole_decode() -> None:
+    """A word the recogniser skipped as too short (JFK's shouted "ask" on a noisy line: 160 ms
+    the voice model was sure of, as loud as the sentence) is a hole in the finals joined: the
+    turn decoded whole hears it, and EndOfTurn waits for that decode. A part 20 dB under the
+    words (a breath) is no hole: left out, and the turn ends without waiting."""
+    loud, asr = _three_part_call(unsure=False, short=True, whole_s=0.4)
+    quiet, asr_quiet = _three_part_call(unsure=False, short=True, whole_s=0.4, middle=0.03)
+    (end,) = loud.of(EndOfTurnOut)
+    (end_quiet,) = quiet.of(EndOfTurnOut)
+    assert end.text == JFK_WHOLE
+    assert end_quiet.text == "And so my fellow Americans, what your country can do for you."
+    parts = [r for r in asr.requests if not r.whole_turn]
+    *_, whole = _whole_requests(asr)
+    assert len(parts) == 3 and len(whole.audio) >= sum(len(r.audio) for r in parts)
+    assert not whole.bulk
+    parts_quiet = [r for r in asr_quiet.requests if not r.whole_turn]
+    (whole_quiet,) = _whole_requests(asr_quiet)
+    assert len(whole_quiet.audio) + len(parts_quiet[1].audio) <= len(whole.audio)
+    assert whole_quiet.bulk
+    at = next(t for t, e in loud.out if e is end)
+    at_quiet = next(t for t, e in quiet.out if e is end_quiet)
+    assert end.offset_ms == end_quiet.offset_ms
+    assert at_quiet < at <= at_quiet + 0.4
