@@ -341,9 +341,6 @@ class Recognition:
             options=self._whole_turn_options(result),
             # The caller's words, not silence: the recogniser was unsure of them, or failed.
             lost=result is None or result.dropped_reason in _UNSURE,
-            # Skipped as too short: a noise, or a word the voice model was unsure of (the
-            # turn tells them apart by their level).
-            short=result is not None and result.dropped_reason == "too_short",
             # A whole decode the turn's end waits for is requested as this final was.
             bulk=req.bulk,
             alone=req.alone,

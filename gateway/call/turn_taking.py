@@ -64,14 +64,8 @@ class Turn:
     #: Utterances whose final lost the caller's words: no text because the recogniser was
     #: unsure of it (a low log-prob, a loop) or failed, not because it heard no speech.
     lost: set[int] = field(default_factory=set)
-    #: Utterances the recogniser skipped as too short (less voiced time than
-    #: ``asr.policy.min_speech_ms``): a click or a cough, or a word the voice model was unsure
-    #: of for most of its frames (:meth:`holes` tells them apart by their level).
-    short: set[int] = field(default_factory=set)
     #: The whole-turn decode in flight or done: the last utterance it holds, and its task.
     whole: tuple[int, asyncio.Task[AsrResult | None]] | None = None
-    #: That decode holds a part whose words the finals lack (:meth:`holes`): EndOfTurn waits.
-    whole_fills: bool = False
     #: Longer than one window: not decoded whole (and its audio no longer kept).
     too_long: bool = False
 
@@ -93,28 +87,6 @@ class Turn:
         if not joined or not joined / 2 <= words <= 2 * joined:
             return None
         return result.text.strip()
-
-    def holes(self) -> set[int]:
-        """The utterances whose words the finals lack, for the whole decode to hear.
-
-        Those that lost their words (:attr:`lost`), and those skipped as too short that are as
-        loud as the turn's words (speech level within ``_SHORT_WORD_DB`` of its loudest part
-        with text): on a noisy line JFK's shouted "ask" had 160 ms of frames the voice model
-        was sure of, under the 200 ms the recogniser decodes, at -11.9 dBFS beside the
-        sentence's -12.8 to -18.0, and the turn's text lacked it. A breath or lip noise lies
-        30 dB and more under the words; a loud cough is heard by Whisper as no words.
-        """
-        said = [u for i, u in self.utterances.items() if self.texts.get(i, "").strip()]
-        if not said or not self.short:
-            return set(self.lost)
-        loudest = max(u.stats.speech_rms_dbfs for u in said)
-        loud = {
-            i
-            for i in self.short
-            if i in self.utterances
-            and self.utterances[i].stats.speech_rms_dbfs >= loudest - _SHORT_WORD_DB
-        }
-        return self.lost | loud
 
     def end_mark(self) -> float | None:
         """The end mark's probability of the turn's last final with text (None: not reported)."""
@@ -155,10 +127,6 @@ _TURN_AUDIO_SAMPLES = 8 * ASR_SAMPLE_RATE_HZ
 
 #: The longest turn decoded whole, samples: one encoder window, with room for its padding.
 _WHOLE_MAX_SAMPLES = 28 * ASR_SAMPLE_RATE_HZ
-
-#: A part skipped as too short is a word the finals lack when it is this loud, dB under the
-#: turn's loudest part with text (:meth:`Turn.holes`).
-_SHORT_WORD_DB = 6.0
 
 #: How long the EndOfTurn of a turn that lost words waits for the turn decoded whole, s.
 #: Otherwise the bot answers a sentence with a hole in it; a turn's whole decode takes
@@ -274,7 +242,6 @@ class TurnTaking:
         utterance: Utterance | None = None,
         options: AsrOptions | None = None,
         lost: bool = False,
-        short: bool = False,
         bulk: bool = True,
         alone: bool = False,
     ) -> Turn | None:
@@ -283,10 +250,9 @@ class TurnTaking:
         With ``utterance`` (as decoded) and the call's decoding ``options``, a turn that now
         holds two or more utterances with text, all of them back, is decoded again as one
         (:meth:`_decode_whole`). ``lost``: the final lost the caller's words (no text, the
-        recogniser unsure or failed); the whole decode hears that utterance too. ``short``:
-        the recogniser skipped it as too short (:meth:`Turn.holes` reads its level). ``bulk``
-        and ``alone``: as the final's request was (a call sending faster than real time; the
-        call alone on the server), for a whole decode the turn's end waits for.
+        recogniser unsure or failed); the whole decode hears that utterance too. ``bulk`` and
+        ``alone``: as the final's request was (a call sending faster than real time; the call
+        alone on the server), for a whole decode the turn's end waits for.
         """
         wait = self._final_waits.pop(index, None)
         if wait is not None:
@@ -296,8 +262,6 @@ class TurnTaking:
             turn.texts[index] = text
             if lost and not text.strip():
                 turn.lost.add(index)
-            if short and not text.strip():
-                turn.short.add(index)
             if end_mark is not None:
                 turn.end_marks[index] = end_mark
             turn.pending.discard(index)
@@ -324,8 +288,7 @@ class TurnTaking:
         Scheduled as a bulk final (after every real-time final, on a spare worker): at load it
         may come back too late, and then it is not used.
 
-        An utterance whose final lost its words (:meth:`Turn.holes`: the recogniser unsure
-        of it, or a part as loud as the words skipped as too short) is decoded whole with the
+        An utterance whose final lost its words (:attr:`Turn.lost`) is decoded whole with the
         rest: a short word alone, with nothing around it, is where Whisper is least sure (JFK's
         shouted "ask", 0.4 s between crowd noise, came back with no text), and in its sentence
         it is heard. Such a turn's EndOfTurn waits for this decode (:meth:`send_end`), so it is
@@ -336,8 +299,7 @@ class TurnTaking:
             return
         if turn.pending or self._segmenter.state is not SegmenterState.QUIET:
             return  # the words are not all back, or the caller goes on
-        holes = turn.holes()
-        heard = [i for i, t in sorted(turn.texts.items()) if t.strip() or i in holes]
+        heard = [i for i, t in sorted(turn.texts.items()) if t.strip() or i in turn.lost]
         parts = [turn.utterances.get(i) for i in heard]
         if len(parts) < 2 or any(p is None for p in parts) or not turn.text():
             return
@@ -366,10 +328,10 @@ class TurnTaking:
             options,
             is_final=True,
             # Spare-capacity work, unless the turn's end waits for it (a part lost its words).
-            bulk=bulk or not holes,
+            bulk=bulk or not turn.lost,
             utterance=(self, "turn", turn.index),
             whole_turn=True,
-            alone=alone and not bulk and bool(holes),
+            alone=alone and not bulk and bool(turn.lost),
         )
         transcriber = self._transcriber
 
@@ -386,7 +348,6 @@ class TurnTaking:
         self._whole_tasks.add(task)
         task.add_done_callback(self._whole_tasks.discard)
         turn.whole = (turn.last_utterance, task)
-        turn.whole_fills = bool(holes)
 
     def take_ends(self) -> list[TurnEnd]:
         """The turns closed since last asked, for recognition's queue (after their utterances)."""
@@ -503,13 +464,13 @@ class TurnTaking:
         """Send a closed turn's EndOfTurn (after its finals).
 
         Its text is the turn decoded whole if that is back (:meth:`_decode_whole`), else its
-        finals joined. A turn that lost words (:meth:`Turn.holes`) waits for that decode, up to
+        finals joined. A turn that lost words (:attr:`Turn.lost`) waits for that decode, up to
         ``_LOST_WORDS_WAIT_S``: its finals joined have a hole where the words were. Every other
         turn ends without waiting.
         """
         turn = end.turn
         whole = turn.whole
-        if turn.whole_fills and whole is not None and whole[0] == turn.last_utterance:
+        if turn.lost and whole is not None and whole[0] == turn.last_utterance:
             await asyncio.wait({whole[1]}, timeout=_LOST_WORDS_WAIT_S)
         text = turn.whole_text() or turn.text()
         if turn.whole is not None:

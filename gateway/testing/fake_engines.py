@@ -396,8 +396,6 @@ class FakeTranscriber:
         hang: request numbers that never finish until cancelled (a hung engine).
         unsure: request numbers that come back with no text, dropped as ``low_logprob`` (the
             recogniser heard words it was not sure of).
-        short: request numbers that come back with no text, skipped as ``too_short`` (less
-            voiced time than the recogniser decodes).
         speculate: what :meth:`can_speculate` answers.
         workers: how many requests run at once as far as :meth:`spare_worker` tells (the
             fake itself runs any number): a worker is spare while fewer are in flight.
@@ -418,7 +416,6 @@ class FakeTranscriber:
         fail: Container[int] = (),
         hang: Container[int] = (),
         unsure: Container[int] = (),
-        short: Container[int] = (),
         speculate: bool = True,
         workers: int = 1,
         detected: tuple[str, float] | Callable[[AsrRequest], tuple[str, float]] = ("en", 1.0),
@@ -428,7 +425,6 @@ class FakeTranscriber:
         self._fail = fail
         self._hang = hang
         self._unsure = unsure
-        self._short = short
         self._speculate = speculate
         self._workers = workers
         self._detected = detected
@@ -475,8 +471,6 @@ class FakeTranscriber:
             raise FakeEngineError(f"fake recogniser fault on request {index} (scripted)")
         if index in self._unsure:
             return AsrResult(text="", dropped_reason="low_logprob")
-        if index in self._short:
-            return AsrResult(text="", dropped_reason="too_short")
         if callable(self._texts):
             text = self._texts(request)
         elif index < len(self._texts):
