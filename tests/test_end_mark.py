@@ -89,9 +89,15 @@ def test_whisper_is_less_sure_of_a_fragments_full_stop_and_the_turn_holds_it(
 ) -> None:
     """The real model on "he was not an ill disposed young man", whole and cut where the
     benchmark's pause goes in (after "he was not", 200 ms of its quiet kept, as the final
-    decode starts): Whisper is less sure that the fragment ends at its full stop (0.79
-    against 0.88), and the turn outlasts a 600 ms pause (the hangover's) after the fragment
-    and holds the whole sentence's end a good deal less."""
+    decode starts): Whisper is less sure that the fragment ends at its full stop, and the turn
+    outlasts a 600 ms pause (the hangover's) after the fragment and holds the whole sentence's
+    end less.
+
+    How much less depends on the CPU: CTranslate2's int8 arithmetic is MKL's on an Intel CPU
+    and oneDNN's on an AMD one, and the probabilities differ. On an Intel Xeon 0.79 against
+    0.88 (the sentence's end held 770 ms against the fragment's 1,240); on an AMD EPYC (Zen 3)
+    0.82 against 0.84 (1,022 against 1,140). So the direction is asserted, not a margin
+    that one CPU's numbers set (a 0.05 margin failed on the AMD machine)."""
     from benchmarks.turn_taking import last_word_ms, splice_pause  # noqa: PLC0415
     from voxgate.engines.asr._whisper import WhisperEngine  # noqa: PLC0415
     from voxgate.gateway.testing.signals import stats_for  # noqa: PLC0415
@@ -118,9 +124,9 @@ def test_whisper_is_less_sure_of_a_fragments_full_stop_and_the_turn_holds_it(
     fragment, sentence = got["fragment"], got["sentence"]
     assert fragment.text.lower() == "he was not." and sentence.text.endswith(".")
     assert fragment.end_mark_probability is not None and sentence.end_mark_probability is not None
-    assert sentence.end_mark_probability > fragment.end_mark_probability + 0.05
+    assert sentence.end_mark_probability > fragment.end_mark_probability
     detector = TurnDetector(TurnOptions(mode="smart"))
     held = detector.decide(TurnInput(650, fragment.text, None, fragment.end_mark_probability))
     assert not held.end and held.hold_ms > 900
     ended = detector.decide(TurnInput(0, sentence.text, None, sentence.end_mark_probability))
-    assert ended.hold_ms < held.hold_ms - 250
+    assert ended.hold_ms < held.hold_ms
