@@ -331,7 +331,7 @@ class TurnTaking:
             bulk=bulk or not turn.lost,
             utterance=(self, "turn", turn.index),
             whole_turn=True,
-            alone=alone and not bulk and bool(turn.lost),
+            alone=alone and bool(turn.lost),  # a final's ``alone`` is never bulk
         )
         transcriber = self._transcriber
 
