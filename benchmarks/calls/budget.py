@@ -64,6 +64,9 @@ MAX_PAUSE_S = 0.3
 SHORT_CLIP = ("jfk_inaugural_1961.wav", 3.96, 4.34, "not")
 #: Lead-in silence before the first utterance, s.
 LEAD_IN_S = 1.0
+#: After the caller's hangup, how long it waits for the server to end the stream (which it
+#: does once the pending finals are out), s: far past any budget, a bound for a hung server.
+CLOSE_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -218,13 +221,17 @@ async def _caller(spec: dict[str, Any]) -> dict[str, Any]:
 
         reader = asyncio.create_task(read())
         await sender
-        # The last final may still be decoding: wait for it (the budget bounds it), then hang up.
+        # The last final may still be decoding: give it the budget with the call open, then
+        # hang up. A hangup has the server transcribe what is pending and then end the stream,
+        # so read until it does: on a machine whose cores other processes hold, the first
+        # attempt alone can outlast the budget (which bounds only the retries after it), and
+        # a final that comes late is a latency in the table, not a lost utterance.
         await asyncio.sleep(float(spec["tail_s"]))
         await conv.hangup()
-        await asyncio.wait({reader}, timeout=5.0)
+        done, _ = await asyncio.wait({reader}, timeout=float(spec["close_s"]))
         reader.cancel()
         await conv.aclose()
-    return {"finals": finals}
+    return {"finals": finals, "stream_ended": bool(done)}
 
 
 # --- the server (this process) ------------------------------------------------------------------
@@ -287,10 +294,13 @@ async def measure(
             "long": n_long,
             "gap_s": gap_s,
             "tail_s": max(0.0, budget_s + 2.0 - gap_s),
+            "close_s": CLOSE_S,
         }
         stdout = await run_client_process("benchmarks.calls.budget", spec)
         after = _fallbacks(srv.metrics.registry)
     got = json.loads(stdout.decode().strip().splitlines()[-1])
+    if not got["stream_ended"]:
+        raise RuntimeError(f"the server did not end the call within {CLOSE_S:g} s of its hangup")
     steps = {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)}
     return match(utterances, got["finals"]), steps, budget_s
 
