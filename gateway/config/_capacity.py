@@ -139,7 +139,10 @@ class BatcherConfig(_Frozen):
         "loads) run this many nice levels below the event loop; with the defaults also below "
         "the synthesis workers (session.tts_nice): on cores that replies and finals share, a "
         "reply's next window comes before a final (a late final is latency, a late window a "
-        "gap in speech). Idle cores are theirs at any level (Linux; 0 = the loop's priority).",
+        "gap in speech). Idle cores are theirs at any level (Linux; 0 = the loop's priority). "
+        "Other processes in the gateway's scheduling group (its container, or login session "
+        "with autogroup) outrank them too: set 0 where the gateway shares one with busy work "
+        "(docs/architecture.md).",
     )
     numpy_blas_threads: int = Field(
         1,
