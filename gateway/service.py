@@ -477,6 +477,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
             declared_bulk=declared_bulk,
             opened_at=opened_at,
             alone=self.alone,
+            decode_budget_s=self.config.asr.policy.decode_budget_s,
         )
         self.calls.started(session_id, session)
         started = pb.SessionStarted(

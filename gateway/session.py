@@ -117,6 +117,9 @@ class CallSession:
         alone: asked when a final is requested: whether the call has the server to itself
             (``VoiceGatewayServicer.alone``), so that its final may encode on every core
             (``AsrRequest.alone``); never when omitted.
+        decode_budget_s: the recogniser's budget for one final's decode
+            (``asr.policy.decode_budget_s``): the end of a turn that lost words waits that long
+            for the turn decoded whole (``TurnTaking``).
     """
 
     def __init__(
@@ -136,6 +139,7 @@ class CallSession:
         declared_bulk: bool = False,
         opened_at: float | None = None,
         alone: Callable[[], bool] | None = None,
+        decode_budget_s: float = 2.0,
     ) -> None:
         self.config = config
         self._quality = quality if quality is not None else QualityLevel()
@@ -190,6 +194,7 @@ class CallSession:
             turn_model,
             emit=self._emit,
             log_id=log_id,
+            decode_budget_s=decode_budget_s,
         )
         self._recognition = Recognition(
             config,

@@ -8,6 +8,7 @@ and EndOfTurn follows the turn's last final with the whole text. Every timestamp
 from __future__ import annotations
 
 import asyncio
+import inspect
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 
 from voxgate.common.pcm import WireEncoding
 from voxgate.engines.asr.base import AsrRequest
+from voxgate.engines.asr.config import DecodingPolicyConfig
 from voxgate.gateway.call.options import (
     IngressOptions,
     PlaybackOptions,
@@ -72,6 +74,8 @@ class Call:
     hangover_ms: int = 200
     turn_model: FakeTurnModel | None = None
     alone: bool = False
+    #: The server's asr.policy.decode_budget_s, where a test sets one (else the session's own).
+    decode_budget_s: float | None = None
     out: list[tuple[float, OutboundEvent]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -91,6 +95,7 @@ class Call:
             detector=EnergyVoiceDetector(),
             turn_model=self.turn_model,
             alone=lambda: self.alone,
+            **({} if self.decode_budget_s is None else {"decode_budget_s": self.decode_budget_s}),
         )
 
     def run(self, pcm: bytes) -> None:
@@ -338,11 +343,12 @@ JFK_WHOLE = "And so my fellow Americans, ask not what your country can do for yo
 
 
 def _three_part_call(
-    *, unsure: bool, whole_s: float, alone: bool = False
+    *, unsure: bool, whole_s: float, alone: bool = False, decode_budget_s: float | None = None
 ) -> tuple[Call, FakeTranscriber]:
     """The middle part's final (request 1) has no text: the recogniser unsure of it (its words
     lost), or hearing no speech in it; each decode of the turn whole takes ``whole_s``.
-    ``alone``: the call has the server to itself."""
+    ``alone``: the call has the server to itself. ``decode_budget_s``: the server's (else the
+    session's default)."""
 
     def text(request: AsrRequest) -> str:
         parts = [r for r in asr.requests if not r.whole_turn]
@@ -357,7 +363,7 @@ def _three_part_call(
         delay_s=lambda i: whole_s if asr.requests[i].whole_turn else 0.05,
         unsure={1} if unsure else (),
     )
-    call = Call(asr, alone=alone)
+    call = Call(asr, alone=alone, decode_budget_s=decode_budget_s)
     call.run(
         silence(200)
         + tone(1000)
@@ -397,19 +403,43 @@ def test_a_turn_that_lost_words_waits_for_its_whole_decode() -> None:
     assert at_nothing < at <= at_nothing + 0.4
 
 
-def test_a_turn_that_lost_words_waits_for_its_whole_decode_one_second_at_most() -> None:
-    """A whole decode still running a second after the turn ended is given up (and stopped):
-    the finals joined are the text."""
-    lost, asr = _three_part_call(unsure=True, whole_s=5.0)
-    no_wait, _ = _three_part_call(unsure=False, whole_s=5.0)
+def test_the_session_waits_as_long_as_the_servers_default_decode_budget() -> None:
+    """A session made without a budget (tests, embedders) waits what a default server's does."""
+    default = inspect.signature(CallSession).parameters["decode_budget_s"].default
+    assert default == DecodingPolicyConfig().decode_budget_s == 2.0
+
+
+@pytest.mark.parametrize(("budget_s", "waited_s"), [(None, 2.0), (3.0, 3.0), (0.0, 1.0)])
+def test_a_turn_that_lost_words_waits_for_its_whole_decode_the_decode_budget_at_most(
+    budget_s: float | None, waited_s: float
+) -> None:
+    """A whole decode still running the recogniser's decode budget after the turn ended (the
+    default 2 s; never less than a second, though a budget of 0 only stops retries) is given
+    up (and stopped): the finals joined are the text."""
+    lost, asr = _three_part_call(unsure=True, whole_s=5.0, decode_budget_s=budget_s)
+    no_wait, _ = _three_part_call(unsure=False, whole_s=5.0, decode_budget_s=budget_s)
     (end,) = lost.of(EndOfTurnOut)
     (end_no_wait,) = no_wait.of(EndOfTurnOut)
     assert end.text == "And so my fellow Americans, what your country can do for you."
     at = next(t for t, e in lost.out if e is end)
     at_no_wait = next(t for t, e in no_wait.out if e is end_no_wait)
-    assert at - at_no_wait == pytest.approx(1.0, abs=1e-6)
+    assert at - at_no_wait == pytest.approx(waited_s, abs=1e-6)
     last_whole = max(k for k, r in enumerate(asr.requests) if r.whole_turn)
     assert last_whole in asr.cancelled
+
+
+def test_a_whole_decode_slower_than_a_second_is_still_the_text_of_a_turn_that_lost_words() -> None:
+    """On a machine whose cores other work holds, the whole decode took 1.1-1.6 s (JFK's turn
+    beside one busy process, through Converse); waited for within the budget, the turn's text
+    has its words back (a fixed second sent "...Americans, what your country...")."""
+    lost, _ = _three_part_call(unsure=True, whole_s=1.5)
+    no_wait, _ = _three_part_call(unsure=False, whole_s=1.5)
+    (end,) = lost.of(EndOfTurnOut)
+    (end_no_wait,) = no_wait.of(EndOfTurnOut)
+    assert end.text == JFK_WHOLE
+    at = next(t for t, e in lost.out if e is end)
+    at_no_wait = next(t for t, e in no_wait.out if e is end_no_wait)
+    assert 1.0 < at - at_no_wait <= 1.5
 
 
 def test_the_whole_decode_a_turn_that_lost_words_waits_for_is_a_real_time_final() -> None:
