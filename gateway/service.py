@@ -38,6 +38,7 @@ from voxgate.gateway.events import (
 )
 from voxgate.gateway.metrics import GatewayMetrics
 from voxgate.gateway.models import ModelLease, ModelRegistry
+from voxgate.gateway.neighbours import Neighbours
 from voxgate.gateway.session import CallConfig, CallSession, SynthesisCap, write_stalled
 from voxgate.v1 import voxgate_pb2 as pb
 from voxgate.v1 import voxgate_pb2_grpc as pb_grpc
@@ -169,6 +170,9 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         self.info = info or EngineInfo()
         #: The calls in progress, their counts and the drain (gateway/calls.py).
         self.calls = CallRegistry()
+        #: What other processes keep busy: a lone call encodes on every core only on a quiet
+        #: machine (:meth:`alone`).
+        self.neighbours = Neighbours()
         #: Admission by measured load; the server's monitor refreshes ``load`` and ``quality``.
         self.admission = AdmissionPolicy(config.admission, config.limits)
         self.load = LoadSnapshot()
@@ -440,16 +444,24 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
                 lease.release()
 
     def alone(self) -> bool:
-        """Whether a call has the server to itself: no other call, no reply being synthesized.
+        """Whether a call has the server, and the machine's cores, to itself.
+
+        No other call, no reply being synthesized, and no other process busy on the cores
+        (:class:`~voxgate.gateway.neighbours.Neighbours`).
 
         Asked by a call when it requests a final (``AsrRequest.alone``): on the CPU such a
         final may encode on every core, which only pays while nothing else wants one. Another
         call's decode, or a voice's window, started meanwhile would share the cores with it
         (docs/turns.md, "A lone call's final encoded on both cores"). Replies and Synthesize
         streams are the voice's own count, the one admission reads; it is read only for a
-        call that is alone.
+        call that is alone. A core another process keeps busy would hold the encode's whole
+        thread team back to its share of that core.
         """
-        return self.calls.active_calls <= 1 and not self.metrics.value("voxgate_tts_streams_active")
+        return (
+            self.calls.active_calls <= 1
+            and not self.metrics.value("voxgate_tts_streams_active")
+            and self.neighbours.quiet()
+        )
 
     async def _run_session(
         self,
@@ -463,6 +475,7 @@ class VoiceGatewayServicer(pb_grpc.VoiceGatewayServicer):
         opened_at: float | None = None,
     ) -> bool:
         limits = self.config.limits
+        self.neighbours.start()  # read from the first call on (a no-op once started)
         call_cfg = wire.call_config(self, first.config, mode, lease)
         session = CallSession(
             call_cfg,

@@ -15,6 +15,7 @@ records what it was asked (never evidence that recognition works), real speech a
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import pytest
 
 from voxgate.engines.asr.base import AsrRequest, AsrResult
 from voxgate.gateway.config import load_config
+from voxgate.gateway.neighbours import Neighbours
 from voxgate.gateway.service import VoiceGatewayServicer
 from voxgate.gateway.testing.batched import FakeBatchedAsrHub, fake_result
 from voxgate.gateway.testing.fake_engines import (
@@ -122,10 +124,28 @@ async def _call(target: str, audio_path: Path) -> list[Transcript]:
 
 @pytest.fixture
 async def served() -> AsyncIterator[tuple[str, _Recording]]:
+    """The served gateway with the machine read as quiet (FAKE readings: what other processes
+    do beside a test is not the test's to choose; the real reading is the next fixture's)."""
     engine = _Recording()
     hub = FakeBatchedAsrHub([engine, engine], synthesizer=FakeToneSynthesizer())
     async with running_server(hub=hub) as srv:  # type: ignore[arg-type]
+        assert srv.servicer is not None
+        srv.servicer.neighbours = Neighbours(lambda: None)  # FAKE: nothing known, quiet
         yield srv.target, engine
+
+
+@pytest.fixture
+async def served_beside_a_busy_process() -> AsyncIterator[tuple[str, _Recording]]:
+    """The served gateway as it comes, and a real process keeping a core busy beside it."""
+    engine = _Recording()
+    hub = FakeBatchedAsrHub([engine, engine], synthesizer=FakeToneSynthesizer())
+    busy = await asyncio.create_subprocess_exec(sys.executable, "-c", "while True: pass")
+    try:
+        async with running_server(hub=hub) as srv:  # type: ignore[arg-type]
+            yield srv.target, engine
+    finally:
+        busy.kill()
+        await busy.wait()
 
 
 @pytest.mark.e2e
@@ -147,5 +167,18 @@ async def test_a_lone_callers_finals_ask_for_every_core_and_beside_another_call_
         await other.hangup()
         async for _ in other:
             pass
+    assert got and engine.finals
+    assert not any(r.alone for r in engine.finals)
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/stat")
+async def test_a_lone_callers_finals_beside_a_busy_process_never_ask_for_every_core(
+    served_beside_a_busy_process: tuple[str, _Recording], speech_dir: Path
+) -> None:
+    """A core another process keeps busy would hold the wide encode's thread team back to its
+    share of that core (docs/turns.md, "A busy neighbour and the lone call's wide encode")."""
+    target, engine = served_beside_a_busy_process
+    got = await asyncio.wait_for(_call(target, speech_dir / CLIP), HANG_S)
     assert got and engine.finals
     assert not any(r.alone for r in engine.finals)
