@@ -10,8 +10,8 @@ and 165-420 ms with it off (docs/turns.md, "A busy neighbour and the lone call's
 So "alone" also asks that the rest of the machine be quiet.
 
 The reading: every ``INTERVAL_S`` the event loop reads the busy time of the cores this process
-may run on (``/proc/stat``) and this process's own CPU time (``os.times``), and keeps what the
-others used over the last two intervals, in cores. Starting it is idempotent; it stops with
+may run on (``/proc/stat``) and this process's own CPU time (``time.process_time``), and keeps
+what the others used over the last two intervals, in cores. Starting it is idempotent; it stops with
 its loop (or :meth:`Neighbours.stop`). Where ``/proc/stat`` cannot be read (not Linux) it
 reads 0: no neighbours known, the behaviour unchanged.
 """
@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-__all__ = ["INTERVAL_S", "QUIET_CORES", "Neighbours", "own_cpu_s", "proc_busy_s"]
+__all__ = ["INTERVAL_S", "QUIET_CORES", "Neighbours", "proc_busy_s"]
 
 #: Seconds between two readings.
 INTERVAL_S = 0.5
@@ -60,25 +60,20 @@ def proc_busy_s(cpus: frozenset[int] | None = None) -> float | None:
     return total / tick
 
 
-def own_cpu_s() -> float:
-    """CPU seconds this process (every thread of it) has used."""
-    t = os.times()
-    return t.user + t.system
-
-
 class Neighbours:
     """What the rest of the machine keeps busy, read on the event loop every ``INTERVAL_S``.
 
     Args:
         busy_s: busy seconds of this process's cores so far (None: unknown).
-        own_s: this process's CPU seconds so far.
+        own_s: this process's CPU seconds so far, every thread of it (``time.process_time``,
+            as the admission calibration prices CPU work).
         clock: seconds, monotonic.
     """
 
     def __init__(
         self,
         busy_s: Callable[[], float | None] = proc_busy_s,
-        own_s: Callable[[], float] = own_cpu_s,
+        own_s: Callable[[], float] = time.process_time,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._busy_s = busy_s

@@ -253,6 +253,8 @@ class GatewayServer:
                 await self._idle_within(servicer, self.config.server.flush_s)
         # 4. cancel the rest (0.5 s for cancellations to propagate to the tasks)
         await server.stop(0.0 if self._abort.is_set() else 0.5)
+        if servicer is not None:
+            servicer.neighbours.stop()  # no call left to read the machine for
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from voxgate.gateway.config import load_config
-from voxgate.gateway.neighbours import INTERVAL_S, QUIET_CORES, Neighbours, own_cpu_s, proc_busy_s
+from voxgate.gateway.neighbours import INTERVAL_S, QUIET_CORES, Neighbours, proc_busy_s
 from voxgate.gateway.service import VoiceGatewayServicer
 from voxgate.gateway.testing.fake_engines import FakeToneSynthesizer
 from voxgate.gateway.testing.virtual_time import run_virtual
@@ -92,7 +92,7 @@ def test_a_machine_that_cannot_be_read_is_taken_as_quiet() -> None:
     """Not Linux (no /proc/stat): no neighbours known, a lone call's encode as before."""
 
     async def main() -> bool:
-        n = Neighbours(lambda: None, own_cpu_s)
+        n = Neighbours(lambda: None, time.process_time)
         n.start()
         await asyncio.sleep(3 * INTERVAL_S)
         quiet = n.quiet()
