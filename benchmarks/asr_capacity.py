@@ -1136,10 +1136,10 @@ def print_table(
 
 
 def _busy_cpu_s() -> float:
-    """Busy CPU seconds of the whole machine since boot (/proc/stat, all cores)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    """Busy CPU seconds of the machine's cores since boot (the gateway's own reading)."""
+    from voxgate.gateway.neighbours import proc_busy_s  # noqa: PLC0415
+
+    return proc_busy_s() or 0.0
 
 
 def _own_cpu_s(servers: Sequence[ServerProcess]) -> float:

@@ -165,13 +165,9 @@ class OtherCpu:
 
     @staticmethod
     def _busy() -> float:
-        try:
-            with open("/proc/stat") as fh:
-                parts = [float(x) for x in fh.readline().split()[1:]]
-        except OSError:
-            return 0.0
-        idle = parts[3] + (parts[4] if len(parts) > 4 else 0.0)
-        return (sum(parts[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+        from voxgate.gateway.neighbours import proc_busy_s  # noqa: PLC0415
+
+        return proc_busy_s() or 0.0
 
     def start(self) -> None:
         self._t0, self._busy0, self._self0 = time.monotonic(), self._busy(), _own_cpu()

@@ -380,14 +380,10 @@ async def _run_callers(spec: dict[str, Any], server_pid: int) -> tuple[list[Call
 
 
 def _machine_busy_s() -> float:
-    """CPU seconds the whole machine has been busy (all cores, /proc/stat), 0 elsewhere."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except OSError:
-        return 0.0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds the machine's cores have been busy (the gateway's own reading), 0 elsewhere."""
+    from voxgate.gateway.neighbours import proc_busy_s  # noqa: PLC0415
+
+    return proc_busy_s() or 0.0
 
 
 def _process_cpu_s(pid: int) -> float:
