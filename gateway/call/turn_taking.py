@@ -163,7 +163,7 @@ class TurnTaking:
         *,
         emit: Callable[[OutboundEvent], Awaitable[None]],
         log_id: str,
-        decode_budget_s: float = 2.0,
+        decode_budget_s: float,
     ) -> None:
         self._segmenter = segmenter
         self._lost_words_wait_s = max(_LOST_WORDS_WAIT_S, decode_budget_s)
